@@ -1,0 +1,90 @@
+"""The small driver interface kvgrant needs from the CUDA VMM API.
+
+Two backends implement it: ``sim`` (:mod:`kvgrant.runtime.sim`, pure Python, the
+default without a GPU) and ``cuda`` (:mod:`kvgrant.runtime.cuda`, cuda-python,
+loaded lazily so ``import kvgrant`` works without a driver). Devices are CUDA
+ordinals; the allocator runs rank r on device ``devices[r]``.
+
+Every method raises :class:`kvgrant.errors.DriverError` carrying the call name,
+the CUresult (value and name), the device and the VA range when a call fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+__all__ = ["Driver", "LiveCounts", "open_driver"]
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    """Live driver objects; all zero once everything was released."""
+
+    handles: int = 0          # cuMemCreate / import handles not yet released
+    mappings: int = 0         # cuMemMap ranges not yet unmapped
+    grants: int = 0           # (mapping, device) access pairs currently set
+    reserved_bytes: int = 0   # cuMemAddressReserve bytes not yet freed
+    reservations: int = 0     # cuMemAddressReserve ranges not yet freed
+
+    def is_empty(self) -> bool:
+        return not (self.handles or self.mappings or self.grants or self.reserved_bytes
+                    or self.reservations)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"handles": self.handles, "mappings": self.mappings, "grants": self.grants,
+                "reserved_bytes": self.reserved_bytes, "reservations": self.reservations}
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """VMM calls, one method per driver entry point kvgrant uses."""
+
+    name: str  # "sim" or "cuda"
+
+    def device_count(self) -> int: ...
+    def granularity(self, device: int) -> int:
+        """cuMemGetAllocationGranularity (minimum) for pinned device memory."""
+    def free_memory(self, device: int) -> tuple[int, int]:
+        """(free, total) bytes of ``device`` (cuMemGetInfo in its context)."""
+    def reserve(self, size: int, alignment: int = 0) -> int:
+        """cuMemAddressReserve; returns the VA."""
+    def free_address(self, va: int, size: int) -> None:
+        """cuMemAddressFree of a whole reservation."""
+    def create(self, size: int, device: int) -> int:
+        """cuMemCreate of pinned device memory on ``device``; returns a handle."""
+    def release(self, handle: int) -> None:
+        """cuMemRelease."""
+    def map(self, va: int, size: int, handle: int) -> None:
+        """cuMemMap of the whole handle (handle offset 0) at ``va``."""
+    def unmap(self, va: int, size: int) -> None:
+        """cuMemUnmap; also drops the access set on that range."""
+    def set_access(self, va: int, size: int, devices: Sequence[int]) -> None:
+        """One cuMemSetAccess with one read-write descriptor per device."""
+    def get_access(self, va: int, device: int) -> bool:
+        """cuMemGetAccess: does ``device`` have read-write access at ``va``?"""
+    def export_handle(self, handle: int) -> int:
+        """cuMemExportToShareableHandle (POSIX fd); returns the fd."""
+    def import_handle(self, fd: int) -> int:
+        """cuMemImportFromShareableHandle; returns a new handle (counts as live)."""
+    def live(self) -> LiveCounts:
+        """Objects this driver instance created and has not yet destroyed."""
+    def close(self) -> None:
+        """Drop contexts/state; live objects must already be gone."""
+
+
+def open_driver(backend: str = "auto", **options: object) -> Driver:
+    """Open a backend by name: ``sim``, ``cuda``, or ``auto`` (cuda when a GPU is
+    usable, else sim). Options go to the backend's constructor."""
+    if backend not in ("auto", "sim", "cuda"):
+        raise ValueError(f"backend = {backend!r}: must be one of 'auto', 'sim', 'cuda'")
+    if backend in ("auto", "cuda"):
+        from kvgrant.runtime import cuda as cuda_backend
+
+        if backend == "cuda":
+            return cuda_backend.CudaDriver(**options)  # type: ignore[arg-type]
+        if cuda_backend.cuda_available():
+            return cuda_backend.CudaDriver(**options)  # type: ignore[arg-type]
+    from kvgrant.runtime.sim import SimDriver
+
+    return SimDriver(**options)  # type: ignore[arg-type]
