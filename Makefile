@@ -1,0 +1,38 @@
+# kvgrant developer entry points. Everything runs from a local virtualenv that the
+# first target creates, so a fresh machine needs only python3 (with venv) and Java.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+GEOMETRY ?= examples/published-dcp16.json
+OUTDIR  ?= out
+
+.PHONY: demo test verify bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+## The main job: plan the published-scale cache, allocate it (CUDA when a GPU is
+## usable, else the simulated driver), trace it and check the trace against the model.
+demo: $(STAMP)
+	mkdir -p $(OUTDIR)
+	$(BIN)/kvgrant plan $(GEOMETRY)
+	$(BIN)/kvgrant alloc $(GEOMETRY) --trace $(OUTDIR)/alloc-trace.ndjson
+	$(BIN)/kvgrant conform $(OUTDIR)/alloc-trace.ndjson --engine python
+
+## The test suite (GPU tests skip themselves without a GPU; TLC tests need Java).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+## Model-check every spec config under specs/ with TLC and print a table.
+verify: $(STAMP)
+	$(BIN)/kvgrant verify
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_plan.py
+
+clean:
+	rm -rf $(VENV) $(OUTDIR) .pytest_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from kvgrant.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""The ``kvgrant`` command: plan, alloc, verify, conform.
+
+Each subcommand lives in ``kvgrant/commands/<name>.py`` with ``add_parser`` and
+``run``; they are imported only when the CLI starts, so a missing optional piece
+(Java for ``verify``) is reported by that subcommand, not at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from kvgrant.errors import KVGrantError
+
+__all__ = ["main"]
+
+SUBCOMMANDS = ("plan", "alloc", "verify", "conform")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgrant",
+        description="Allocate a multi-GPU KV cache through CUDA VMM in few driver objects.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"kvgrant.commands.{name}")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except KVGrantError as err:
+        print(f"kvgrant {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``kvgrant`` subcommand: ``add_parser(subparsers)`` sets ``run``."""
