@@ -7,14 +7,22 @@ ordinals; the allocator runs rank r on device ``devices[r]``.
 
 Every method raises :class:`kvgrant.errors.DriverError` carrying the call name,
 the CUresult (value and name), the device and the VA range when a call fails.
+Both backends count every call they make in ``calls`` (a ``Counter`` keyed by the
+driver entry point, e.g. ``"cuMemSetAccess"``) and accept ``faults=`` (a
+:class:`kvgrant.runtime.faults.FaultPlan`) that makes chosen calls fail.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
-__all__ = ["Driver", "LiveCounts", "open_driver"]
+from kvgrant.errors import BackendUnavailable
+
+__all__ = ["BACKENDS", "Driver", "LiveCounts", "open_driver"]
+
+BACKENDS: tuple[str, ...] = ("auto", "sim", "cuda")
 
 
 @dataclass(frozen=True)
@@ -41,14 +49,16 @@ class Driver(Protocol):
     """VMM calls, one method per driver entry point kvgrant uses."""
 
     name: str  # "sim" or "cuda"
+    calls: Counter[str]  # calls made so far, by driver entry point (failed ones included)
 
     def device_count(self) -> int: ...
     def granularity(self, device: int) -> int:
         """cuMemGetAllocationGranularity (minimum) for pinned device memory."""
     def free_memory(self, device: int) -> tuple[int, int]:
         """(free, total) bytes of ``device`` (cuMemGetInfo in its context)."""
-    def reserve(self, size: int, alignment: int = 0) -> int:
-        """cuMemAddressReserve; returns the VA."""
+    def reserve(self, size: int, alignment: int = 0, device: int | None = None) -> int:
+        """cuMemAddressReserve; returns the VA. ``device`` picks the context the call runs
+        in and the device errors and faults are attributed to (the rank's device)."""
     def free_address(self, va: int, size: int) -> None:
         """cuMemAddressFree of a whole reservation."""
     def create(self, size: int, device: int) -> int:
@@ -67,6 +77,12 @@ class Driver(Protocol):
         """cuMemExportToShareableHandle (POSIX fd); returns the fd."""
     def import_handle(self, fd: int) -> int:
         """cuMemImportFromShareableHandle; returns a new handle (counts as live)."""
+    def close_shareable(self, fd: int) -> None:
+        """Close an exported fd (os.close on cuda); the import keeps its own reference."""
+    def write(self, va: int, data: bytes, device: int) -> None:
+        """Copy host bytes to ``va`` as seen by ``device`` (cuMemcpyHtoD in its context)."""
+    def read(self, va: int, size: int, device: int) -> bytes:
+        """Copy ``size`` bytes at ``va`` as seen by ``device`` to the host (cuMemcpyDtoH)."""
     def live(self) -> LiveCounts:
         """Objects this driver instance created and has not yet destroyed."""
     def close(self) -> None:
@@ -75,9 +91,19 @@ class Driver(Protocol):
 
 def open_driver(backend: str = "auto", **options: object) -> Driver:
     """Open a backend by name: ``sim``, ``cuda``, or ``auto`` (cuda when a GPU is
-    usable, else sim). Options go to the backend's constructor."""
-    if backend not in ("auto", "sim", "cuda"):
-        raise ValueError(f"backend = {backend!r}: must be one of 'auto', 'sim', 'cuda'")
+    usable, else sim). Options go to the backend's constructor.
+
+    Raises
+    ------
+    BackendUnavailable
+        ``backend`` is not one of :data:`BACKENDS`, or ``cuda`` was asked for and no
+        VMM-capable GPU is usable here.
+    """
+    if backend not in BACKENDS:
+        raise BackendUnavailable(
+            f"CUDA_ERROR_INVALID_VALUE: backend = {backend!r}: must be one of "
+            f"{', '.join(repr(b) for b in BACKENDS)}",
+            call="open_driver", result=1, result_name="CUDA_ERROR_INVALID_VALUE")
     if backend in ("auto", "cuda"):
         from kvgrant.runtime import cuda as cuda_backend
 

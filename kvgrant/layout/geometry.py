@@ -9,24 +9,40 @@ field, the value and the rule -- never a traceback deeper in the planner.
 from __future__ import annotations
 
 import json
+import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgrant.errors import GeometryError
 
 __all__ = [
     "Alias",
     "Geometry",
+    "MAX_BYTES",
+    "MAX_RANKS",
+    "MAX_ROWS",
     "Plane",
     "Region",
     "Topology",
     "load_geometry",
     "parse_geometry",
     "round_up",
+    "show_value",
 ]
+
+MAX_BYTES = (1 << 63) - 1
+"""Largest byte count or offset accepted (the driver's sizes are 64-bit)."""
+MAX_RANKS = 1 << 16
+"""Largest ``topology.ranks`` accepted (pre-flight and reports walk every rank)."""
+MAX_ROWS = 1 << 20
+"""Largest ``rows`` of one region accepted (conflict sets are kept per row)."""
+
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+PositiveBytes = Annotated[int, Field(gt=0, le=MAX_BYTES)]
+Rank = Annotated[int, Field(ge=0, lt=MAX_RANKS)]
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -42,15 +58,15 @@ class Plane(_Strict):
     """One KV tensor of a rank: ``pages`` pages of ``bytes_per_page`` bytes."""
 
     name: str = Field(min_length=1)
-    bytes_per_page: int = Field(gt=0)
+    bytes_per_page: PositiveBytes
 
 
 class Region(_Strict):
     """An alias region: ``rows`` contiguous rows of ``row_bytes`` bytes each."""
 
     name: str = Field(min_length=1)
-    rows: int = Field(gt=0)
-    row_bytes: int = Field(gt=0)
+    rows: int = Field(gt=0, le=MAX_ROWS)
+    row_bytes: PositiveBytes
     access: Literal["importers", "owner"] = "importers"
 
 
@@ -59,29 +75,51 @@ class Alias(_Strict):
     [plane_offset, plane_offset+length)."""
 
     region: str = Field(min_length=1)
-    offset: int = Field(ge=0)
+    offset: Bytes
     plane: str = Field(min_length=1)
-    plane_offset: int = Field(ge=0)
-    length: int = Field(gt=0)
+    plane_offset: Bytes
+    length: PositiveBytes
 
 
 class Topology(_Strict):
     """Ranks of one tensor-parallel group, who imports whose memory, and who is declared."""
 
-    ranks: int = Field(gt=0)
-    import_groups: list[list[int]] = Field(default_factory=list)
-    declared_readers: dict[int, list[int]] | None = None
+    ranks: int = Field(gt=0, le=MAX_RANKS)
+    import_groups: list[list[Rank]] = Field(default_factory=list)
+    declared_readers: dict[Rank, list[Rank]] | None = None
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    @field_validator("declared_readers", mode="before")
+    @classmethod
+    def _owner_keys(cls, value: Any) -> Any:
+        """JSON object keys are strings: accept decimal rank numbers ("0", "15") only."""
+        if not isinstance(value, dict):
+            return value
+        out: dict[Any, Any] = {}
+        for key, readers in value.items():
+            if isinstance(key, str) and _DECIMAL.fullmatch(key):
+                owner: Any = int(key)
+            elif isinstance(key, int) and not isinstance(key, bool):
+                owner = key
+            else:
+                raise GeometryError(
+                    f"topology.declared_readers key = {show_value(key)}: owner keys must be "
+                    "rank numbers written in decimal (e.g. \"0\")",
+                    field="topology.declared_readers", value=key)
+            if owner in out:
+                raise GeometryError(
+                    f"topology.declared_readers key = {show_value(key)}: owner {owner} is "
+                    "listed twice", field="topology.declared_readers", value=key)
+            out[owner] = readers
+        return out
 
 
 class Geometry(_Strict):
     """A validated geometry. All ranks of the topology share it."""
 
     name: str = Field(min_length=1)
-    granularity: int = Field(gt=0)
-    pages: int = Field(gt=0)
-    page_tokens: int = Field(gt=0)
+    granularity: PositiveBytes
+    pages: PositiveBytes
+    page_tokens: PositiveBytes
     planes: list[Plane] = Field(min_length=1)
     regions: list[Region] = Field(default_factory=list)
     aliases: list[Alias] = Field(default_factory=list)
@@ -107,12 +145,14 @@ class Geometry(_Strict):
         return {r.name: r for r in self.regions}
 
     # -- topology ------------------------------------------------------------
+    @cached_property
+    def _import_group_of(self) -> dict[int, tuple[int, ...]]:
+        return {r: tuple(sorted(set(group))) for group in self.topology.import_groups
+                for r in group}
+
     def importers(self, rank: int) -> tuple[int, ...]:
         """Ranks other than ``rank`` that import its memory (its import group)."""
-        for group in self.topology.import_groups:
-            if rank in group:
-                return tuple(sorted(r for r in group if r != rank))
-        return ()
+        return tuple(r for r in self._import_group_of.get(rank, ()) if r != rank)
 
     def declared_readers(self, rank: int) -> tuple[int, ...]:
         """Readers the exported metadata declares for ``rank``'s memory (may overdeclare)."""
@@ -142,14 +182,36 @@ class Geometry(_Strict):
         return self
 
 
+_DECIMAL = re.compile(r"[0-9]{1,6}")
+_SHOW_LIMIT = 80
+
+
+def show_value(value: Any) -> str:
+    """A short, always-printable rendering of a user value for error messages.
+
+    Never raises: huge integers (past Python's int-to-str limit) are described by
+    their size, long strings are cut, containers are named by type.
+    """
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        if value.bit_length() > 128:
+            return f"<{'negative ' if value < 0 else ''}integer of {value.bit_length()} bits>"
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        text = json.dumps(value)
+        return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT - 4] + '..."'
+    return type(value).__name__
+
+
 def _format_pydantic(err: ValidationError) -> str:
     lines = []
-    for e in err.errors():
+    for e in err.errors(include_url=False):
         loc = ".".join(str(x) for x in e["loc"]) or "<root>"
-        value = e.get("input")
-        shown = json.dumps(value)[:80] if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
-        lines.append(f"{loc} = {shown}: {e['msg']}")
-    return "; ".join(lines)
+        lines.append(f"{loc} = {show_value(e.get('input'))}: {e['msg']}")
+    return "; ".join(lines[:10]) + (f"; and {len(lines) - 10} more" if len(lines) > 10 else "")
 
 
 def parse_geometry(data: Any) -> Geometry:
@@ -160,27 +222,48 @@ def parse_geometry(data: Any) -> Geometry:
     try:
         return Geometry.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
+        errors = err.errors(include_url=False)
         # A GeometryError raised inside a validator arrives wrapped; unwrap it.
-        ctx_err = first.get("ctx", {}).get("error")
-        if isinstance(ctx_err, GeometryError):
-            raise ctx_err from None
+        for e in errors:
+            ctx_err = e.get("ctx", {}).get("error")
+            if isinstance(ctx_err, GeometryError):
+                raise ctx_err from None
+        first = errors[0]
         raise GeometryError(f"invalid geometry: {_format_pydantic(err)}",
-                            field=".".join(str(x) for x in first["loc"]),
+                            field=".".join(str(x) for x in first["loc"]) or "<root>",
                             value=first.get("input")) from None
+    except RecursionError:
+        raise GeometryError("invalid geometry: nested too deeply", field="<root>",
+                            value=None) from None
 
 
 def load_geometry(path: str | Path) -> Geometry:
     """Read and validate a geometry JSON file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as err:
-        raise GeometryError(f"cannot read geometry file {path}: {err.strerror}",
+        raise GeometryError(f"cannot read geometry file {path}: {err.strerror or err}",
                             field="<file>", value=str(path)) from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise GeometryError(f"{path}: not valid JSON at line {err.lineno} column {err.colno}: {err.msg}",
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise GeometryError(f"{path}: not UTF-8 text (byte {err.start}): a geometry file is JSON",
                             field="<file>", value=str(path)) from None
+    data = _decode_json(text, str(path))
     return parse_geometry(data)
+
+
+def _decode_json(text: str, where: str) -> Any:
+    """json.loads with every failure turned into a GeometryError naming the place."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise GeometryError(f"{where}: not valid JSON at line {err.lineno} column {err.colno}: "
+                            f"{err.msg}", field="<file>", value=where) from None
+    except RecursionError:
+        raise GeometryError(f"{where}: JSON nested too deeply", field="<file>",
+                            value=where) from None
+    except ValueError as err:  # e.g. an integer literal past Python's digit limit
+        raise GeometryError(f"{where}: unreadable JSON value: {str(err)[:120]}",
+                            field="<file>", value=where) from None

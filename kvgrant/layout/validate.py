@@ -1,8 +1,14 @@
-"""Cross-field rules of a geometry (the ones pydantic field types cannot express)."""
+"""Cross-field rules of a geometry (the ones pydantic field types cannot express).
+
+Why a separate pass: these rules relate fields to each other (an alias to its
+plane's size, aliases to each other, importers to declared readers), and each
+broken rule must come back as one :class:`GeometryError` naming the field, the
+value and the rule, in the order a user would fix them.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from kvgrant.errors import GeometryError
 
@@ -11,27 +17,52 @@ if TYPE_CHECKING:
 
 __all__ = ["check_geometry_rules"]
 
-
-def _fail(field: str, value: object, rule: str) -> None:
-    raise GeometryError(f"{field} = {value!r}: {rule}", field=field, value=value)
+_VA_LIMIT = 1 << 64
 
 
-def check_geometry_rules(g: "Geometry") -> None:
-    """Raise GeometryError for the first broken rule of DESIGN.md's geometry section."""
-    from kvgrant.layout.geometry import round_up
+def _fail(field: str, value: object, rule: str, *, shown: str | None = None) -> NoReturn:
+    """Raise the GeometryError; ``shown`` overrides how the value is printed."""
+    from kvgrant.layout.geometry import show_value
 
-    G = g.granularity
-    seen: set[str] = set()
+    text = shown if shown is not None else show_value(value)
+    raise GeometryError(f"{field} = {text}: {rule}", field=field, value=value)
+
+
+def _check_names(g: "Geometry") -> None:
+    planes: set[str] = set()
     for i, p in enumerate(g.planes):
-        if p.name in seen:
+        if p.name in planes:
             _fail(f"planes[{i}].name", p.name, "plane names must be unique")
-        seen.add(p.name)
-    seen_r: set[str] = set()
+        planes.add(p.name)
+    regions: set[str] = set()
     for i, r in enumerate(g.regions):
-        if r.name in seen_r or r.name in seen:
-            _fail(f"regions[{i}].name", r.name, "region names must be unique and differ from plane names")
-        seen_r.add(r.name)
+        if r.name in regions or r.name in planes:
+            _fail(f"regions[{i}].name", r.name,
+                  "region names must be unique and differ from plane names")
+        regions.add(r.name)
 
+
+def _check_sizes(g: "Geometry") -> None:
+    """The rank's one VA reservation (all planes, then all regions) fits in 64 bits."""
+    total = 0
+    for i, p in enumerate(g.planes):
+        total += g.plane_bytes(p.name)
+        if total >= _VA_LIMIT:
+            _fail(f"planes[{i}].bytes_per_page", p.bytes_per_page,
+                  f"plane '{p.name}' reserves pages ({g.pages}) * bytes_per_page = "
+                  f"{g.plane_bytes(p.name)} bytes; all planes and regions of a rank must fit "
+                  "one 64-bit virtual-address reservation")
+    for i, r in enumerate(g.regions):
+        total += g.region_bytes(r.name)
+        if total >= _VA_LIMIT:
+            _fail(f"regions[{i}].row_bytes", r.row_bytes,
+                  f"region '{r.name}' reserves rows ({r.rows}) * row_bytes = "
+                  f"{g.region_bytes(r.name)} bytes; all planes and regions of a rank must fit "
+                  "one 64-bit virtual-address reservation")
+
+
+def _check_aliases(g: "Geometry") -> None:
+    G = g.granularity
     by_region: dict[str, list[tuple[int, int, int]]] = {r.name: [] for r in g.regions}
     by_plane: dict[str, list[tuple[int, int, int]]] = {p.name: [] for p in g.planes}
     for i, a in enumerate(g.aliases):
@@ -46,8 +77,9 @@ def check_geometry_rules(g: "Geometry") -> None:
         plane_size = g.plane_bytes(a.plane)
         if a.plane_offset + a.length > plane_size:
             _fail(f"aliases[{i}].plane_offset", a.plane_offset,
-                  f"plane range [{a.plane_offset}, {a.plane_offset + a.length}) must stay inside "
-                  f"plane '{a.plane}' of {plane_size} bytes (pages * bytes_per_page rounded up to G)")
+                  f"plane range [{a.plane_offset}, {a.plane_offset + a.length}) must stay "
+                  f"inside plane '{a.plane}' of {plane_size} bytes (pages * bytes_per_page "
+                  "rounded up to G)")
         region_size = g.region_bytes(a.region)
         if a.offset + a.length > region_size:
             _fail(f"aliases[{i}].offset", a.offset,
@@ -58,44 +90,70 @@ def check_geometry_rules(g: "Geometry") -> None:
 
     for name, spans in by_plane.items():
         spans.sort()
-        for (s0, e0, i0), (s1, e1, i1) in zip(spans, spans[1:]):
+        for (s0, e0, i0), (s1, _e1, i1) in zip(spans, spans[1:]):
             if s1 < e0:
-                _fail(f"aliases[{i1}].plane_offset", s1,
-                      f"overlaps aliases[{i0}] in plane '{name}' ([{s0}, {e0})); aliases must not overlap in a plane")
+                first, second = sorted((i0, i1))
+                _fail(f"aliases[{second}].plane_offset", g.aliases[second].plane_offset,
+                      f"plane range overlaps aliases[{first}] in plane '{name}' "
+                      f"(bytes [{s1}, {min(e0, _e1)}) twice); aliases must not overlap in a plane")
     for r in g.regions:
         spans = sorted(by_region[r.name])
-        cursor = 0
+        cursor, last = 0, -1
         need = r.rows * r.row_bytes
         for s, e, i in spans:
             if s < cursor:
-                _fail(f"aliases[{i}].offset", s,
-                      f"overlaps another alias in region '{r.name}'; aliases must not overlap in a region")
+                first, second = sorted((last, i))
+                _fail(f"aliases[{second}].offset", g.aliases[second].offset,
+                      f"region range overlaps aliases[{first}] in region '{r.name}' "
+                      f"(bytes [{s}, {min(e, cursor)}) twice); aliases must not overlap in a "
+                      "region")
             if s > cursor and cursor < need:
-                _fail(f"regions.{r.name}", f"[{cursor}, {min(s, need)})",
-                      "aliases must cover every byte of the region's rows; this range is not covered")
-            cursor = max(cursor, e)
+                hole = [cursor, min(s, need)]
+                _fail(f"regions[{g.regions.index(r)}]", hole, shown=f"[{hole[0]}, {hole[1]})",
+                      rule=f"aliases must cover every byte of region '{r.name}' rows "
+                      f"[0, {need}); this range is not covered")
+            if e > cursor:
+                cursor, last = e, i
         if cursor < need:
-            _fail(f"regions.{r.name}", f"[{cursor}, {need})",
-                  "aliases must cover every byte of the region's rows; this range is not covered")
+            _fail(f"regions[{g.regions.index(r)}]", [cursor, need], shown=f"[{cursor}, {need})",
+                  rule=f"aliases must cover every byte of region '{r.name}' rows [0, {need}); "
+                  "this range is not covered")
 
+
+def _check_topology(g: "Geometry") -> None:
     t = g.topology
     member: dict[int, int] = {}
     for gi, group in enumerate(t.import_groups):
         for rank in group:
             if not 0 <= rank < t.ranks:
-                _fail(f"topology.import_groups[{gi}]", rank, f"ranks must be in 0..{t.ranks - 1}")
-            if rank in member:
                 _fail(f"topology.import_groups[{gi}]", rank,
-                      f"a rank may belong to one import group only (also in group {member[rank]})")
+                      f"ranks must be in 0..{t.ranks - 1} (topology.ranks = {t.ranks})")
+            if rank in member:
+                where = "twice in this group" if member[rank] == gi else \
+                    f"also in import_groups[{member[rank]}]"
+                _fail(f"topology.import_groups[{gi}]", rank,
+                      f"a rank may belong to one import group, once ({where})")
             member[rank] = gi
-    if t.declared_readers is not None:
-        for owner, readers in t.declared_readers.items():
-            if not 0 <= owner < t.ranks:
-                _fail("topology.declared_readers", owner, f"owner ranks must be in 0..{t.ranks - 1}")
-            for rd in readers:
-                if not 0 <= rd < t.ranks:
-                    _fail(f"topology.declared_readers.{owner}", rd, f"ranks must be in 0..{t.ranks - 1}")
-            missing = sorted(set(g.importers(owner)) - set(readers) - {owner})
-            if missing:
-                _fail(f"topology.declared_readers.{owner}", readers,
-                      f"every importer must be a declared reader; importers {missing} are not declared")
+    if t.declared_readers is None:
+        return
+    for owner, readers in t.declared_readers.items():
+        if not 0 <= owner < t.ranks:
+            _fail("topology.declared_readers", owner,
+                  f"owner ranks must be in 0..{t.ranks - 1} (topology.ranks = {t.ranks})")
+        for rd in readers:
+            if not 0 <= rd < t.ranks:
+                _fail(f"topology.declared_readers.{owner}", rd,
+                      f"reader ranks must be in 0..{t.ranks - 1} (topology.ranks = {t.ranks})")
+        missing = sorted(set(g.importers(owner)) - set(readers) - {owner})
+        if missing:
+            _fail(f"topology.declared_readers.{owner}", list(readers),
+                  shown=str(sorted(set(readers))), rule=f"every importer must be a declared reader; importers {missing} of rank "
+                  f"{owner} are not declared")
+
+
+def check_geometry_rules(g: "Geometry") -> None:
+    """Raise GeometryError for the first broken rule of DESIGN.md's geometry section."""
+    _check_names(g)
+    _check_sizes(g)
+    _check_aliases(g)
+    _check_topology(g)

@@ -1,0 +1,339 @@
+"""The lifecycle transition relation in Python, mirroring ``specs/KVLifecycle.tla``.
+
+Same variables, same action names, same guards as the spec (docs/INTERFACES.md
+"The lifecycle model"); :mod:`kvgrant.conformance.drift` checks that this module
+and TLC produce the same successor states on small configs, so the two cannot drift.
+
+Why mutable: the fast engine replays published-scale traces (10^5 events) in well
+under a second, so :class:`ModelState` is updated in place and each guard is O(1)
+(counters kept next to the sets). :meth:`ModelState.copy` and :meth:`freeze` give
+the value semantics the drift guard and the enabled-action report need.
+
+Kept as in the spec: ``created[r]`` is always a prefix ``0..n-1`` of the plan order
+(Create needs every earlier allocation created, Release needs every later one gone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, NamedTuple
+
+from kvgrant.conformance.trace_io import DRIVER_STEPS, PHASES, Header
+
+__all__ = [
+    "ALL_ACTIONS",
+    "TERMINAL_PHASES",
+    "Action",
+    "Constants",
+    "ModelState",
+    "RankState",
+    "apply",
+    "enabled",
+    "guard",
+    "initial_state",
+    "step_enabled",
+    "step_guard",
+]
+
+TERMINAL_PHASES = frozenset({"Published", "Aborted", "Shutdown"})
+_UNWINDING = frozenset({"Aborting", "ShuttingDown"})
+ALL_ACTIONS = ("Reserve", "Create", "Map", "MapAlias", "Grant", "RankReady", "Publish",
+               "Fail", "Abort", "Unpublish", "Unmap", "Release", "Free", "AbortComplete",
+               "ShutdownComplete")
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The spec's CONSTANTS (NumRanks, NumAllocs, Aliased, OwnerOnly, Importers, ...)."""
+
+    ranks: int
+    allocs: int
+    aliased: frozenset[int]
+    owner_only: frozenset[int]
+    importers: tuple[frozenset[int], ...]
+    declared_readers: tuple[frozenset[int], ...]
+
+    @classmethod
+    def from_header(cls, h: Header) -> "Constants":
+        return cls(h.ranks, h.allocs, h.aliased, h.owner_only, h.importers, h.declared_readers)
+
+    def grant_set(self, r: int, a: int, m: str) -> frozenset[int]:
+        """GrantSet(r, a, m): owner only for owner-only aliases, else owner + importers."""
+        if m == "alias" and a in self.owner_only:
+            return frozenset({r})
+        return self.importers[r] | {r}
+
+
+class Action(NamedTuple):
+    """One instance of a spec action; ``step`` is Fail's driver step (x in Fail(r, x))."""
+
+    name: str
+    rank: int | None = None
+    alloc: int | None = None
+    mapping: str | None = None
+    step: str | None = None
+
+    def __str__(self) -> str:
+        if self.name == "Fail":
+            if self.alloc is None:
+                return f'Fail(r{self.rank}, "{self.step}")'
+            inner = Action(self.step or "?", self.rank, self.alloc, self.mapping)
+            return f'Fail(r{self.rank}, "{self.step}") at {inner}'
+        parts = [] if self.rank is None else [f"r{self.rank}"]
+        if self.alloc is not None:
+            parts.append(f"a{self.alloc}")
+        if self.mapping is not None:
+            parts.append(self.mapping)
+        return self.name if not parts else f"{self.name}({', '.join(parts)})"
+
+
+@dataclass
+class RankState:
+    """One rank's variables; ``grants`` counts the (alloc, mapping, device) triples."""
+
+    va: bool = False
+    created: set[int] = field(default_factory=set)
+    mapped: set[int] = field(default_factory=set)
+    alias_mapped: set[int] = field(default_factory=set)
+    access: dict[tuple[int, str], frozenset[int]] = field(default_factory=dict)
+    grants: int = 0
+    ready: bool = False
+    failed: bool = False
+
+    def copy(self) -> "RankState":
+        return RankState(self.va, set(self.created), set(self.mapped), set(self.alias_mapped),
+                         dict(self.access), self.grants, self.ready, self.failed)
+
+    def empty(self) -> bool:
+        """Nothing left: no VA, handle, mapping or grant."""
+        return not (self.va or self.created or self.mapped or self.alias_mapped or self.access)
+
+    def counters(self) -> dict[str, object]:
+        """The trace's per-rank abstract state (docs/INTERFACES.md)."""
+        return {"va": self.va, "created": len(self.created), "mapped": len(self.mapped),
+                "alias_mapped": len(self.alias_mapped), "grants": self.grants,
+                "ready": self.ready, "failed": self.failed}
+
+    def access_triples(self) -> frozenset[tuple[int, str, int]]:
+        return frozenset((a, m, d) for (a, m), ds in self.access.items() for d in ds)
+
+
+@dataclass
+class ModelState:
+    """The spec's variables: phase, per-rank state, published."""
+
+    phase: str
+    ranks: list[RankState]
+    published: set[int] = field(default_factory=set)
+
+    def copy(self) -> "ModelState":
+        return ModelState(self.phase, [r.copy() for r in self.ranks], set(self.published))
+
+    def freeze(self) -> tuple:
+        """A hashable value of every variable (for comparing with TLC states)."""
+        return (self.phase,
+                tuple((r.va, frozenset(r.created), frozenset(r.mapped),
+                       frozenset(r.alias_mapped), r.access_triples(), r.ready, r.failed)
+                      for r in self.ranks),
+                frozenset(self.published))
+
+    def to_json(self) -> dict[str, object]:
+        """Readable form for reports: sets become sorted lists."""
+        return {
+            "phase": self.phase,
+            "published": sorted(self.published),
+            "ranks": {str(i): {"va": r.va, "created": sorted(r.created),
+                               "mapped": sorted(r.mapped),
+                               "alias_mapped": sorted(r.alias_mapped),
+                               "access": [list(t) for t in sorted(r.access_triples())],
+                               "ready": r.ready, "failed": r.failed}
+                      for i, r in enumerate(self.ranks)},
+        }
+
+
+def initial_state(c: Constants) -> ModelState:
+    """Init: Allocating, nothing reserved, created, mapped or granted."""
+    return ModelState("Allocating", [RankState() for _ in range(c.ranks)], set())
+
+
+# --- guards ------------------------------------------------------------------------------
+
+def _driver_guard(c: Constants, s: ModelState, act: Action, name: str) -> bool:
+    """CanReserve / CanCreate / CanMap / CanMapAlias / CanGrant of the spec."""
+    if s.phase != "Allocating" or act.rank is None:
+        return False
+    rs = s.ranks[act.rank]
+    if rs.failed:
+        return False
+    a = act.alloc
+    if name == "Reserve":
+        return not rs.va
+    if a is None:
+        return False
+    if name == "Create":
+        # a not created, all b < a created (prefix invariant: exactly a are created)
+        return rs.va and a not in rs.created and len(rs.created) == a
+    if name == "Map":
+        return a in rs.created and a not in rs.mapped
+    if name == "MapAlias":
+        return (a in c.aliased and a in rs.mapped and a in rs.created
+                and a not in rs.alias_mapped)
+    if name == "Grant":
+        m = act.mapping
+        if m == "plane":
+            exists = a in rs.mapped
+        elif m == "alias":
+            exists = a in rs.alias_mapped
+        else:
+            return False
+        return exists and (a, m) not in rs.access
+    return False
+
+
+def step_enabled(c: Constants, s: ModelState, r: int, x: str) -> bool:
+    """StepEnabled(r, x): driver step x of rank r could run now, for some arguments."""
+    if x == "Reserve":
+        return _driver_guard(c, s, Action(x, r), x)
+    if s.phase != "Allocating" or s.ranks[r].failed:
+        return False
+    if x == "Create":
+        n = len(s.ranks[r].created)
+        return n < c.allocs and _driver_guard(c, s, Action(x, r, n), x)
+    if x == "Grant":
+        return any(_driver_guard(c, s, Action(x, r, a, m), x)
+                   for a in range(c.allocs) for m in ("plane", "alias"))
+    if x in ("Map", "MapAlias"):
+        return any(_driver_guard(c, s, Action(x, r, a), x) for a in range(c.allocs))
+    return False
+
+
+def _all_granted(c: Constants, rs: RankState) -> bool:
+    return len(rs.access) == len(rs.mapped) + len(rs.alias_mapped)
+
+
+def step_guard(c: Constants, s: ModelState, act: Action) -> bool:
+    """The failed call's own guard (CanCreate(r, a), ...): a Fail event must name a
+    step that could run with exactly its arguments."""
+    return act.step in DRIVER_STEPS and _driver_guard(c, s, act, act.step)
+
+
+def guard(c: Constants, s: ModelState, act: Action) -> bool:
+    """Is ``act`` enabled in ``s``? (The spec's guard, evaluated without changing s.)"""
+    n = act.name
+    if n in DRIVER_STEPS:
+        return _driver_guard(c, s, act, n)
+    if n == "Fail":
+        # Fail(r, x) == x \in FailSteps /\ StepEnabled(r, x); the trace engines also
+        # check the failed call's own arguments (step_guard).
+        return act.step in DRIVER_STEPS and act.rank is not None \
+            and step_enabled(c, s, act.rank, act.step)
+    if n == "RankReady":
+        if s.phase != "Allocating" or act.rank is None:
+            return False
+        rs = s.ranks[act.rank]
+        return (not rs.failed and not rs.ready and rs.va and len(rs.created) == c.allocs
+                and len(rs.mapped) == c.allocs and rs.alias_mapped == c.aliased
+                and _all_granted(c, rs))
+    if n == "Publish":
+        return (s.phase == "Allocating" and all(r.ready for r in s.ranks)
+                and not any(r.failed for r in s.ranks))
+    if n == "Abort":
+        return s.phase == "Allocating" and any(r.failed for r in s.ranks)
+    if n == "Unpublish":
+        return s.phase == "Published"
+    if n in ("Unmap", "Release", "Free"):
+        if s.phase not in _UNWINDING or act.rank is None:
+            return False
+        rs = s.ranks[act.rank]
+        if n == "Free":
+            return rs.va and not rs.created
+        a = act.alloc
+        if a is None or len(rs.created) > a + 1:
+            return False  # reverse order: no b > a created (created is a prefix 0..n-1)
+        if n == "Release":
+            return a in rs.created and a not in rs.mapped and a not in rs.alias_mapped
+        if act.mapping == "alias":
+            return a in rs.alias_mapped
+        if act.mapping == "plane":
+            return a in rs.mapped and a not in rs.alias_mapped
+        return False
+    if n == "AbortComplete":
+        return s.phase == "Aborting" and all(r.empty() for r in s.ranks)
+    if n == "ShutdownComplete":
+        return s.phase == "ShuttingDown" and all(r.empty() for r in s.ranks)
+    return False
+
+
+def apply(c: Constants, s: ModelState, act: Action) -> None:
+    """The action's effect, in place. Call only when :func:`guard` holds."""
+    n = act.name
+    rs = s.ranks[act.rank] if act.rank is not None else None
+    a = act.alloc
+    if n == "Reserve":
+        rs.va = True
+    elif n == "Create":
+        rs.created.add(a)
+    elif n == "Map":
+        rs.mapped.add(a)
+    elif n == "MapAlias":
+        rs.alias_mapped.add(a)
+    elif n == "Grant":
+        devs = c.grant_set(act.rank, a, act.mapping)
+        rs.access[(a, act.mapping)] = devs
+        rs.grants += len(devs)
+    elif n == "RankReady":
+        rs.ready = True
+    elif n == "Fail":
+        rs.failed = True
+    elif n == "Publish":
+        s.published = set(range(c.ranks))
+        s.phase = "Published"
+    elif n == "Abort":
+        s.phase = "Aborting"
+    elif n == "Unpublish":
+        s.published = set()
+        s.phase = "ShuttingDown"
+    elif n == "Unmap":
+        (rs.alias_mapped if act.mapping == "alias" else rs.mapped).discard(a)
+        devs = rs.access.pop((a, act.mapping), None)
+        if devs:
+            rs.grants -= len(devs)
+    elif n == "Release":
+        rs.created.discard(a)
+    elif n == "Free":
+        rs.va = False
+        rs.ready = False
+    elif n == "AbortComplete":
+        s.phase = "Aborted"
+    elif n == "ShutdownComplete":
+        s.phase = "Shutdown"
+    else:  # pragma: no cover - guard() rejects unknown names first
+        raise ValueError(f"action = {n!r}: not a lifecycle action")
+
+
+def _candidates(c: Constants, s: ModelState) -> Iterator[Action]:
+    for r in range(c.ranks):
+        yield Action("Reserve", r)
+        for a in range(c.allocs):
+            for n in ("Create", "Map", "MapAlias", "Release"):
+                yield Action(n, r, a)
+            for m in ("plane", "alias"):
+                yield Action("Grant", r, a, m)
+                yield Action("Unmap", r, a, m)
+        yield Action("RankReady", r)
+        yield Action("Free", r)
+    for n in ("Publish", "Abort", "Unpublish", "AbortComplete", "ShutdownComplete"):
+        yield Action(n)
+
+
+def enabled(c: Constants, s: ModelState, *, with_fail: bool = True) -> list[Action]:
+    """Every enabled action instance in ``s`` (Fail(r, x) once per enabled step x)."""
+    out = [act for act in _candidates(c, s) if guard(c, s, act)]
+    if with_fail:
+        out += [Action("Fail", r, step=x) for r in range(c.ranks)
+                for x in ("Reserve", "Create", "Map", "MapAlias", "Grant")
+                if step_enabled(c, s, r, x)]
+    return out
+
+
+assert set(PHASES) >= TERMINAL_PHASES

@@ -1,0 +1,329 @@
+"""Trace mutants for the conformance self-test, and valid reference traces to mutate.
+
+Each mutant is a valid trace with one ordering bug injected (drop a grant, grant to a
+rank that is not an importer, publish before the last rank is ready, unmap the backing
+before its alias, skip a release, duplicate an event, swap two steps illegally),
+together with the index at which any correct engine must reject it. The expected
+index is derived from where the bug was put, never from an engine's answer.
+
+:func:`reference_trace` writes a valid trace in the runtime's order (per rank:
+Reserve, then per allocation Create, Map, MapAlias, Grant plane, Grant alias; then
+RankReady; Publish; shutdown or abort in reverse). Its recorded states come from the
+model, so it is valid by construction; it serves tests and benchmarks that must not
+wait for a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from kvgrant.conformance.model import Action, Constants, apply, initial_state
+from kvgrant.conformance.trace_io import RANK_ACTIONS, Header, Trace, header_to_json, \
+    parse_trace_lines
+
+__all__ = [
+    "MUTATIONS",
+    "Mutant",
+    "MutationScore",
+    "make_header",
+    "mutation_score",
+    "mutants",
+    "reference_trace",
+    "trace_from_actions",
+    "trace_from_events",
+]
+
+FAIL_RESULT = "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A mutated trace and the 0-based event index where it must be rejected."""
+
+    name: str
+    trace: Trace
+    expected_index: int
+    description: str
+
+
+def make_header(ranks: int, allocs: int, aliased: Iterable[int] = (),
+                owner_only: Iterable[int] = (), importers: dict[int, Iterable[int]] | None = None,
+                declared_readers: dict[int, Iterable[int]] | None = None,
+                **extra: Any) -> Header:
+    """A header from Python values; importers default to every other rank."""
+    imp = tuple(frozenset(importers.get(r, ()) if importers is not None
+                          else set(range(ranks)) - {r}) for r in range(ranks))
+    dec = tuple(frozenset(declared_readers[r]) if declared_readers and r in declared_readers
+                else imp[r] | {r} for r in range(ranks))
+    return Header(ranks=ranks, allocs=allocs, aliased=frozenset(aliased),
+                  owner_only=frozenset(owner_only), importers=imp, declared_readers=dec,
+                  devices={r: r for r in range(ranks)}, extra=dict(extra))
+
+
+def trace_from_events(header: Header, events: Sequence[dict[str, Any]],
+                      source: str = "<mutant>") -> Trace:
+    """Renumber ``seq`` and parse header + raw event dicts into a validated Trace."""
+    lines = [json.dumps(header_to_json(header))]
+    for i, ev in enumerate(events):
+        obj = dict(ev)
+        obj["seq"] = i
+        lines.append(json.dumps(obj))
+    return parse_trace_lines(lines, source=source)
+
+
+def _plan_actions(c: Constants) -> list[Action]:
+    out: list[Action] = []
+    for r in range(c.ranks):
+        out.append(Action("Reserve", r))
+        for a in range(c.allocs):
+            out += [Action("Create", r, a), Action("Map", r, a)]
+            if a in c.aliased:
+                out.append(Action("MapAlias", r, a))
+            out.append(Action("Grant", r, a, "plane"))
+            if a in c.aliased:
+                out.append(Action("Grant", r, a, "alias"))
+        out.append(Action("RankReady", r))
+    out.append(Action("Publish"))
+    return out
+
+
+def _unwind_actions(c: Constants, made: dict[int, set[tuple[str, int, str | None]]],
+                    reserved: set[int]) -> list[Action]:
+    out: list[Action] = []
+    for r in reversed(range(c.ranks)):
+        for a in reversed(range(c.allocs)):
+            if ("alias", a, None) in made[r]:
+                out.append(Action("Unmap", r, a, "alias"))
+            if ("plane", a, None) in made[r]:
+                out.append(Action("Unmap", r, a, "plane"))
+            if ("create", a, None) in made[r]:
+                out.append(Action("Release", r, a))
+        if r in reserved:
+            out.append(Action("Free", r))
+    return out
+
+
+def reference_trace(header: Header, *, fail_at: int | None = None,
+                    shutdown: bool = True, source: str = "<reference>") -> Trace:
+    """A valid trace for ``header``'s constants.
+
+    ``fail_at`` makes the forward driver step with that ordinal fail (then Abort and
+    unwind, ending Aborted); otherwise the trace publishes and, with ``shutdown``,
+    shuts down again.
+    """
+    c = Constants.from_header(header)
+    acts: list[tuple[Action, str | None]] = []
+    made: dict[int, set[tuple[str, int, str | None]]] = {r: set() for r in range(c.ranks)}
+    reserved: set[int] = set()
+
+    def emit(act: Action, result: str | None) -> None:
+        acts.append((act, result))
+
+    driver_steps = 0
+    for act in _plan_actions(c):
+        if act.name in ("RankReady", "Publish"):
+            emit(act, None)
+            continue
+        if fail_at is not None and driver_steps == fail_at:
+            emit(Action("Fail", act.rank, act.alloc, act.mapping, step=act.name), FAIL_RESULT)
+            emit(Action("Abort"), None)
+            for u in _unwind_actions(c, made, reserved):
+                emit(u, "CUDA_SUCCESS")
+            emit(Action("AbortComplete"), None)
+            return trace_from_actions(header, acts, source)
+        driver_steps += 1
+        emit(act, "CUDA_SUCCESS")
+        key = {"Create": ("create", act.alloc, None), "Map": ("plane", act.alloc, None),
+               "MapAlias": ("alias", act.alloc, None)}.get(act.name)
+        if key:
+            made[act.rank].add(key)
+        if act.name == "Reserve":
+            reserved.add(act.rank)
+    if shutdown:
+        emit(Action("Unpublish"), None)
+        for u in _unwind_actions(c, made, reserved):
+            emit(u, "CUDA_SUCCESS")
+        emit(Action("ShutdownComplete"), None)
+    return trace_from_actions(header, acts, source)
+
+
+def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | None]],
+                       source: str = "<actions>") -> Trace:
+    """Run model actions from Init and record each as a trace event (runtime format).
+
+    ``actions`` pairs each action with its driver result (None for model-only steps);
+    a ``Fail`` action needs ``step`` and the failed call's arguments. The recorded
+    states come from the model, so the actions must be enabled in turn.
+    """
+    c = Constants.from_header(header)
+    s = initial_state(c)
+    rank_dev = dict(header.devices)
+    events: list[dict[str, Any]] = []
+    for act, result in actions:
+        ev_action = act.step if act.name == "Fail" else act.name
+        apply(c, s, act)
+        args: dict[str, Any] = {}
+        if act.alloc is not None:
+            args["alloc"] = act.alloc
+        if act.mapping is not None:
+            args["mapping"] = act.mapping
+        if ev_action == "Grant":
+            args["devices"] = sorted(rank_dev[d] for d in c.grant_set(act.rank, act.alloc,
+                                                                      act.mapping))
+        if ev_action == "Abort":
+            args["failed_rank"] = next(i for i, r in enumerate(s.ranks) if r.failed)
+        state: dict[str, Any] = {"phase": s.phase}
+        if act.rank is not None:
+            state.update(s.ranks[act.rank].counters())
+        events.append({"kind": "event", "seq": len(events), "rank": act.rank,
+                       "action": ev_action, "args": args,
+                       "call": RANK_ACTIONS.get(ev_action), "result": result,
+                       "device": None if act.rank is None else rank_dev[act.rank],
+                       "t": round(len(events) * 1e-5, 6), "state": state})
+    return trace_from_events(header, events, source)
+
+
+# --- mutations ---------------------------------------------------------------------------
+# Each takes the raw event dicts (a deep copy) and the header; returns (events, index,
+# description) or None when the trace offers no place for this bug.
+
+Raw = list[dict[str, Any]]
+MutResult = "tuple[Raw, int, str] | None"
+
+
+def _first(evs: Raw, pred: Callable[[int, dict[str, Any]], bool]) -> int | None:
+    return next((i for i, e in enumerate(evs) if pred(i, e)), None)
+
+
+def _ok(e: dict[str, Any]) -> bool:
+    return e.get("result") in (None, "CUDA_SUCCESS")
+
+
+def _drop_grant(evs: Raw, h: Header):
+    # a grant followed by an event of the same rank: that event's recorded grants
+    # counter (or RankReady's guard) exposes the drop at the same index
+    i = _first(evs, lambda i, e: e["action"] == "Grant" and _ok(e) and i + 1 < len(evs)
+               and evs[i + 1]["rank"] == e["rank"])
+    if i is None:
+        return None
+    del evs[i]
+    return evs, i, f"dropped the Grant at event {i}"
+
+
+def _grant_non_importer(evs: Raw, h: Header):
+    for i, e in enumerate(evs):
+        if e["action"] != "Grant" or not _ok(e):
+            continue
+        r = e["rank"]
+        outsiders = [d for d in range(h.ranks) if d != r and d not in h.importers[r]
+                     and h.devices[d] not in e["args"]["devices"]]
+        if outsiders:
+            d = outsiders[0]
+            e["args"]["devices"] = sorted(e["args"]["devices"] + [h.devices[d]])
+            e["state"]["grants"] += 1
+            return evs, i, f"Grant at event {i} also grants rank {d} (not an importer)"
+    return None
+
+
+def _publish_early(evs: Raw, h: Header):
+    p = _first(evs, lambda i, e: e["action"] == "Publish")
+    if p is None:
+        return None
+    last_ready = max((i for i, e in enumerate(evs[:p]) if e["action"] == "RankReady"),
+                     default=None)
+    if last_ready is None:
+        return None
+    pub = evs.pop(p)
+    evs.insert(last_ready, pub)
+    return evs, last_ready, f"Publish moved before the last RankReady (event {last_ready})"
+
+
+def _unmap_backing_first(evs: Raw, h: Header):
+    i = _first(evs, lambda i, e: e["action"] == "Unmap" and e["args"]["mapping"] == "alias"
+               and i + 1 < len(evs) and evs[i + 1]["action"] == "Unmap"
+               and evs[i + 1]["args"]["mapping"] == "plane"
+               and evs[i + 1]["args"]["alloc"] == e["args"]["alloc"])
+    if i is None:
+        return None
+    evs[i], evs[i + 1] = evs[i + 1], evs[i]
+    return evs, i, f"plane Unmap moved before its alias Unmap (event {i})"
+
+
+def _skip_release(evs: Raw, h: Header):
+    i = _first(evs, lambda i, e: e["action"] == "Release")
+    if i is None:
+        return None
+    del evs[i]
+    return evs, i, f"dropped the Release at event {i}"
+
+
+def _duplicate_event(evs: Raw, h: Header):
+    i = _first(evs, lambda i, e: e["action"] in ("Create", "Map") and _ok(e))
+    if i is None:
+        return None
+    evs.insert(i + 1, copy.deepcopy(evs[i]))
+    return evs, i + 1, f"event {i} ({evs[i]['action']}) repeated at {i + 1}"
+
+
+def _reorder_steps(evs: Raw, h: Header):
+    i = _first(evs, lambda i, e: e["action"] == "Create" and _ok(e) and i + 1 < len(evs)
+               and evs[i + 1]["action"] == "Map" and evs[i + 1]["rank"] == e["rank"])
+    if i is None:
+        return None
+    evs[i], evs[i + 1] = evs[i + 1], evs[i]
+    return evs, i, f"Map swapped before its Create (event {i})"
+
+
+MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
+    "drop_grant": _drop_grant,
+    "grant_non_importer": _grant_non_importer,
+    "publish_early": _publish_early,
+    "unmap_backing_first": _unmap_backing_first,
+    "skip_release": _skip_release,
+    "duplicate_event": _duplicate_event,
+    "reorder_steps": _reorder_steps,
+}
+
+
+def mutants(trace: Trace, names: Iterable[str] | None = None) -> list[Mutant]:
+    """Every applicable mutant of ``trace`` (a mutation with no place is skipped)."""
+    out: list[Mutant] = []
+    for name in (names if names is not None else MUTATIONS):
+        raw = [copy.deepcopy(dict(e.raw)) for e in trace.events]
+        res = MUTATIONS[name](raw, trace.header)
+        if res is None:
+            continue
+        evs, index, desc = res
+        out.append(Mutant(name, trace_from_events(trace.header, evs,
+                                                  f"{trace.source}#{name}"), index, desc))
+    return out
+
+
+@dataclass(frozen=True)
+class MutationScore:
+    """Mutants rejected at their expected index (``killed``) out of ``total``."""
+
+    killed: int
+    total: int
+    misses: tuple[str, ...]
+
+    @property
+    def score(self) -> float:
+        return self.killed / self.total if self.total else 1.0
+
+
+def mutation_score(cases: Iterable[Mutant], verdicts: Iterable[Any]) -> MutationScore:
+    """Score engine verdicts (same order as ``cases``): a mutant counts as killed only
+    when it is rejected exactly at its expected index."""
+    killed, total, misses = 0, 0, []
+    for m, v in zip(cases, verdicts, strict=True):
+        total += 1
+        if not v.accepted and v.index == m.expected_index:
+            killed += 1
+        else:
+            misses.append(f"{m.trace.source}: expected rejection at {m.expected_index}, "
+                          f"got {'acceptance' if v.accepted else v.index}")
+    return MutationScore(killed, total, tuple(misses))

@@ -1,0 +1,171 @@
+"""The Python engine: replay a trace through :mod:`kvgrant.conformance.model`.
+
+Each event must be an enabled action of the model (a failed driver call is
+``Fail(r, x)``), a Grant must name exactly ``GrantSet(r, a, m)``, and the event's
+recorded abstract state must equal the model's state after it. The trace is
+accepted when every event matches and the last state is terminal (Published,
+Aborted or Shutdown). A rejection names the first unmatched event with the model
+state before it and the actions enabled there; the TLC engine
+(:mod:`kvgrant.conformance.tla_trace`) reports the same index.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvgrant.conformance.model import (TERMINAL_PHASES, Action, Constants, ModelState,
+                                       apply, enabled, guard, initial_state,
+                                       step_guard)
+from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace
+
+__all__ = ["Verdict", "event_action", "replay", "replay_file"]
+
+
+@dataclass
+class Verdict:
+    """What an engine concluded about one trace.
+
+    ``index`` is the 0-based position of the first event the model does not allow,
+    or ``events`` (one past the last) when every event matched but the trace stops
+    in a non-terminal phase; None when accepted.
+    """
+
+    accepted: bool
+    engine: str
+    events: int
+    ranks: int
+    seconds: float
+    index: int | None = None
+    event: Event | None = None
+    reason: str = ""
+    state_before: dict[str, Any] | None = None
+    enabled: list[str] = field(default_factory=list)
+    final_phase: str | None = None
+
+    @property
+    def line(self) -> int | None:
+        """1-based line of the rejected event in the trace file (header is line 1)."""
+        if self.accepted or self.index is None:
+            return None
+        return self.event.line if self.event is not None else self.events + 2
+
+    def summary(self) -> str:
+        """One line for humans."""
+        if self.accepted:
+            return (f"accepted by {self.engine}: {self.events} events, {self.ranks} ranks, "
+                    f"final phase {self.final_phase}, {self.seconds:.3f} s")
+        what = self.event.describe() if self.event is not None else "end of trace"
+        return (f"rejected by {self.engine} at event {self.index} (line {self.line}): "
+                f"{what}: {self.reason}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted, "engine": self.engine, "events": self.events,
+            "ranks": self.ranks, "seconds": round(self.seconds, 6), "index": self.index,
+            "line": self.line, "final_phase": self.final_phase, "reason": self.reason,
+            "event": None if self.event is None else dict(self.event.raw),
+            "state_before": self.state_before, "enabled": list(self.enabled),
+        }
+
+
+def event_action(ev: Event) -> Action:
+    """The model action an event claims: a failed driver call is Fail(r, action)."""
+    if ev.ok:
+        return Action(ev.action, ev.rank, ev.alloc, ev.mapping)
+    return Action("Fail", ev.rank, ev.alloc, ev.mapping, step=ev.action)
+
+
+_MODEL_ONLY = frozenset({"RankReady", "Publish", "Abort", "Unpublish", "AbortComplete",
+                         "ShutdownComplete"})
+
+
+def _mismatch(c: Constants, s: ModelState, ev: Event, act: Action,
+              dev_to_rank: dict[int, int]) -> str:
+    """Why ``ev`` is not an allowed step from ``s`` ('' when it is); ``s`` is unchanged."""
+    if act.name == "Fail" and ev.action not in DRIVER_STEPS:
+        return (f"{ev.action} returned {ev.result}: the model allows failures only at the "
+                "driver steps Reserve, Create, Map, MapAlias, Grant")
+    if ev.result is not None and ev.action in _MODEL_ONLY:
+        return f"{ev.action} is a model-only step but carries result {ev.result}"
+    if not guard(c, s, act):
+        return f"{act} is not enabled in phase {s.phase}"
+    if act.name == "Fail" and not step_guard(c, s, act):
+        return (f"{act}: StepEnabled holds but the failed call itself "
+                f"({ev.action} with these arguments) could not run here")
+    if act.name == "Grant":
+        got = frozenset(dev_to_rank.get(d, -1 - d) for d in ev.devices or ())
+        want = c.grant_set(act.rank, act.alloc, act.mapping)
+        if got != want:
+            extra = sorted(d for d in got if d not in want)
+            missing = sorted(want - got)
+            return (f"grants to ranks {sorted(got)} but GrantSet is {sorted(want)}"
+                    + (f" (not owner or importer: {extra})" if extra else "")
+                    + (f" (missing: {missing})" if missing else ""))
+    return ""
+
+
+def _state_mismatch(s: ModelState, ev: Event) -> str:
+    """'' when the event's recorded abstract state equals the model's (after the step)."""
+    st = ev.state
+    phase_ok = st["phase"] == s.phase
+    if ev.rank is None:
+        if phase_ok:
+            return ""
+    else:
+        rs = s.ranks[ev.rank]
+        if (phase_ok and st["created"] == len(rs.created) and st["mapped"] == len(rs.mapped)
+                and st["grants"] == rs.grants and st["alias_mapped"] == len(rs.alias_mapped)
+                and st["va"] == rs.va and st["ready"] == rs.ready
+                and st["failed"] == rs.failed):
+            return ""
+    diffs = [] if phase_ok else [f"phase {st['phase']!r} != model {s.phase!r}"]
+    if ev.rank is not None:
+        for key, want in s.ranks[ev.rank].counters().items():
+            if st.get(key) != want:
+                diffs.append(f"{key} {st.get(key)!r} != model {want!r}")
+    return "recorded state disagrees with the model: " + "; ".join(diffs)
+
+
+def replay(trace: Trace, *, engine: str = "python") -> Verdict:
+    """Replay ``trace`` through the Python model; never raises on a rejected trace."""
+    t0 = time.perf_counter()
+    c = Constants.from_header(trace.header)
+    s = initial_state(c)
+    dev_to_rank = trace.header.device_to_rank()
+    events = trace.events
+    for ev in events:
+        act = event_action(ev)
+        why = _mismatch(c, s, ev, act, dev_to_rank)
+        if not why:
+            apply(c, s, act)
+            why = _state_mismatch(s, ev)
+            if why:
+                s = state_before(trace, ev.index)
+        if why:
+            return Verdict(False, engine, len(events), c.ranks, time.perf_counter() - t0,
+                           index=ev.index, event=ev, reason=why, state_before=s.to_json(),
+                           enabled=[str(a) for a in enabled(c, s)], final_phase=None)
+    seconds = time.perf_counter() - t0
+    if s.phase not in TERMINAL_PHASES:
+        return Verdict(False, engine, len(events), c.ranks, seconds, index=len(events),
+                       event=None, reason=f"trace ends in phase {s.phase}, which is not "
+                       "terminal (Published, Aborted or Shutdown)", state_before=s.to_json(),
+                       enabled=[str(a) for a in enabled(c, s)], final_phase=s.phase)
+    return Verdict(True, engine, len(events), c.ranks, seconds, final_phase=s.phase)
+
+
+def state_before(trace: Trace, index: int) -> ModelState:
+    """The model state after the first ``index`` events (assumed allowed)."""
+    c = Constants.from_header(trace.header)
+    s = initial_state(c)
+    for ev in trace.events[:index]:
+        apply(c, s, event_action(ev))
+    return s
+
+
+def replay_file(path: str | Path) -> Verdict:
+    """Load (TraceError if malformed) and replay one trace file."""
+    return replay(load_trace(path))

@@ -1,0 +1,365 @@
+"""Read and validate NDJSON lifecycle traces (docs/INTERFACES.md "Trace format").
+
+A trace is a header line (the model's constants) and one event per transition.
+This module checks only the *shape* of a trace: anything malformed raises
+:class:`kvgrant.errors.TraceError` with the 1-based line number, so the CLI never
+shows a traceback. Whether the events are *allowed* is the model's job
+(:mod:`kvgrant.conformance.replay`), never decided here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from kvgrant.errors import TraceError
+
+__all__ = [
+    "DRIVER_STEPS",
+    "EVENT_ACTIONS",
+    "GROUP_ACTIONS",
+    "PHASES",
+    "RANK_COUNTERS",
+    "Event",
+    "Header",
+    "Trace",
+    "load_trace",
+    "parse_trace",
+    "parse_trace_lines",
+]
+
+#: The model's phases, in the order the lifecycle visits them.
+PHASES = ("Allocating", "Published", "Aborting", "Aborted", "ShuttingDown", "Shutdown")
+#: Actions without an actor rank (``rank`` is null in the trace).
+GROUP_ACTIONS = frozenset({"Publish", "Abort", "Unpublish", "AbortComplete", "ShutdownComplete"})
+#: Rank actions, with the driver entry point each one calls (None: model-only step).
+RANK_ACTIONS: Mapping[str, str | None] = {
+    "Reserve": "cuMemAddressReserve", "Create": "cuMemCreate", "Map": "cuMemMap",
+    "MapAlias": "cuMemMap", "Grant": "cuMemSetAccess", "RankReady": None,
+    "Unmap": "cuMemUnmap", "Release": "cuMemRelease", "Free": "cuMemAddressFree",
+}
+#: Driver steps that may fail (a failing one is the model's ``Fail(r, x)``).
+DRIVER_STEPS = frozenset({"Reserve", "Create", "Map", "MapAlias", "Grant"})
+EVENT_ACTIONS = frozenset(RANK_ACTIONS) | GROUP_ACTIONS
+#: Rank counters of an event's ``state`` and the Python type each must have.
+RANK_COUNTERS: Mapping[str, type] = {
+    "va": bool, "created": int, "mapped": int, "alias_mapped": int, "grants": int,
+    "ready": bool, "failed": bool,
+}
+_NEEDS_ALLOC = frozenset({"Create", "Map", "MapAlias", "Grant", "Unmap", "Release"})
+_NEEDS_MAPPING = frozenset({"Grant", "Unmap"})
+MAPPINGS = ("plane", "alias")
+SUCCESS = "CUDA_SUCCESS"
+
+
+@dataclass(frozen=True)
+class Header:
+    """The model constants a trace was recorded under."""
+
+    ranks: int
+    allocs: int
+    aliased: frozenset[int]
+    owner_only: frozenset[int]
+    importers: tuple[frozenset[int], ...]
+    declared_readers: tuple[frozenset[int], ...]
+    devices: Mapping[int, int]
+    version: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def device_to_rank(self) -> dict[int, int]:
+        """CUDA ordinal -> rank, so a Grant's ``devices`` can be read as model ranks."""
+        return {dev: rank for rank, dev in self.devices.items()}
+
+
+@dataclass(slots=True, eq=False)
+class Event:
+    """One transition of the trace; ``index`` is its position among the events (0-based).
+
+    Not frozen (slots only) because published-scale traces hold 10^5 events and a
+    frozen dataclass doubles the load time; treat it as read-only.
+    """
+
+    index: int
+    line: int
+    seq: int
+    rank: int | None
+    action: str
+    args: Mapping[str, Any]
+    call: str | None
+    result: str | None
+    state: Mapping[str, Any]
+    raw: Mapping[str, Any]
+    alloc: int | None = None
+    mapping: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A model-only step (result null) or a driver call that returned CUDA_SUCCESS."""
+        return self.result is None or self.result == SUCCESS
+
+    @property
+    def devices(self) -> tuple[int, ...] | None:
+        devs = self.args.get("devices")
+        return None if devs is None else tuple(devs)
+
+    def describe(self) -> str:
+        """Short human form, e.g. ``Grant(r1, a2, alias) -> CUDA_SUCCESS``."""
+        parts = [] if self.rank is None else [f"r{self.rank}"]
+        if self.alloc is not None:
+            parts.append(f"a{self.alloc}")
+        if self.mapping is not None:
+            parts.append(self.mapping)
+        if self.devices is not None:
+            parts.append("devices=" + ",".join(map(str, self.devices)))
+        text = f"{self.action}({', '.join(parts)})" if parts else self.action
+        return text if self.result is None else f"{text} -> {self.result}"
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A parsed trace: constants plus events in order."""
+
+    header: Header
+    events: tuple[Event, ...]
+    source: str = "<trace>"
+
+    def to_lines(self) -> list[str]:
+        """The trace back as NDJSON lines (events renumbered), for mutants and fixtures."""
+        head = header_to_json(self.header)
+        out = [json.dumps(head, sort_keys=True)]
+        for i, ev in enumerate(self.events):
+            obj = dict(ev.raw)
+            obj["seq"] = i
+            out.append(json.dumps(obj, sort_keys=True))
+        return out
+
+
+def header_to_json(h: Header) -> dict[str, Any]:
+    """Inverse of the header parser (used when writing mutants)."""
+    obj: dict[str, Any] = dict(h.extra)
+    obj.update({
+        "kind": "header", "version": h.version, "ranks": h.ranks, "allocs": h.allocs,
+        "aliased": sorted(h.aliased), "owner_only": sorted(h.owner_only),
+        "importers": {str(r): sorted(s) for r, s in enumerate(h.importers)},
+        "declared_readers": {str(r): sorted(s) for r, s in enumerate(h.declared_readers)},
+        "devices": {str(r): d for r, d in sorted(h.devices.items())},
+    })
+    return obj
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read an NDJSON trace file; raises TraceError (with line) if malformed."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise TraceError(f"{p}: cannot read trace: {err.strerror or err}", line=None) from err
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{p}: trace is not UTF-8 text: {err.reason}", line=None) from err
+    return parse_trace(text, source=str(p))
+
+
+def parse_trace(text: str, source: str = "<trace>") -> Trace:
+    """Parse NDJSON text (a trailing newline is fine; blank lines are not)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return parse_trace_lines(lines, source=source)
+
+
+def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
+    """Parse one JSON object per line: the header first, then events."""
+    header: Header | None = None
+    events: list[Event] = []
+    for lineno, line in enumerate(lines, start=1):
+        obj = _json_object(line, lineno, source)
+        if header is None:
+            header = _parse_header(obj, lineno, source)
+        else:
+            events.append(_parse_event(obj, lineno, len(events), header, source))
+    if header is None:
+        raise TraceError(f"{source}: empty trace: line 1 must be the header", line=1)
+    return Trace(header=header, events=tuple(events), source=source)
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+def _fail(source: str, lineno: int, msg: str) -> TraceError:
+    return TraceError(f"{source}:{lineno}: {msg}", line=lineno)
+
+
+def _json_object(line: str, lineno: int, source: str) -> dict[str, Any]:
+    if not line.strip():
+        raise _fail(source, lineno, "blank line: every line must be one JSON object")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise _fail(source, lineno, f"not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(obj, dict):
+        raise _fail(source, lineno, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_field(obj: Mapping[str, Any], key: str, lineno: int, source: str, *,
+               lo: int = 0, hi: int | None = None, where: str = "") -> int:
+    v = obj.get(key)
+    name = f"{where}{key}"
+    if not _is_int(v):
+        raise _fail(source, lineno, f"{name} = {v!r}: must be an integer")
+    if v < lo or (hi is not None and v >= hi):
+        bound = f"in {lo}..{hi - 1}" if hi is not None else f">= {lo}"
+        raise _fail(source, lineno, f"{name} = {v!r}: must be {bound}")
+    return v
+
+
+def _int_set(v: Any, name: str, lineno: int, source: str, hi: int, what: str) -> frozenset[int]:
+    if not isinstance(v, list) or not all(_is_int(x) for x in v):
+        raise _fail(source, lineno, f"{name} = {v!r}: must be a list of integers")
+    bad = [x for x in v if not 0 <= x < hi]
+    if bad:
+        raise _fail(source, lineno, f"{name} = {v!r}: {bad[0]} is not a valid {what} (0..{hi - 1})")
+    if len(set(v)) != len(v):
+        raise _fail(source, lineno, f"{name} = {v!r}: duplicate entries")
+    return frozenset(v)
+
+
+def _rank_table(obj: Mapping[str, Any], key: str, ranks: int, lineno: int,
+                source: str) -> dict[int, Any] | None:
+    table = obj.get(key)
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise _fail(source, lineno, f"header.{key} = {table!r}: must be an object keyed by rank")
+    out: dict[int, Any] = {}
+    for k, v in table.items():
+        if not (isinstance(k, str) and k.isdigit() and int(k) < ranks):
+            raise _fail(source, lineno, f"header.{key} key {k!r}: must be a rank 0..{ranks - 1}")
+        out[int(k)] = v
+    return out
+
+
+def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
+    if obj.get("kind") != "header":
+        raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: line 1 must be the header "
+                                    "(kind = 'header')")
+    version = obj.get("version")
+    if version != 1:
+        raise _fail(source, lineno, f"header.version = {version!r}: only version 1 is supported")
+    ranks = _int_field(obj, "ranks", lineno, source, lo=1, where="header.")
+    allocs = _int_field(obj, "allocs", lineno, source, lo=0, where="header.")
+    aliased = _int_set(obj.get("aliased", []), "header.aliased", lineno, source, allocs, "alloc")
+    owner_only = _int_set(obj.get("owner_only", []), "header.owner_only", lineno, source,
+                          allocs, "alloc")
+    if not owner_only <= aliased:
+        extra = sorted(owner_only - aliased)
+        raise _fail(source, lineno, f"header.owner_only = {sorted(owner_only)}: alloc {extra[0]} "
+                                    "is not aliased (owner_only must be a subset of aliased)")
+    imp_raw = _rank_table(obj, "importers", ranks, lineno, source)
+    if imp_raw is None:
+        raise _fail(source, lineno, "header.importers is missing (object rank -> list of ranks)")
+    importers = []
+    for r in range(ranks):
+        s = _int_set(imp_raw.get(r, []), f"header.importers[{r}]", lineno, source, ranks, "rank")
+        if r in s:
+            raise _fail(source, lineno, f"header.importers[{r}] = {sorted(s)}: a rank does not "
+                                        "import its own memory")
+        importers.append(s)
+    dec_raw = _rank_table(obj, "declared_readers", ranks, lineno, source)
+    readers = []
+    for r in range(ranks):
+        if dec_raw is None:
+            s = importers[r] | {r}
+        else:
+            s = _int_set(dec_raw.get(r, []), f"header.declared_readers[{r}]", lineno, source,
+                         ranks, "rank")
+        if not importers[r] <= s:
+            miss = sorted(importers[r] - s)
+            raise _fail(source, lineno, f"header.declared_readers[{r}] = {sorted(s)}: importer "
+                                        f"{miss[0]} is not a declared reader")
+        readers.append(s)
+    dev_raw = _rank_table(obj, "devices", ranks, lineno, source)
+    devices = {r: r for r in range(ranks)}
+    if dev_raw is not None:
+        for r, d in dev_raw.items():
+            if not _is_int(d) or d < 0:
+                raise _fail(source, lineno, f"header.devices[{r}] = {d!r}: must be a CUDA "
+                                            "ordinal >= 0")
+            devices[r] = d
+        if len(set(devices.values())) != ranks:
+            raise _fail(source, lineno, f"header.devices = {dev_raw!r}: two ranks share a device")
+    known = {"kind", "version", "ranks", "allocs", "aliased", "owner_only", "importers",
+             "declared_readers", "devices"}
+    extra = {k: v for k, v in obj.items() if k not in known}
+    return Header(ranks=ranks, allocs=allocs, aliased=aliased, owner_only=owner_only,
+                  importers=tuple(importers), declared_readers=tuple(readers),
+                  devices=devices, version=1, extra=extra)
+
+
+def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
+                 source: str) -> Event:
+    if obj.get("kind") != "event":
+        raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: every line after the header "
+                                    "must be an event (kind = 'event')")
+    seq = obj.get("seq")
+    if not _is_int(seq) or seq != index:
+        raise _fail(source, lineno, f"seq = {seq!r}: expected {index} (seq counts from 0 "
+                                    "without gaps)")
+    action = obj.get("action")
+    if action not in EVENT_ACTIONS:
+        raise _fail(source, lineno, f"action = {action!r}: not a lifecycle action "
+                                    f"(one of {', '.join(sorted(EVENT_ACTIONS))})")
+    rank = obj.get("rank")
+    if action in GROUP_ACTIONS:
+        if rank is not None:
+            raise _fail(source, lineno, f"rank = {rank!r}: must be null for group action {action}")
+    elif not _is_int(rank) or not 0 <= rank < h.ranks:
+        raise _fail(source, lineno, f"rank = {rank!r}: {action} needs a rank in 0..{h.ranks - 1}")
+    args = obj.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise _fail(source, lineno, f"args = {args!r}: must be an object")
+    if action in _NEEDS_ALLOC:
+        _int_field(args, "alloc", lineno, source, hi=h.allocs, where="args.")
+    if action in _NEEDS_MAPPING and args.get("mapping") not in MAPPINGS:
+        raise _fail(source, lineno, f"args.mapping = {args.get('mapping')!r}: {action} needs "
+                                    "'plane' or 'alias'")
+    if action == "Grant":
+        devs = args.get("devices")
+        if not isinstance(devs, list) or not all(_is_int(d) for d in devs):
+            raise _fail(source, lineno, f"args.devices = {devs!r}: Grant needs a list of "
+                                        "CUDA ordinals")
+    if action == "Abort" and args.get("failed_rank") is not None:
+        _int_field(args, "failed_rank", lineno, source, hi=h.ranks, where="args.")
+    call, result = obj.get("call"), obj.get("result")
+    for key, v in (("call", call), ("result", result)):
+        if v is not None and not isinstance(v, str):
+            raise _fail(source, lineno, f"{key} = {v!r}: must be a string or null")
+    expected_call = RANK_ACTIONS.get(action)
+    if call is not None and call != expected_call:
+        raise _fail(source, lineno, f"call = {call!r}: {action} calls {expected_call!r}")
+    state = obj.get("state")
+    if not isinstance(state, dict):
+        raise _fail(source, lineno, f"state = {state!r}: must be an object (abstract state "
+                                    "after the event)")
+    if state.get("phase") not in PHASES:
+        raise _fail(source, lineno, f"state.phase = {state.get('phase')!r}: must be one of "
+                                    f"{', '.join(PHASES)}")
+    if rank is not None:
+        for key, typ in RANK_COUNTERS.items():
+            v = state.get(key)
+            ok = isinstance(v, bool) if typ is bool else (_is_int(v) and v >= 0)
+            if not ok:
+                want = "true/false" if typ is bool else "an integer >= 0"
+                raise _fail(source, lineno, f"state.{key} = {v!r}: must be {want}")
+    t = obj.get("t")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
+        raise _fail(source, lineno, f"t = {t!r}: must be a number of seconds")
+    return Event(index, lineno, seq, rank, action, args, call, result, state, obj,
+                 args.get("alloc"), args.get("mapping"))

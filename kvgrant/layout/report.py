@@ -1,0 +1,213 @@
+"""Per-plan figures for ``kvgrant plan``: what each plan costs each rank and the host.
+
+Why a module of its own: the CLI prints these figures as a table or as JSON, and tests
+and benchmarks read the same numbers, so they are computed once, here, from the plan
+alone (no driver): bytes, allocations, mappings, access grants (one
+``cuMemSetAccess`` per mapping) and driver handles (mappings x granted devices) per
+rank, the pre-flight demand of the whole host against the handle budget, and whether
+the plan keeps the layout contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.contract import check_contract
+from kvgrant.layout.preflight import handle_demand_breakdown
+
+if TYPE_CHECKING:
+    from kvgrant.layout.geometry import Geometry
+    from kvgrant.layout.plan import PhysicalPlan
+
+__all__ = [
+    "PlanFigures",
+    "RankFigures",
+    "build_report",
+    "format_report",
+    "plan_figures",
+]
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's cost under one plan (handles with grants to owner + importers, and
+    with grants to every declared reader)."""
+
+    rank: int
+    bytes: int
+    allocations: int
+    mappings: int
+    grants: int
+    handles: int
+    handles_declared: int
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """One plan's figures: per rank, host demand for both grant policies, contract."""
+
+    label: str
+    ranks: tuple[RankFigures, ...]
+    demand: int
+    demand_declared: int
+    budget: int
+    contract: tuple[str, ...]
+
+    @property
+    def margin(self) -> int:
+        return self.budget - self.demand
+
+    @property
+    def margin_declared(self) -> int:
+        return self.budget - self.demand_declared
+
+
+def plan_figures(g: "Geometry", plan: "PhysicalPlan", budget: int) -> PlanFigures:
+    """Compute a plan's :class:`PlanFigures` (pure arithmetic, no driver)."""
+    own = handle_demand_breakdown(g, plan, declared=False)
+    dec = handle_demand_breakdown(g, plan, declared=True)
+    nbytes = sum(a.length for a in plan.allocations)
+    n = len(plan.allocations)
+    ranks = tuple(RankFigures(r, nbytes, n, plan.mappings, plan.mappings, own.per_rank[r],
+                              dec.per_rank[r]) for r in range(g.topology.ranks))
+    contract = tuple(str(v) for v in check_contract(g, plan))
+    return PlanFigures(plan.label, ranks, own.total, dec.total, budget, contract)
+
+
+def _rank_groups(figs: PlanFigures) -> list[tuple[list[int], RankFigures]]:
+    """Consecutive ranks with identical figures, so 16 equal ranks print as one row."""
+    out: list[tuple[list[int], RankFigures]] = []
+    for rf in figs.ranks:
+        key = dataclasses.replace(rf, rank=0)
+        if out and dataclasses.replace(out[-1][1], rank=0) == key:
+            out[-1][0].append(rf.rank)
+        else:
+            out.append(([rf.rank], rf))
+    return out
+
+
+def _lower_bound_json(bound: Any) -> dict[str, Any] | None:
+    if bound is None:
+        return None
+    if dataclasses.is_dataclass(bound) and not isinstance(bound, type):
+        return {k: v for k, v in dataclasses.asdict(bound).items()
+                if isinstance(v, (int, float, str, bool, type(None), list, dict))}
+    return {"total": int(bound.total)}
+
+
+def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
+                 lower_bound: Any = None, include_plan: str | None = "packed"
+                 ) -> dict[str, Any]:
+    """The whole ``kvgrant plan`` result as a JSON-ready dict.
+
+    ``include_plan`` names the plan whose every allocation is listed (plane,
+    plane_offset, length, and region, region_offset when aliased), so anyone can
+    check it independently.
+    """
+    ranges = conflict_ranges(g, g.aliases)
+    largest = None
+    if ranges:
+        key = max(ranges, key=lambda k: sum(e - s for s, e in ranges[k]))
+        largest = {"region": key[0], "row": key[1],
+                   "pages": sum(e - s for s, e in ranges[key])}
+    figures = [plan_figures(g, p, budget) for p in plans]
+    out: dict[str, Any] = {
+        "geometry": {
+            "name": g.name, "granularity": g.granularity, "pages": g.pages,
+            "page_tokens": g.page_tokens, "ranks": g.topology.ranks,
+            "planes": len(g.planes), "regions": len(g.regions),
+            "rows": sum(r.rows for r in g.regions), "declared_chunks": len(g.aliases),
+            "declared_bytes": sum(g.plane_bytes(p.name) for p in g.planes),
+        },
+        "largest_conflict_set": largest,
+        "lower_bound": _lower_bound_json(lower_bound),
+        "handle_budget": budget,
+        "plans": {},
+    }
+    for f in figures:
+        out["plans"][f.label] = {
+            "allocations": f.ranks[0].allocations if f.ranks else 0,
+            "mappings": f.ranks[0].mappings if f.ranks else 0,
+            "bytes": f.ranks[0].bytes if f.ranks else 0,
+            "contract_violations": list(f.contract),
+            "per_rank": [dataclasses.asdict(r) for r in f.ranks],
+            "preflight": {
+                "importers": {"demand": f.demand, "budget": budget, "margin": f.margin,
+                              "fits": f.margin >= 0},
+                "declared": {"demand": f.demand_declared, "budget": budget,
+                             "margin": f.margin_declared, "fits": f.margin_declared >= 0},
+            },
+        }
+    for p in plans:
+        if p.label == include_plan:
+            out[f"{p.label}_plan"] = {"label": p.label,
+                                     "allocations": [a.to_json() for a in p.allocations]}
+    return out
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ",".join(map(str, ranks))
+
+
+def _size(n: int) -> str:
+    """Bytes for people: MiB (one decimal) from 1 MiB up, exact bytes below."""
+    return f"{n / (1 << 20):,.1f} MiB" if n >= 1 << 20 else f"{n:,} B"
+
+
+def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
+                  lower_bound: Any = None) -> str:
+    """The human-readable ``kvgrant plan`` output (same figures as :func:`build_report`)."""
+    rep = build_report(g, plans, budget, lower_bound=lower_bound, include_plan=None)
+    geo = rep["geometry"]
+    lines = [
+        f"geometry {g.name!r}: {geo['ranks']} ranks, G = {_size(g.granularity)}, "
+        f"{g.pages:,} pages x {g.page_tokens} tokens, {geo['planes']} planes, "
+        f"{geo['regions']} regions ({geo['rows']} rows), {geo['declared_chunks']:,} "
+        "declared chunks",
+    ]
+    lc = rep["largest_conflict_set"]
+    lines.append("largest conflict set: " + (
+        f"region {lc['region']!r} row {lc['row']}: {lc['pages']:,} pages" if lc else "none (no regions)"))
+    lb = rep["lower_bound"]
+    if lb is not None:
+        extra = ""
+        packed = rep["plans"].get("packed")
+        if packed:
+            gap = packed["allocations"] - lb["total"]
+            pct = 100.0 * gap / lb["total"] if lb["total"] else 0.0
+            extra = f" (packed plan: {packed['allocations']:,}, +{gap:,} = {pct:.1f}% above)"
+        lines.append(f"allocation lower bound per rank: {lb['total']:,}{extra}")
+    else:
+        lines.append("allocation lower bound per rank: unavailable")
+    lines.append("")
+    header = (f"{'per rank':<14} {'plan':<10} {'bytes':>16} {'allocations':>12} "
+              f"{'mappings':>9} {'grants':>7} {'handles':>10} {'handles(declared)':>18}")
+    lines += [header, "-" * len(header)]
+    figures = [plan_figures(g, p, budget) for p in plans]
+    for f in figures:
+        for ranks, rf in _rank_groups(f):
+            lines.append(f"{_ranks_text(ranks):<14} {f.label:<10} {_size(rf.bytes):>16} "
+                         f"{rf.allocations:>12,} {rf.mappings:>9,} {rf.grants:>7,} "
+                         f"{rf.handles:>10,} {rf.handles_declared:>18,}")
+    lines.append("")
+    lines.append(f"pre-flight: one process for all {g.topology.ranks} ranks, budget "
+                 f"{budget:,} driver handles (mapping x granted device) per process")
+    header = f"{'plan':<10} {'grants to':<18} {'demand':>10} {'margin':>10}  verdict"
+    lines += [header, "-" * len(header)]
+    for f in figures:
+        for who, demand, margin in (("owner+importers", f.demand, f.margin),
+                                    ("declared readers", f.demand_declared, f.margin_declared)):
+            verdict = "fits" if margin >= 0 else "EXCEEDS BUDGET: start-up would fail"
+            lines.append(f"{f.label:<10} {who:<18} {demand:>10,} {margin:>+10,}  {verdict}")
+    lines.append("")
+    for f in figures:
+        status = "kept" if not f.contract else f"BROKEN ({len(f.contract)}): {f.contract[0]}"
+        lines.append(f"layout contract, {f.label} plan: {status}")
+    return "\n".join(lines)

@@ -1,0 +1,750 @@
+"""The transactional multi-rank allocator: all ranks of one host, one process.
+
+:func:`allocate` turns a geometry and a physical plan into a published KV cache, or
+into nothing at all:
+
+1. Before any driver call: the plan is checked against the layout contract and its
+   driver-handle demand against the per-process budget (pre-flight).
+2. Capacity: free memory is measured and KV pages chosen to fit (``memory_limit``)
+   before anything is created; a failure is never retried smaller.
+3. One :class:`~kvgrant.runtime.transaction.Transaction` for the whole group: rank by
+   rank ``Reserve``; per allocation in plan order ``Create``, ``Map``, ``MapAlias``,
+   ``Grant`` (one ``cuMemSetAccess`` per mapping, owner + validated importers only);
+   ``RankReady``. Each undo is pushed after its step's result is checked.
+4. ``Publish`` only when every rank is ready. On any failure: the failed event, then
+   ``Abort``, then every rank unwinds LIFO (aliases before their backing), then
+   ``AbortComplete``, and :class:`~kvgrant.errors.AllocationError` names the call,
+   rank, device, plane or region, byte range, CUresult, live counts and free memory.
+
+Every transition is traced (docs/INTERFACES.md "Trace format") when tracing is on.
+``inject_bug`` (tests only) makes the allocator commit one ordering bug, so the
+conformance checker can be shown to reject it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Mapping, Sequence
+
+from kvgrant.errors import AllocationError, DriverError, KVGrantError, PlanError
+from kvgrant.layout.geometry import Geometry, load_geometry
+from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
+from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
+from kvgrant.runtime.trace import TraceWriter, open_trace
+from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
+from kvgrant.runtime.views import DeviceBuffer
+
+__all__ = ["INJECT_BUGS", "Capacity", "Counts", "Published", "allocate"]
+
+#: Test-only ordering bugs (docs/INTERFACES.md "Test-only runtime mutants").
+INJECT_BUGS = frozenset({"grant_declared_readers", "publish_early", "unmap_backing_first",
+                         "skip_release", "map_before_create"})
+
+_OK = "CUDA_SUCCESS"
+_STATE = ('{"phase": "%s", "va": %s, "created": %d, "mapped": %d, "alias_mapped": %d, '
+          '"grants": %d, "ready": %s, "failed": %s}')
+_ALLOC = '{"alloc": %d}'
+_UNMAP = '{"alloc": %d, "mapping": "%s"}'
+_GRANT = '{"alloc": %d, "mapping": "%s", "devices": %s}'
+_GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the published cache holds (the same on every rank)."""
+
+    pages: int                  # KV pages created (all planes share the page index)
+    page_tokens: int
+    rows: dict[str, int]        # region name -> rows (snapshot slots, execution rows)
+    bytes_per_rank: int         # physical bytes created per rank
+    requested_pages: int        # the geometry's pages before fitting
+    memory_limit: str
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV tokens = pages x page_tokens."""
+        return self.pages * self.page_tokens
+
+    @property
+    def snapshot_slots(self) -> int:
+        """Rows of the region named ``snapshot`` (else of the first region, else 0)."""
+        if "snapshot" in self.rows:
+            return self.rows["snapshot"]
+        return next(iter(self.rows.values()), 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pages": self.pages, "page_tokens": self.page_tokens,
+                "kv_tokens": self.kv_tokens, "snapshot_slots": self.snapshot_slots,
+                "rows": dict(self.rows), "bytes_per_rank": self.bytes_per_rank,
+                "requested_pages": self.requested_pages, "memory_limit": self.memory_limit}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Driver objects and calls of one start-up, summed over ranks."""
+
+    ranks: int
+    reservations: int
+    allocations: int
+    mappings: int               # plane + alias mappings
+    alias_mappings: int
+    set_access_calls: int       # one per mapping
+    grants: int                 # (mapping, device) pairs: the driver-handle demand
+
+    @property
+    def objects(self) -> int:
+        """Driver objects: reservations + allocations + mappings."""
+        return self.reservations + self.allocations + self.mappings
+
+    @property
+    def driver_calls(self) -> int:
+        """Start-up driver calls: reserve + create + map + set-access."""
+        return self.reservations + self.allocations + self.mappings + self.set_access_calls
+
+    def as_dict(self) -> dict[str, int]:
+        return {"ranks": self.ranks, "reservations": self.reservations,
+                "allocations": self.allocations, "mappings": self.mappings,
+                "alias_mappings": self.alias_mappings,
+                "set_access_calls": self.set_access_calls, "grants": self.grants,
+                "objects": self.objects, "driver_calls": self.driver_calls}
+
+
+class _Rank:
+    """Per-rank abstract state (the model's counters) plus what unwinding needs."""
+
+    __slots__ = ("rank", "device", "va", "created", "mapped", "alias_mapped", "grants",
+                 "ready", "failed", "plane_grants", "alias_grants", "base", "size")
+
+    def __init__(self, rank: int, device: int, allocs: int) -> None:
+        self.rank = rank
+        self.device = device
+        self.va = False
+        self.created = 0
+        self.mapped = 0
+        self.alias_mapped = 0
+        self.grants = 0
+        self.ready = False
+        self.failed = False
+        self.plane_grants = [0] * allocs   # devices granted on each plane mapping
+        self.alias_grants = [0] * allocs
+        self.base = 0
+        self.size = 0
+
+    def state(self, phase: str) -> str:
+        """The model's counters after an event, JSON-encoded (hot path of tracing)."""
+        return _STATE % (phase, "true" if self.va else "false", self.created, self.mapped,
+                         self.alias_mapped, self.grants, "true" if self.ready else "false",
+                         "true" if self.failed else "false")
+
+
+class _StepFailed(Exception):
+    """Internal: a driver step failed; carries where, for the AllocationError."""
+
+    def __init__(self, cause: DriverError, rank: int, device: int, call: str, target: str,
+                 byte_range: tuple[int, int] | None, va: int | None, size: int | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.rank = rank
+        self.device = device
+        self.call = call
+        self.target = target
+        self.byte_range = byte_range
+        self.va = va
+        self.size = size
+
+
+def _fmt_free(free: Mapping[int, int]) -> str:
+    return "{" + ", ".join(f"{d}: {n / _GIB:.2f} GiB" for d, n in sorted(free.items())) + "}"
+
+
+class _Run:
+    """One allocation attempt: the engine behind :func:`allocate` and shutdown."""
+
+    def __init__(self, g: Geometry, plan: PhysicalPlan, driver: Driver, devices: Sequence[int],
+                 trace: TraceWriter, inject_bug: str | None) -> None:
+        self.g = g
+        self.plan = plan
+        self.allocs: tuple[Allocation, ...] = plan.allocations
+        self.driver = driver
+        self.devices = list(devices)
+        self.trace = trace
+        self.bug = inject_bug
+        self.phase = "Allocating"
+        self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
+        G = g.granularity
+        # VA layout of a rank: planes then regions, geometry order, G-aligned offsets.
+        off = 0
+        self.plane_off: dict[str, int] = {}
+        for p in g.planes:
+            self.plane_off[p.name] = off
+            off += g.plane_bytes(p.name)
+        self.region_off: dict[str, int] = {}
+        for reg in g.regions:
+            self.region_off[reg.name] = off
+            off += g.region_bytes(reg.name)
+        self.reserve_bytes = off
+        self.G = G
+        declared = inject_bug == "grant_declared_readers"
+        # CUDA ordinals each mapping is granted to: [rank][region or None]
+        self.grant_plane: list[list[int]] = []
+        self.grant_region: list[dict[str, list[int]]] = []
+        for r in range(len(self.devices)):
+            self.grant_plane.append(sorted(self.devices[x] for x in
+                                           g.granted_devices(r, declared=declared)))
+            self.grant_region.append({
+                reg.name: sorted(self.devices[x] for x in
+                                 g.granted_devices(r, reg.name, declared=declared))
+                for reg in g.regions})
+
+    # ------------------------------------------------------------------ tracing
+    def header(self) -> None:
+        if not self.trace.enabled:
+            return
+        g = self.g
+        aliased = [i for i, a in enumerate(self.allocs) if a.region is not None]
+        owner_only = [i for i in aliased
+                      if g.region_by_name[self.allocs[i].region].access == "owner"]  # type: ignore[index]
+        n = len(self.devices)
+        self.trace.header(
+            ranks=n, allocs=len(self.allocs), aliased=aliased, owner_only=owner_only,
+            importers={str(r): list(g.importers(r)) for r in range(n)},
+            declared_readers={str(r): list(g.declared_readers(r)) for r in range(n)},
+            geometry=g.name, plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
+            devices={str(r): d for r, d in enumerate(self.devices)})
+
+    def _ev(self, st: _Rank, action: str, args: str, call: str | None,
+            result: str | None, va: int | None = None, size: int | None = None) -> None:
+        """One rank event; ``args`` is already JSON (see the ``_ALLOC`` formats)."""
+        self.trace.event_json(st.rank, action, args, call, result, st.state(self.phase),
+                              device=st.device, va=va, size=size)
+
+    def _group(self, action: str, args: dict[str, Any] | None = None) -> None:
+        if self.trace.enabled:
+            self.trace.event(None, action, args or {}, None, None, {"phase": self.phase})
+
+    # ------------------------------------------------------------ failed steps
+    def _fail(self, st: _Rank, err: DriverError, action: str, args: str, call: str,
+              target: str, byte_range: tuple[int, int] | None, va: int | None,
+              size: int | None) -> _StepFailed:
+        st.failed = True
+        if self.trace.enabled:
+            self._ev(st, action, args, call, err.result_name, va, size)
+        return _StepFailed(err, st.rank, st.device, call, target, byte_range, va, size)
+
+    def _alloc_target(self, a: Allocation, mapping: str) -> tuple[str, tuple[int, int]]:
+        if mapping == "alias":
+            assert a.region is not None and a.region_offset is not None
+            return (f"region {a.region!r}", (a.region_offset, a.region_offset + a.length))
+        return (f"plane {a.plane!r}", (a.plane_offset, a.plane_offset + a.length))
+
+    # --------------------------------------------------------------- forward
+    def build(self, txn: Transaction) -> None:
+        """Every rank, in order; raises _StepFailed on the first failed driver step."""
+        last = len(self.ranks) - 1
+        for st in self.ranks:
+            self._build_rank(st, txn)
+            if self.bug == "publish_early" and st.rank == last:
+                self.phase = "Published"
+                self._group("Publish")
+            st.ready = True
+            if self.trace.enabled:
+                self._ev(st, "RankReady", "{}", None, None)
+
+    def _build_rank(self, st: _Rank, txn: Transaction) -> None:
+        d = self.driver
+        tr = self.trace.enabled
+        r = st.rank
+        dev = st.device
+        size = self.reserve_bytes
+        try:
+            base = d.reserve(size, self.G, device=dev)
+        except DriverError as e:
+            raise self._fail(st, e, "Reserve", "{}", "cuMemAddressReserve", "reservation",
+                             (0, size), None, size) from e
+        st.va = True
+        st.base = base
+        st.size = size
+        if tr:
+            self._ev(st, "Reserve", "{}", "cuMemAddressReserve", _OK, base, size)
+        txn.push(self._undo_free, st, base, size)
+
+        plane_va = {n: base + o for n, o in self.plane_off.items()}
+        region_va = {n: base + o for n, o in self.region_off.items()}
+        grant_plane = self.grant_plane[r]
+        grant_region = self.grant_region[r]
+        unmap_backing_first = self.bug == "unmap_backing_first"
+        for i, a in enumerate(self.allocs):
+            n = a.length
+            # Create
+            try:
+                h = d.create(n, dev)
+            except DriverError as e:
+                tgt, rng = self._alloc_target(a, "plane")
+                raise self._fail(st, e, "Create", _ALLOC % i, "cuMemCreate", tgt, rng,
+                                 None, n) from e
+            st.created += 1
+            swap = self.bug == "map_before_create" and r == 0 and i == 0
+            if tr and not swap:
+                self._ev(st, "Create", _ALLOC % i, "cuMemCreate", _OK, None, n)
+            txn.push(self._undo_release, st, i, h)
+            # Map (plane)
+            pva = plane_va[a.plane] + a.plane_offset
+            try:
+                d.map(pva, n, h)
+            except DriverError as e:
+                tgt, rng = self._alloc_target(a, "plane")
+                raise self._fail(st, e, "Map", _ALLOC % i, "cuMemMap", tgt, rng, pva, n) from e
+            st.mapped += 1
+            if tr:
+                if swap:  # mutant: Map is emitted before the Create it depends on
+                    st.created -= 1
+                    self._ev(st, "Map", _ALLOC % i, "cuMemMap", _OK, pva, n)
+                    st.created += 1
+                    self._ev(st, "Create", _ALLOC % i, "cuMemCreate", _OK, None, n)
+                else:
+                    self._ev(st, "Map", _ALLOC % i, "cuMemMap", _OK, pva, n)
+            if not (unmap_backing_first and a.region is not None):
+                txn.push(self._undo_unmap, st, i, "plane", pva, n)
+            # MapAlias
+            ava = 0
+            if a.region is not None:
+                ava = region_va[a.region] + a.region_offset  # type: ignore[operator]
+                try:
+                    d.map(ava, n, h)
+                except DriverError as e:
+                    tgt, rng = self._alloc_target(a, "alias")
+                    raise self._fail(st, e, "MapAlias", _ALLOC % i, "cuMemMap", tgt, rng,
+                                     ava, n) from e
+                st.alias_mapped += 1
+                if tr:
+                    self._ev(st, "MapAlias", _ALLOC % i, "cuMemMap", _OK, ava, n)
+                txn.push(self._undo_unmap, st, i, "alias", ava, n)
+                if unmap_backing_first:  # mutant: plane unmapped before its alias
+                    txn.push(self._undo_unmap, st, i, "plane", pva, n)
+            # Grant (plane)
+            self._grant(st, i, a, "plane", pva, n, grant_plane)
+            if a.region is not None:
+                self._grant(st, i, a, "alias", ava, n, grant_region[a.region])
+
+    def _grant(self, st: _Rank, i: int, a: Allocation, mapping: str, va: int, n: int,
+               devs: list[int]) -> None:
+        try:
+            self.driver.set_access(va, n, devs)
+        except DriverError as e:
+            tgt, rng = self._alloc_target(a, mapping)
+            raise self._fail(st, e, "Grant", _GRANT % (i, mapping, devs),
+                             "cuMemSetAccess", tgt, rng, va, n) from e
+        k = len(devs)
+        st.grants += k
+        if mapping == "plane":
+            st.plane_grants[i] = k
+        else:
+            st.alias_grants[i] = k
+        if self.trace.enabled:
+            self._ev(st, "Grant", _GRANT % (i, mapping, devs), "cuMemSetAccess", _OK, va, n)
+
+    # --------------------------------------------------------------- undos
+    def _undo_free(self, st: _Rank, va: int, size: int) -> None:
+        try:
+            self.driver.free_address(va, size)
+        except DriverError as e:
+            if self.trace.enabled:
+                self._ev(st, "Free", "{}", "cuMemAddressFree", e.result_name, va, size)
+            raise
+        st.va = False
+        st.ready = False
+        if self.trace.enabled:
+            self._ev(st, "Free", "{}", "cuMemAddressFree", _OK, va, size)
+
+    def _undo_release(self, st: _Rank, i: int, handle: int) -> None:
+        if self.bug == "skip_release" and self.phase == "ShuttingDown" and i == 0 \
+                and st.rank == 0:
+            return  # mutant: this handle is never released (and no event says so)
+        try:
+            self.driver.release(handle)
+        except DriverError as e:
+            if self.trace.enabled:
+                self._ev(st, "Release", _ALLOC % i, "cuMemRelease", e.result_name)
+            raise
+        st.created -= 1
+        if self.trace.enabled:
+            self._ev(st, "Release", _ALLOC % i, "cuMemRelease", _OK)
+
+    def _undo_unmap(self, st: _Rank, i: int, mapping: str, va: int, n: int) -> None:
+        args = _UNMAP % (i, mapping)
+        try:
+            self.driver.unmap(va, n)
+        except DriverError as e:
+            if self.trace.enabled:
+                self._ev(st, "Unmap", args, "cuMemUnmap", e.result_name, va, n)
+            raise
+        if mapping == "plane":
+            st.mapped -= 1
+            st.grants -= st.plane_grants[i]
+            st.plane_grants[i] = 0
+        else:
+            st.alias_mapped -= 1
+            st.grants -= st.alias_grants[i]
+            st.alias_grants[i] = 0
+        if self.trace.enabled:
+            self._ev(st, "Unmap", args, "cuMemUnmap", _OK, va, n)
+
+    # --------------------------------------------------------------- results
+    def counts(self) -> Counts:
+        n = len(self.ranks)
+        A = len(self.allocs)
+        aliased = sum(1 for a in self.allocs if a.region is not None)
+        grants = sum(st.grants for st in self.ranks)
+        return Counts(ranks=n, reservations=n, allocations=n * A, mappings=n * (A + aliased),
+                      alias_mappings=n * aliased, set_access_calls=n * (A + aliased),
+                      grants=grants)
+
+
+class Published:
+    """A published KV cache: capacities, VAs of every plane and row, and its release.
+
+    Release is explicit (:meth:`release`) and also happens on context exit; it emits
+    ``Unpublish``, unwinds every rank LIFO (aliases before backing) and ends with
+    ``ShutdownComplete``.
+    """
+
+    def __init__(self, run: _Run, teardown: Teardown, capacity: Capacity, fit: PageFit,
+                 startup_s: float, owns_driver: bool, counts: Counts) -> None:
+        self._run = run
+        self._teardown = teardown
+        self._owns_driver = owns_driver
+        self.geometry: Geometry = run.g
+        self.plan: PhysicalPlan = run.plan
+        self.driver: Driver = run.driver
+        self.devices: tuple[int, ...] = tuple(run.devices)
+        self.capacity = capacity
+        self.fit = fit
+        self.counts = counts
+        self.startup_s = startup_s
+        self.release_s: float | None = None
+        self.released = False
+        #: [rank][plane name] -> VA of the plane
+        self.plane_va: list[dict[str, int]] = [
+            {p: st.base + o for p, o in run.plane_off.items()} for st in run.ranks]
+        #: [rank][region name] -> VA of row 0 (row i is at + i * row_bytes)
+        self.region_va: list[dict[str, int]] = [
+            {reg: st.base + o for reg, o in run.region_off.items()} for st in run.ranks]
+
+    @property
+    def ranks(self) -> int:
+        return len(self.devices)
+
+    @property
+    def trace_path(self) -> Path | None:
+        return self._run.trace.path
+
+    def row_va(self, rank: int, region: str, row: int) -> int:
+        """VA of ``row`` of ``region`` on ``rank``."""
+        reg = self.geometry.region_by_name[region]
+        if not 0 <= row < reg.rows:
+            raise IndexError(f"row = {row}: region {region!r} has rows 0..{reg.rows - 1}")
+        return self.region_va[rank][region] + row * reg.row_bytes
+
+    def plane(self, rank: int, plane: str) -> DeviceBuffer:
+        """The whole plane (``pages * bytes_per_page`` bytes) of ``rank``."""
+        nbytes = self.capacity.pages * self.geometry.plane_by_name[plane].bytes_per_page
+        return DeviceBuffer(self.plane_va[rank][plane], nbytes, self.devices[rank],
+                            getattr(self.driver, "name", "cuda"))
+
+    def page(self, rank: int, plane: str, page: int) -> DeviceBuffer:
+        """KV page ``page`` of ``plane`` on ``rank``."""
+        if not 0 <= page < self.capacity.pages:
+            raise IndexError(f"page = {page}: pages are 0..{self.capacity.pages - 1}")
+        bpp = self.geometry.plane_by_name[plane].bytes_per_page
+        return self.plane(rank, plane).slice(page * bpp, bpp)
+
+    def row(self, rank: int, region: str, row: int) -> DeviceBuffer:
+        """Row ``row`` of ``region`` on ``rank`` (``row_bytes`` bytes)."""
+        reg = self.geometry.region_by_name[region]
+        return DeviceBuffer(self.row_va(rank, region, row), reg.row_bytes, self.devices[rank],
+                            getattr(self.driver, "name", "cuda"))
+
+    def live(self) -> LiveCounts:
+        return self.driver.live()
+
+    def summary(self) -> dict[str, Any]:
+        """Capacities and object counts, JSON-ready (what ``kvgrant alloc`` prints)."""
+        return {"geometry": self.geometry.name, "plan": self.plan.label,
+                "backend": getattr(self.driver, "name", "?"), "ranks": self.ranks,
+                "devices": list(self.devices), "capacity": self.capacity.as_dict(),
+                "counts": self.counts.as_dict(), "startup_s": round(self.startup_s, 6),
+                "live": self.driver.live().as_dict()}
+
+    def release(self) -> None:
+        """Unpublish and tear everything down, LIFO; a second call does nothing.
+
+        Raises
+        ------
+        DriverError
+            An undo failed; the remaining undos still ran and every further failure
+            is attached (``cleanup_errors``).
+        """
+        if self.released:
+            return
+        self.released = True
+        run = self._run
+        t0 = time.perf_counter()
+        try:
+            run.phase = "ShuttingDown"
+            run._group("Unpublish")
+            errors = self._teardown.run()
+            if not errors:
+                run.phase = "Shutdown"
+                run._group("ShutdownComplete")
+        finally:
+            run.trace.close()
+            self.release_s = time.perf_counter() - t0
+        if self._owns_driver:
+            self.driver.close()
+        if errors:
+            first = errors[0]
+            attach_cleanup_errors(first, errors[1:])
+            raise first
+
+    def __enter__(self) -> "Published":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"
+                  ) -> PhysicalPlan:
+    if isinstance(plan, PhysicalPlan):
+        return plan
+    if callable(plan):
+        return plan(g)
+    from kvgrant.layout.plans import make_plan
+
+    return make_plan(g, plan)
+
+
+def _free_map(driver: Driver, devices: Sequence[int]) -> dict[int, int]:
+    return {d: driver.free_memory(d)[0] for d in devices}
+
+
+def allocate(geometry: "Geometry | str | Path", *,
+             plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
+             driver: Driver | None = None, backend: str = "auto",
+             devices: Sequence[int] | None = None,
+             memory_limit: "str | int | MemoryLimit | None" = None,
+             handle_budget: int | None = None, preflight: bool = True,
+             check_contract: bool = True,
+             trace: "str | Path | IO[str] | TraceWriter | None" = None,
+             driver_options: Mapping[str, Any] | None = None,
+             inject_bug: str | None = None) -> Published:
+    """Allocate every rank's KV cache in one transaction and publish it, or nothing.
+
+    Parameters
+    ----------
+    geometry
+        A :class:`Geometry` or the path of a geometry JSON file.
+    plan
+        A :class:`PhysicalPlan` for this geometry, a label for ``make_plan``
+        (``naive``, ``reference``, ``packed``: the default) or a planner callable
+        ``geometry -> PhysicalPlan``. A label or planner is applied after pages are
+        fitted; a given plan must fit as it is.
+    driver, backend, driver_options
+        An open driver (left open on release), or a backend name for
+        :func:`open_driver` (``auto``, ``sim``, ``cuda``; the driver is then closed on
+        release). A ``sim`` driver gets ``devices=ranks`` unless the options say.
+    devices
+        CUDA ordinal of each rank (default ``0..ranks-1``).
+    memory_limit
+        ``None``/``"-0G"``: use what is free; ``"-1G"``: keep 1 GiB free per GPU;
+        ``"40G"``: use at most 40 GiB per GPU. Pages are fitted before any create.
+    handle_budget, preflight
+        Pre-flight refuses a plan whose driver-handle demand exceeds ``handle_budget``
+        (default ``DEFAULT_HANDLE_BUDGET``) before any driver call; ``preflight=False``
+        skips it (to reproduce the field failure).
+    check_contract
+        Refuse a plan that breaks the layout contract before any driver call
+        (``False`` only for benchmark floors that deliberately map no regions).
+    trace
+        A path, text stream or :class:`TraceWriter`; ``None`` reads ``KVGRANT_TRACE``.
+    inject_bug
+        Test only: one of :data:`INJECT_BUGS`.
+
+    Returns
+    -------
+    Published
+        Capacities, VAs and views; release it (or use it as a context manager).
+
+    Raises
+    ------
+    ContractError, HandleBudgetError, PlanError
+        Before any driver object exists.
+    AllocationError
+        A driver step failed; every rank was unwound (LIFO), nothing was published.
+        The error names call, rank, device, plane/region, byte range, CUresult, live
+        counts and per-device free memory before and after; undo failures are in
+        ``cleanup_errors``.
+
+    Notes
+    -----
+    One attempt: a failure is never retried with fewer pages.
+    """
+    if inject_bug is not None and inject_bug not in INJECT_BUGS:
+        raise ValueError(f"inject_bug = {inject_bug!r}: must be one of {sorted(INJECT_BUGS)}")
+    g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
+    limit = parse_memory_limit(memory_limit)
+    nranks = g.topology.ranks
+    devs = list(range(nranks)) if devices is None else [int(d) for d in devices]
+    if len(devs) != nranks or len(set(devs)) != nranks:
+        raise PlanError(f"devices = {devs}: need {nranks} distinct CUDA ordinals, one per rank "
+                        f"of topology.ranks = {nranks}")
+    fixed_plan = plan if isinstance(plan, PhysicalPlan) else None
+    if fixed_plan is not None:
+        if fixed_plan.geometry is not g and fixed_plan.geometry != g:
+            raise PlanError(f"plan {fixed_plan.label!r} was made for geometry "
+                            f"{fixed_plan.geometry.name!r}, not for {g.name!r} as given")
+        g = fixed_plan.geometry
+
+    # -- pre-flight, before any driver call ------------------------------------
+    declared = inject_bug == "grant_declared_readers"
+
+    def checked(gg: Geometry) -> PhysicalPlan:
+        p = fixed_plan if fixed_plan is not None else _resolve_plan(gg, plan)  # type: ignore[arg-type]
+        if check_contract:
+            from kvgrant.layout.contract import require_contract
+
+            require_contract(gg, p)
+        if preflight:
+            from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET, check_handle_budget
+
+            budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
+            check_handle_budget(gg, p, budget, declared=declared)
+        return p
+
+    the_plan = checked(g)
+
+    # -- driver and capacity ------------------------------------------------------
+    owns = driver is None
+    if driver is None:
+        opts = dict(driver_options or {})
+        if backend == "auto":
+            from kvgrant.runtime.cuda import cuda_available
+
+            backend = "cuda" if cuda_available() else "sim"
+        if backend == "sim":
+            opts.setdefault("devices", max(devs) + 1)
+        else:
+            opts.pop("handle_budget", None)  # a real driver's budget is the driver's own
+        driver = open_driver(backend, **opts)
+    try:
+        if driver.device_count() <= max(devs):
+            raise PlanError(f"topology.ranks = {nranks} needs devices {devs} (one GPU per rank); "
+                            f"the {getattr(driver, 'name', '?')} backend has "
+                            f"{driver.device_count()} device(s)")
+        for d in sorted(set(devs)):
+            gran = driver.granularity(d)
+            if g.granularity % gran:
+                raise PlanError(f"granularity = {g.granularity}: not a multiple of device {d}'s "
+                                f"allocation granularity {gran}")
+        free_before = _free_map(driver, devs)
+        fit = fit_pages(g, free_before, limit)
+        if fit.reduced:
+            if fixed_plan is not None:
+                from kvgrant.runtime.capacity import rank_bytes
+
+                tight = min(fit.budget.values())
+                raise PlanError(
+                    f"memory_limit = {limit.text!r}: plan {fixed_plan.label!r} needs "
+                    f"{g.pages} pages = {rank_bytes(g)} bytes per rank, but the tightest "
+                    f"device leaves {tight} bytes usable ({fit.pages} pages); pass a plan "
+                    "label or planner instead of a fixed plan to fit pages")
+            g = g.model_copy(update={"pages": fit.pages})
+            from kvgrant.layout.geometry import parse_geometry
+
+            g = parse_geometry(g.model_dump())
+            the_plan = checked(g)
+    except DriverError as e:
+        if owns:
+            driver.close()
+        raise AllocationError(
+            f"{e.call} failed with {e.result_name} on device {e.device} before anything was "
+            f"created; nothing was published. Cause: {e}", cause=e, device=e.device,
+            call=e.call, result_name=e.result_name, live=driver.live().as_dict()) from e
+    except BaseException:
+        if owns:
+            driver.close()
+        raise
+
+    capacity = Capacity(pages=g.pages, page_tokens=g.page_tokens,
+                        rows={reg.name: reg.rows for reg in g.regions},
+                        bytes_per_rank=fit.bytes_per_rank, requested_pages=fit.requested,
+                        memory_limit=limit.text)
+
+    # -- the transaction --------------------------------------------------------------
+    tw = open_trace(trace)
+    run = _Run(g, the_plan, driver, devs, tw, inject_bug)
+    t0 = time.perf_counter()
+    txn = Transaction()
+    try:
+        run.header()
+        run.build(txn)
+    except _StepFailed as f:
+        _abort(run, txn, f, free_before, owns)
+    except BaseException as e:
+        run.phase = "Aborting"
+        run._group("Abort", {"failed_rank": None})
+        errors = txn.rollback()
+        tw.close()
+        if owns:
+            driver.close()
+        attach_cleanup_errors(e, errors)
+        raise
+    if inject_bug != "publish_early":
+        run.phase = "Published"
+        run._group("Publish")
+    teardown = txn.commit()
+    startup = time.perf_counter() - t0
+    return Published(run, teardown, capacity, fit, startup, owns, run.counts())
+
+
+def _abort(run: _Run, txn: Transaction, f: _StepFailed, free_before: dict[int, int],
+           owns: bool) -> None:
+    """Unwind every rank after a failed step and raise the AllocationError."""
+    driver = run.driver
+    live_at_failure = driver.live().as_dict()
+    run.phase = "Aborting"
+    run._group("Abort", {"failed_rank": f.rank})
+    errors = txn.rollback()
+    if not errors:
+        run.phase = "Aborted"
+        run._group("AbortComplete")
+    run.trace.close()
+    try:
+        free_after: dict[int, int] = _free_map(driver, run.devices)
+    except DriverError as e:
+        errors.append(e)
+        free_after = {}
+    live_after = driver.live()
+    if owns:
+        driver.close()
+    e = f.cause
+    lo, hi = f.byte_range if f.byte_range else (0, 0)
+    where = f"va {f.va:#x}+{f.size:#x}" if f.va is not None else f"size {f.size:#x}" \
+        if f.size is not None else "no va"
+    live_txt = ", ".join(f"{k}={v}" for k, v in live_at_failure.items())
+    after_txt = "nothing left" if live_after.is_empty() else ", ".join(
+        f"{k}={v}" for k, v in live_after.as_dict().items())
+    msg = (f"{f.call} failed with {e.result_name} on rank {f.rank} (device {f.device}): "
+           f"{f.target} bytes [{lo:#x}, {hi:#x}) ({where}); live at failure: {live_txt}; "
+           f"after unwinding: {after_txt}; free per device before: {_fmt_free(free_before)}, "
+           f"after: {_fmt_free(free_after) if free_after else 'unknown'}; nothing was "
+           f"published. Cause: {e}")
+    if errors:
+        msg += f"; {len(errors)} undo(s) failed, first: {errors[0]}"
+    raise AllocationError(msg, cause=e, rank=f.rank, device=f.device, call=f.call,
+                          result_name=e.result_name, target=f.target, byte_range=f.byte_range,
+                          live=live_at_failure, free_before=free_before, free_after=free_after,
+                          cleanup_errors=errors) from e

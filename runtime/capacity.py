@@ -1,0 +1,153 @@
+"""Capacity from free memory: parse ``--memory-limit`` and fit pages before any create.
+
+Published semantics of ``--memory-limit``:
+
+* absent, ``-0G`` or ``-0``: use what is free on each GPU;
+* ``-1G`` (a negative size): keep that much free on every GPU;
+* ``40G`` (a positive size): use at most that much of each GPU (and never more than
+  is free).
+
+Sizes take a binary unit ``K``, ``M``, ``G`` or ``T`` (optionally ``KiB``/``KB``...),
+or none for bytes. Why here and not after a failure: pages are chosen so the cache
+fits *before* anything is created, and a failed start-up is never retried smaller.
+Rows are not fitted: the declared layout fixes every region row (snapshot slots);
+only KV pages shrink, and only while every declared alias still lies inside its plane.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from kvgrant.errors import PlanError
+from kvgrant.layout.geometry import Geometry, round_up
+
+__all__ = ["MemoryLimit", "PageFit", "fit_pages", "parse_memory_limit", "rank_bytes"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_PATTERN = re.compile(r"^\s*([+-]?)(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A parsed ``--memory-limit``: keep ``keep`` bytes free, or use at most ``cap``."""
+
+    text: str
+    keep: int = 0           # bytes to leave free on each GPU (negative form)
+    cap: int | None = None  # bytes to use at most on each GPU (positive form)
+
+    def budget(self, free: int) -> int:
+        """Bytes kvgrant may use on a GPU with ``free`` bytes free (never negative)."""
+        usable = free - self.keep
+        if self.cap is not None:
+            usable = min(usable, self.cap)
+        return max(usable, 0)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
+    """Parse ``-1G``, ``-0G``, ``-512M``, ``40G``, ``1073741824`` (or None: use what is free).
+
+    Raises
+    ------
+    PlanError
+        The text is not a size; the message names the value and the accepted forms.
+    """
+    if value is None:
+        return MemoryLimit(text="-0G")
+    if isinstance(value, MemoryLimit):
+        return value
+    if isinstance(value, bool):
+        raise PlanError(f"memory_limit = {value!r}: must be a size such as -1G, -0G, -512M or 40G")
+    if isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise PlanError(f"memory_limit = {value!r}: must be a size such as -1G, -0G, -512M or 40G")
+    m = _PATTERN.match(text)
+    if not m:
+        raise PlanError(f"memory_limit = {text!r}: must be a size such as -1G, -0G, -512M or 40G "
+                        "(a leading '-' keeps that much free per GPU; units K, M, G, T are binary)")
+    sign, number, unit = m.group(1), m.group(2), m.group(3).upper()
+    nbytes = int(float(number) * _UNITS[unit]) if "." in number else int(number) * _UNITS[unit]
+    if sign == "-":
+        return MemoryLimit(text=text.strip(), keep=nbytes)
+    if nbytes == 0:
+        raise PlanError(f"memory_limit = {text!r}: a positive limit of 0 bytes leaves nothing to "
+                        "allocate; use -0G to use all free memory")
+    return MemoryLimit(text=text.strip(), cap=nbytes)
+
+
+def rank_bytes(g: Geometry, pages: int | None = None) -> int:
+    """Physical bytes one rank creates: every plane once (regions are aliases)."""
+    n = g.pages if pages is None else pages
+    return sum(round_up(n * p.bytes_per_page, g.granularity) for p in g.planes)
+
+
+def _min_pages(g: Geometry) -> int:
+    """Fewest pages whose plane sizes still contain every declared alias."""
+    need = 1
+    for a in g.aliases:
+        bpp = g.plane_by_name[a.plane].bytes_per_page
+        end = a.plane_offset + a.length
+        # round_up(n * bpp, G) >= end  <=>  n * bpp > end - G  (end is a G-multiple)
+        n = max(1, (end - g.granularity) // bpp + 1)
+        need = max(need, n)
+    return need
+
+
+@dataclass(frozen=True)
+class PageFit:
+    """The outcome of fitting: pages to create and why."""
+
+    pages: int                   # pages every rank creates (<= the geometry's pages)
+    requested: int               # the geometry's pages
+    bytes_per_rank: int          # physical bytes per rank at ``pages``
+    budget: dict[int, int]       # usable bytes per device under the limit
+    free: dict[int, int]         # free bytes per device when measured
+    limit: MemoryLimit
+
+    @property
+    def reduced(self) -> bool:
+        return self.pages < self.requested
+
+
+def fit_pages(g: Geometry, free: Mapping[int, int], limit: MemoryLimit | str | None = None) -> PageFit:
+    """Largest page count <= ``g.pages`` whose planes fit every device's budget.
+
+    ``free`` maps each device to its free bytes. All ranks create the same bytes, so
+    the tightest device decides.
+
+    Raises
+    ------
+    PlanError
+        Not even the pages that the declared aliases need fit; the message names the
+        device, its free bytes, the limit and the bytes needed.
+    """
+    lim = parse_memory_limit(limit)
+    budget = {d: lim.budget(f) for d, f in free.items()}
+    if not budget:
+        raise PlanError("fit_pages: no devices given")
+    tight_dev = min(budget, key=lambda d: (budget[d], d))
+    tight = budget[tight_dev]
+    lo, hi = 0, g.pages
+    while lo < hi:  # largest n in [0, pages] with rank_bytes(n) <= tight
+        mid = (lo + hi + 1) // 2
+        if rank_bytes(g, mid) <= tight:
+            lo = mid
+        else:
+            hi = mid - 1
+    floor = _min_pages(g)
+    if lo < floor:
+        need = rank_bytes(g, floor)
+        raise PlanError(
+            f"memory_limit = {lim.text!r}: device {tight_dev} has {free[tight_dev]} bytes free "
+            f"({free[tight_dev] / 2**30:.2f} GiB), leaving {tight} bytes usable; geometry "
+            f"{g.name!r} needs {need} bytes per rank for its smallest valid size of {floor} pages "
+            f"(requested {g.pages} pages = {rank_bytes(g)} bytes)")
+    return PageFit(pages=lo, requested=g.pages, bytes_per_rank=rank_bytes(g, lo),
+                   budget=budget, free=dict(free), limit=lim)

@@ -1,0 +1,140 @@
+"""Fault injection for the driver backends: make a chosen driver call fail.
+
+The allocator's unwinding is only believable if every driver step can fail and the
+failure is seen to unwind everything. A :class:`FaultPlan` names which calls fail:
+
+* ``Fault(nth=k)``: the k-th driver call of this driver instance fails (1-based: the
+  first call is ``nth=1``; ``sum(driver.calls.values())`` after a clean run is the
+  number of positions a sweep can fail);
+* ``Fault(call="cuMemSetAccess", device=3)``: the first ``cuMemSetAccess`` attributed to
+  device 3 fails (``nth`` counts matching calls, so ``nth=2`` is the second one);
+* ``result`` is the CUresult name (default ``CUDA_ERROR_OUT_OF_MEMORY``);
+  ``repeat=True`` keeps failing every later matching call too.
+
+A failed call has no effect on driver state; it is still counted in ``driver.calls``.
+Both backends accept ``faults=`` so unwinding can be exercised on real GPUs as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from kvgrant.runtime.cuda_errors import result_name, result_value
+
+__all__ = ["CALL_NAMES", "Fault", "FaultPlan", "FaultState"]
+
+# Every driver entry point a backend counts; fault specs must name one of these.
+CALL_NAMES: frozenset[str] = frozenset({
+    "cuMemGetAllocationGranularity",
+    "cuMemGetInfo",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuMemGetAccess",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemcpyHtoD",
+    "cuMemcpyDtoH",
+})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected failure: the ``nth`` call (1-based) matching ``call`` and ``device``.
+
+    ``call=None`` matches every call, ``device=None`` every device (calls attributed to no
+    device, such as a reserve without ``device=``, match only ``device=None``).
+    """
+
+    nth: int = 1
+    call: str | None = None
+    device: int | None = None
+    result: str = "CUDA_ERROR_OUT_OF_MEMORY"
+    repeat: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nth, bool) or not isinstance(self.nth, int) or self.nth < 1:
+            raise ValueError(f"Fault.nth = {self.nth!r}: must be an integer >= 1 "
+                             "(1-based: nth=1 fails the first matching call)")
+        if self.call is not None and self.call not in CALL_NAMES:
+            raise ValueError(f"Fault.call = {self.call!r}: must be one of "
+                             f"{sorted(CALL_NAMES)} or None (any call)")
+        if self.device is not None and (isinstance(self.device, bool)
+                                        or not isinstance(self.device, int)
+                                        or self.device < 0):
+            raise ValueError(f"Fault.device = {self.device!r}: must be a device ordinal >= 0 "
+                             "or None (any device)")
+        value = result_value(self.result)  # raises ValueError on an unknown name
+        if value == 0:
+            raise ValueError(f"Fault.result = {self.result!r}: a fault must be an error, "
+                             "not CUDA_SUCCESS")
+        object.__setattr__(self, "result", result_name(value))
+
+    def matches(self, call: str, device: int | None) -> bool:
+        """Whether a call of this kind on this device counts towards ``nth``."""
+        return ((self.call is None or self.call == call)
+                and (self.device is None or self.device == device))
+
+    def describe(self) -> str:
+        what = self.call or "driver call"
+        on = f" on device {self.device}" if self.device is not None else ""
+        return f"injected fault: call #{self.nth} of {what}{on}" + (
+            " and every later one" if self.repeat else "")
+
+
+@dataclass
+class FaultPlan:
+    """A list of :class:`Fault` entries; the first that fires decides the result."""
+
+    faults: list[Fault] = field(default_factory=list)
+
+    @classmethod
+    def coerce(cls, spec: "FaultPlan | Fault | Iterable[Fault | Mapping[str, object]] | None"
+               ) -> "FaultPlan":
+        """Accept a plan, one fault, a list of faults or dicts, or None (no faults)."""
+        if spec is None:
+            return cls()
+        if isinstance(spec, FaultPlan):
+            return spec
+        if isinstance(spec, Fault):
+            return cls([spec])
+        faults: list[Fault] = []
+        for item in spec:
+            if isinstance(item, Fault):
+                faults.append(item)
+            elif isinstance(item, Mapping):
+                faults.append(Fault(**item))  # type: ignore[arg-type]
+            else:
+                raise ValueError(f"faults entry = {item!r}: must be a Fault or a dict of "
+                                 "Fault fields")
+        return cls(faults)
+
+
+class FaultState:
+    """Per-driver matching counters for a plan (kept on the driver, never global)."""
+
+    __slots__ = ("_faults", "_seen")
+
+    def __init__(self, plan: FaultPlan) -> None:
+        self._faults = list(plan.faults)
+        self._seen = [0] * len(self._faults)
+
+    def __bool__(self) -> bool:
+        return bool(self._faults)
+
+    def check(self, call: str, device: int | None) -> Fault | None:
+        """Count this call against every fault; return the fault that fires, if any."""
+        fired: Fault | None = None
+        for i, fault in enumerate(self._faults):
+            if not fault.matches(call, device):
+                continue
+            self._seen[i] += 1
+            seen = self._seen[i]
+            if fired is None and (seen == fault.nth or (fault.repeat and seen > fault.nth)):
+                fired = fault
+        return fired

@@ -1,0 +1,523 @@
+"""SimDriver: a pure-Python VMM driver that enforces what the CUDA driver enforces.
+
+It is the default backend without a GPU and the one the published-scale run uses
+(16 ranks in one process, thousands of allocations, grants to 8 or 16 devices), so
+every call is O(log n) dict/bisect bookkeeping and no call does per-byte work; bytes
+written through :meth:`SimDriver.write` are stored lazily in 64 KiB pages, so a
+simulated 140 GiB device costs nothing until it is written.
+
+Rules enforced (each failure is a :class:`kvgrant.errors.DriverError` with the CUresult
+the real driver returns):
+
+* sizes, VAs and alignments are multiples of the granularity G (CUDA_ERROR_INVALID_VALUE);
+* ``map`` maps a whole live handle (handle offset 0; a partial handle is
+  CUDA_ERROR_NOT_SUPPORTED) inside one reservation and never overlaps another mapping
+  (CUDA_ERROR_INVALID_VALUE);
+* ``set_access`` and ``unmap`` cover one or more whole mappings (a part of a mapping or
+  an unmapped range is CUDA_ERROR_INVALID_VALUE); ``free_address`` takes a whole
+  reservation with no mapping left in it;
+* ``get_access`` needs a mapped address; ``read``/``write`` need mapped ranges granted
+  to the reading device (CUDA_ERROR_ILLEGAL_ADDRESS otherwise, where the real driver
+  would fault the context);
+* physical memory returns to its device only when the last handle *and* the last
+  mapping (and any exported fd) are gone; ``create`` beyond free memory fails with
+  CUDA_ERROR_OUT_OF_MEMORY;
+* the per-process driver-handle budget: every (mapping, granted device) pair spends one
+  handle; a ``set_access`` that would exceed ``handle_budget`` fails with
+  CUDA_ERROR_OUT_OF_MEMORY while memory is still free, as measured on an H200 with
+  driver 580 (523,880 grants succeed; the 523,881st fails). Allocations and ungranted
+  mappings spend nothing.
+
+Each of these results was checked against the real driver on an H200 (driver 580,
+see ``docs/drivers.md``), except the budget (measured separately, not re-run), a map
+outside a reservation (not probed) and ``get_access`` on an unmapped address, where
+only "an error" was confirmed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import Mapping, Sequence
+
+from kvgrant.errors import DriverError
+from kvgrant.runtime.cuda_errors import driver_error
+from kvgrant.runtime.driver import LiveCounts
+from kvgrant.runtime.faults import Fault, FaultPlan, FaultState
+
+__all__ = [
+    "DEFAULT_DEVICES",
+    "DEFAULT_GRANULARITY",
+    "DEFAULT_HANDLE_BUDGET",
+    "H200_MEMORY_BYTES",
+    "SimDriver",
+]
+
+DEFAULT_DEVICES = 8
+DEFAULT_GRANULARITY = 2 * 1024 * 1024
+H200_MEMORY_BYTES = 150_109_880_320         # cuMemGetInfo total of one H200, driver 580
+DEFAULT_HANDLE_BUDGET = 523_880             # (mapping, device) grants one process can hold
+
+_VA_BASE = 0x7F00_0000_0000                  # where simulated reservations start
+_PAGE = 1 << 16                              # lazy byte-store page size
+
+_INVALID = "CUDA_ERROR_INVALID_VALUE"
+_OOM = "CUDA_ERROR_OUT_OF_MEMORY"
+_BAD_DEVICE = "CUDA_ERROR_INVALID_DEVICE"
+_ILLEGAL = "CUDA_ERROR_ILLEGAL_ADDRESS"
+_DEINIT = "CUDA_ERROR_DEINITIALIZED"
+_NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"
+
+
+class _Phys:
+    """Physical memory of one cuMemCreate; freed when ``refs`` drops to zero."""
+
+    __slots__ = ("size", "device", "refs", "pages")
+
+    def __init__(self, size: int, device: int) -> None:
+        self.size = size
+        self.device = device
+        self.refs = 0                      # live handles + mappings + open fds
+        self.pages: dict[int, bytearray] = {}
+
+
+class _Mapping:
+    __slots__ = ("va", "size", "phys", "access")
+
+    def __init__(self, va: int, size: int, phys: _Phys) -> None:
+        self.va = va
+        self.size = size
+        self.phys = phys
+        self.access: set[int] = set()
+
+
+class _Reservation:
+    __slots__ = ("va", "size", "device", "starts", "maps")
+
+    def __init__(self, va: int, size: int, device: int | None) -> None:
+        self.va = va
+        self.size = size
+        self.device = device
+        self.starts: list[int] = []            # sorted mapping starts
+        self.maps: dict[int, _Mapping] = {}    # start -> mapping
+
+
+class SimDriver:
+    """Simulated CUDA VMM driver (see the module docstring for the rules it enforces).
+
+    Parameters
+    ----------
+    devices : int
+        Number of simulated GPUs (ordinals ``0..devices-1``).
+    memory_per_device : int
+        Total bytes per device, as ``cuMemGetInfo`` reports (default: one H200).
+    granularity : int
+        Allocation granularity G, a power of two (default 2 MiB, as on H200).
+    handle_budget : int
+        Per-process (mapping, granted device) pairs before ``set_access`` fails with
+        CUDA_ERROR_OUT_OF_MEMORY.
+    faults : FaultPlan, Fault, list of Fault/dict, or None
+        Calls to fail on purpose (see :mod:`kvgrant.runtime.faults`).
+    used_by_others : int or mapping device -> int
+        Bytes already in use on each device by someone else (contexts, other
+        processes), so ``free_memory`` starts below ``memory_per_device``.
+    """
+
+    name = "sim"
+
+    def __init__(self, devices: int = DEFAULT_DEVICES,
+                 memory_per_device: int = H200_MEMORY_BYTES,
+                 granularity: int = DEFAULT_GRANULARITY,
+                 handle_budget: int = DEFAULT_HANDLE_BUDGET,
+                 faults: FaultPlan | Fault | Sequence[Fault | Mapping[str, object]] | None = None,
+                 used_by_others: int | Mapping[int, int] = 0) -> None:
+        _require_int("devices", devices, minimum=1)
+        _require_int("memory_per_device", memory_per_device, minimum=0)
+        _require_int("granularity", granularity, minimum=1)
+        if granularity & (granularity - 1):
+            raise ValueError(f"granularity = {granularity}: must be a power of two")
+        _require_int("handle_budget", handle_budget, minimum=0)
+        self.devices = devices
+        self.memory_per_device = memory_per_device
+        self.G = granularity
+        self.handle_budget = handle_budget
+        self.faults = FaultPlan.coerce(faults)
+        self._fault_state = FaultState(self.faults)
+        others = (dict(used_by_others) if isinstance(used_by_others, Mapping)
+                  else {d: used_by_others for d in range(devices)})
+        for d, n in others.items():
+            _require_int(f"used_by_others[{d}]", n, minimum=0)
+            if not 0 <= d < devices:
+                raise ValueError(f"used_by_others key = {d}: not a device (0..{devices - 1})")
+            if n > memory_per_device:
+                raise ValueError(f"used_by_others[{d}] = {n}: exceeds memory_per_device "
+                                 f"= {memory_per_device}")
+        self._others = [others.get(d, 0) for d in range(devices)]
+        self.calls: Counter[str] = Counter()
+        self._used = [0] * devices
+        self._next_va = _VA_BASE
+        self._res_starts: list[int] = []
+        self._res: dict[int, _Reservation] = {}
+        self._handles: dict[int, _Phys] = {}
+        self._next_handle = 1
+        self._fds: dict[int, _Phys] = {}
+        self._next_fd = 1000
+        self._mappings = 0
+        self._grants = 0
+        self._reserved = 0
+        self._closed = False
+
+    # ----------------------------------------------------------------- bookkeeping
+    def _enter(self, call: str, device: int | None, va: int | None = None,
+               size: int | None = None) -> None:
+        """Count the call, refuse it after close, and fire any injected fault."""
+        self.calls[call] += 1
+        if self._closed:
+            raise driver_error(_DEINIT, "the driver was closed", call=call, device=device,
+                               va=va, size=size)
+        if self._fault_state:
+            fault = self._fault_state.check(call, device)
+            if fault is not None:
+                raise driver_error(fault.result, fault.describe(), call=call, device=device,
+                                   va=va, size=size)
+
+    def _err(self, result: str, why: str, call: str, device: int | None = None,
+             va: int | None = None, size: int | None = None) -> DriverError:
+        return driver_error(result, why, call=call, device=device, va=va, size=size)
+
+    def _check_device(self, device: object, call: str) -> int:
+        if isinstance(device, bool) or not isinstance(device, int) or not (
+                0 <= device < self.devices):
+            raise self._err(_BAD_DEVICE, f"device = {device!r}: not a device ordinal "
+                            f"(0..{self.devices - 1})", call)
+        return device
+
+    def _check_size(self, size: object, call: str, device: int | None = None,
+                    va: int | None = None, what: str = "size") -> int:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise self._err(_INVALID, f"{what} = {size!r}: must be a positive integer", call,
+                            device, va)
+        if size % self.G:
+            raise self._err(_INVALID, f"{what} = {size:#x}: not a multiple of the "
+                            f"granularity {self.G:#x}", call, device, va, size)
+        return size
+
+    def _reservation_at(self, va: int) -> _Reservation | None:
+        i = bisect.bisect_right(self._res_starts, va) - 1
+        if i < 0:
+            return None
+        r = self._res[self._res_starts[i]]
+        return r if va < r.va + r.size else None
+
+    def _mapping_at(self, va: int) -> _Mapping | None:
+        r = self._reservation_at(va)
+        if r is None:
+            return None
+        i = bisect.bisect_right(r.starts, va) - 1
+        if i < 0:
+            return None
+        m = r.maps[r.starts[i]]
+        return m if va < m.va + m.size else None
+
+    def _whole_mappings(self, va: int, size: int, call: str, device: int | None
+                        ) -> list[_Mapping]:
+        """The mappings that exactly tile [va, va+size), or CUDA_ERROR_INVALID_VALUE."""
+        r = self._reservation_at(va)
+        m = r.maps.get(va) if r is not None else None
+        if m is None:
+            raise self._err(_INVALID, "no mapping starts at this address", call, device,
+                            va, size)
+        assert r is not None
+        out: list[_Mapping] = []
+        i = bisect.bisect_left(r.starts, va)
+        end, pos = va + size, va
+        while pos < end:
+            if i >= len(r.starts) or r.starts[i] != pos:
+                raise self._err(_INVALID, f"range is not fully mapped (gap at {pos:#x})",
+                                call, device, va, size)
+            m = r.maps[pos]
+            out.append(m)
+            pos += m.size
+            i += 1
+        if pos != end:
+            raise self._err(_INVALID, "range ends inside a mapping (whole mappings "
+                            "only)", call, device, va, size)
+        return out
+
+    def _drop_ref(self, phys: _Phys) -> None:
+        phys.refs -= 1
+        if phys.refs == 0:
+            self._used[phys.device] -= phys.size
+            phys.pages.clear()
+
+    # -------------------------------------------------------------------- queries
+    def device_count(self) -> int:
+        return self.devices
+
+    def granularity(self, device: int) -> int:
+        call = "cuMemGetAllocationGranularity"
+        self._enter(call, device)
+        self._check_device(device, call)
+        return self.G
+
+    def free_memory(self, device: int) -> tuple[int, int]:
+        call = "cuMemGetInfo"
+        self._enter(call, device)
+        self._check_device(device, call)
+        total = self.memory_per_device
+        return total - self._others[device] - self._used[device], total
+
+    def live(self) -> LiveCounts:
+        return LiveCounts(handles=len(self._handles), mappings=self._mappings,
+                          grants=self._grants, reserved_bytes=self._reserved,
+                          reservations=len(self._res))
+
+    @property
+    def handles_spent(self) -> int:
+        """Driver handles currently spent against ``handle_budget`` (live grants)."""
+        return self._grants
+
+    def open_shareables(self) -> int:
+        """Exported fds not yet closed (each keeps its memory alive, as a real fd does)."""
+        return len(self._fds)
+
+    # ----------------------------------------------------------- address space
+    def reserve(self, size: int, alignment: int = 0, device: int | None = None) -> int:
+        call = "cuMemAddressReserve"
+        self._enter(call, device, size=size if isinstance(size, int) else None)
+        if device is not None:
+            self._check_device(device, call)
+        self._check_size(size, call, device)
+        if (isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 0
+                or (alignment & (alignment - 1))):
+            raise self._err(_INVALID, f"alignment = {alignment!r}: must be 0 or a power of "
+                            "two", call, device, None, size)
+        align = max(alignment, self.G)
+        if not self._res:
+            self._next_va = _VA_BASE   # nothing reserved: reuse the address space
+        va = -(-self._next_va // align) * align
+        self._next_va = va + size
+        self._res[va] = _Reservation(va, size, device)
+        bisect.insort(self._res_starts, va)
+        self._reserved += size
+        return va
+
+    def free_address(self, va: int, size: int) -> None:
+        call = "cuMemAddressFree"
+        r = self._res.get(va)
+        self._enter(call, r.device if r else None, va, size)
+        if r is None:
+            raise self._err(_INVALID, "not the start of a reservation", call, None, va, size)
+        if size != r.size:
+            raise self._err(_INVALID, f"size {size:#x} differs from the reserved size "
+                            f"{r.size:#x}", call, r.device, va, size)
+        if r.maps:
+            raise self._err(_INVALID, f"reservation still has {len(r.maps)} mapping(s); "
+                            "unmap them first", call, r.device, va, size)
+        del self._res[va]
+        self._res_starts.pop(bisect.bisect_left(self._res_starts, va))
+        self._reserved -= size
+
+    # ------------------------------------------------------------------ handles
+    def create(self, size: int, device: int) -> int:
+        call = "cuMemCreate"
+        self._enter(call, device, size=size if isinstance(size, int) else None)
+        self._check_device(device, call)
+        self._check_size(size, call, device)
+        free = self.memory_per_device - self._others[device] - self._used[device]
+        if size > free:
+            raise self._err(_OOM, f"{size} bytes requested, {free} bytes free on the device",
+                            call, device, None, size)
+        phys = _Phys(size, device)
+        phys.refs = 1
+        self._used[device] += size
+        handle = self._next_handle
+        self._next_handle += 1
+        self._handles[handle] = phys
+        return handle
+
+    def release(self, handle: int) -> None:
+        call = "cuMemRelease"
+        phys = self._handles.get(handle)
+        self._enter(call, phys.device if phys else None)
+        if phys is None:
+            raise self._err(_INVALID, f"handle = {handle!r}: not a live handle", call)
+        del self._handles[handle]
+        self._drop_ref(phys)
+
+    def export_handle(self, handle: int) -> int:
+        call = "cuMemExportToShareableHandle"
+        phys = self._handles.get(handle)
+        self._enter(call, phys.device if phys else None)
+        if phys is None:
+            raise self._err(_INVALID, f"handle = {handle!r}: not a live handle", call)
+        fd = self._next_fd
+        self._next_fd += 1
+        self._fds[fd] = phys
+        phys.refs += 1
+        return fd
+
+    def import_handle(self, fd: int) -> int:
+        call = "cuMemImportFromShareableHandle"
+        phys = self._fds.get(fd)
+        self._enter(call, phys.device if phys else None)
+        if phys is None:
+            raise self._err(_INVALID, f"fd = {fd!r}: not an open exported handle", call)
+        handle = self._next_handle
+        self._next_handle += 1
+        self._handles[handle] = phys
+        phys.refs += 1
+        return handle
+
+    def close_shareable(self, fd: int) -> None:
+        phys = self._fds.pop(fd, None)
+        if phys is None:
+            raise ValueError(f"fd = {fd!r}: not an open fd exported by this driver")
+        self._drop_ref(phys)
+
+    # ----------------------------------------------------------------- mappings
+    def map(self, va: int, size: int, handle: int) -> None:
+        call = "cuMemMap"
+        phys = self._handles.get(handle)
+        dev = phys.device if phys else None
+        self._enter(call, dev, va, size)
+        if phys is None:
+            raise self._err(_INVALID, f"handle = {handle!r}: not a live handle", call, None,
+                            va, size)
+        self._check_size(size, call, dev, va)
+        if isinstance(va, bool) or not isinstance(va, int) or va % self.G:
+            raise self._err(_INVALID, f"va = {va!r}: not a multiple of the granularity "
+                            f"{self.G:#x}", call, dev, None, size)
+        if size != phys.size:                 # the real driver answers NOT_SUPPORTED here
+            raise self._err(_NOT_SUPPORTED, f"size {size:#x} differs from the handle size "
+                            f"{phys.size:#x}: a mapping covers a whole handle from offset 0",
+                            call, dev, va, size)
+        r = self._reservation_at(va)
+        if r is None or va + size > r.va + r.size:
+            raise self._err(_INVALID, "range is not inside one reservation", call, dev, va,
+                            size)
+        i = bisect.bisect_left(r.starts, va)
+        if i > 0:
+            prev = r.maps[r.starts[i - 1]]
+            if prev.va + prev.size > va:
+                raise self._err(_INVALID, f"overlaps the mapping at {prev.va:#x}", call, dev,
+                                va, size)
+        if i < len(r.starts) and r.starts[i] < va + size:
+            raise self._err(_INVALID, f"overlaps the mapping at {r.starts[i]:#x}", call,
+                            dev, va, size)
+        r.starts.insert(i, va)
+        r.maps[va] = _Mapping(va, size, phys)
+        phys.refs += 1
+        self._mappings += 1
+
+    def unmap(self, va: int, size: int) -> None:
+        call = "cuMemUnmap"
+        first = self._mapping_at(va) if isinstance(va, int) else None
+        dev = first.phys.device if first else None
+        self._enter(call, dev, va, size)
+        maps = self._whole_mappings(va, size, call, dev)
+        r = self._reservation_at(va)
+        assert r is not None
+        i = bisect.bisect_left(r.starts, va)
+        del r.starts[i:i + len(maps)]
+        for m in maps:
+            del r.maps[m.va]
+            self._grants -= len(m.access)
+            self._mappings -= 1
+            self._drop_ref(m.phys)
+
+    def set_access(self, va: int, size: int, devices: Sequence[int]) -> None:
+        call = "cuMemSetAccess"
+        first = self._mapping_at(va) if isinstance(va, int) else None
+        dev = first.phys.device if first else None
+        self._enter(call, dev, va, size)
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or (
+                len(devices) == 0):
+            raise self._err(_INVALID, f"devices = {devices!r}: need one or more device "
+                            "ordinals (count 0 is invalid)", call, dev, va, size)
+        wanted = {self._check_device(d, call) for d in devices}
+        maps = self._whole_mappings(va, size, call, dev)
+        new = sum(len(wanted - m.access) for m in maps)
+        if self._grants + new > self.handle_budget:
+            free = self.memory_per_device - self._others[dev or 0] - self._used[dev or 0]
+            raise self._err(
+                _OOM, f"driver handle budget exhausted: {self._grants} (mapping, device) "
+                f"grants live + {new} new > budget {self.handle_budget}, while "
+                f"{free} bytes are still free on device {dev}", call, dev, va, size)
+        for m in maps:
+            m.access |= wanted
+        self._grants += new
+
+    def get_access(self, va: int, device: int) -> bool:
+        call = "cuMemGetAccess"
+        self._enter(call, device, va)
+        self._check_device(device, call)
+        m = self._mapping_at(va) if isinstance(va, int) else None
+        if m is None:
+            raise self._err(_INVALID, "address is not mapped", call, device, va)
+        return device in m.access
+
+    # -------------------------------------------------------------------- bytes
+    def _segments(self, va: int, size: int, device: int, call: str
+                  ) -> list[tuple[_Mapping, int, int]]:
+        """(mapping, offset in it, length) pieces of [va, va+size), all readable by device."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise self._err(_INVALID, f"size = {size!r}: must be an integer >= 0", call,
+                            device, va)
+        out: list[tuple[_Mapping, int, int]] = []
+        pos, end = va, va + size
+        while pos < end:
+            m = self._mapping_at(pos)
+            if m is None:
+                raise self._err(_ILLEGAL, f"{pos:#x} is not mapped", call, device, va, size)
+            if device not in m.access:
+                raise self._err(_ILLEGAL, f"device {device} has no access to the mapping at "
+                                f"{m.va:#x}", call, device, va, size)
+            n = min(end, m.va + m.size) - pos
+            out.append((m, pos - m.va, n))
+            pos += n
+        return out
+
+    def write(self, va: int, data: bytes, device: int) -> None:
+        call = "cuMemcpyHtoD"
+        view = memoryview(bytes(data))
+        self._enter(call, device, va, len(view))
+        self._check_device(device, call)
+        done = 0
+        for m, off, n in self._segments(va, len(view), device, call):
+            pages = m.phys.pages
+            while n:
+                p, o = divmod(off, _PAGE)
+                k = min(n, _PAGE - o)
+                page = pages.get(p)
+                if page is None:
+                    page = pages[p] = bytearray(_PAGE)
+                page[o:o + k] = view[done:done + k]
+                off += k
+                done += k
+                n -= k
+
+    def read(self, va: int, size: int, device: int) -> bytes:
+        call = "cuMemcpyDtoH"
+        self._enter(call, device, va, size if isinstance(size, int) else None)
+        self._check_device(device, call)
+        out = bytearray()
+        for m, off, n in self._segments(va, size, device, call):
+            pages = m.phys.pages
+            while n:
+                p, o = divmod(off, _PAGE)
+                k = min(n, _PAGE - o)
+                page = pages.get(p)
+                out += page[o:o + k] if page is not None else bytes(k)
+                off += k
+                n -= k
+        return bytes(out)
+
+    def close(self) -> None:
+        """Refuse further calls (CUDA_ERROR_DEINITIALIZED); live counts stay readable."""
+        self._closed = True
+
+
+def _require_int(field: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} = {value!r}: must be an integer >= {minimum}")

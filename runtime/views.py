@@ -1,0 +1,79 @@
+"""Views of published memory: torch tensors without copies, or raw device pointers.
+
+Why an object and not a bare int: a :class:`DeviceBuffer` carries pointer, length and
+device together and, on the CUDA backend, exposes ``__cuda_array_interface__`` (v3),
+so ``torch.as_tensor(buf)`` (or CuPy, Numba) wraps the VMM mapping in place. torch is
+optional and imported only when a tensor is asked for. Simulated memory has no real
+device pointer, so a sim buffer has no ``__cuda_array_interface__`` at all (nothing can
+dereference a fake address by accident); ``ptr`` is still there for bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvgrant.errors import BackendUnavailable
+
+__all__ = ["DeviceBuffer", "as_tensor"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceBuffer:
+    """``nbytes`` bytes of device memory at ``ptr`` on CUDA ordinal ``device``."""
+
+    ptr: int
+    nbytes: int
+    device: int
+    backend: str = "cuda"
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def slice(self, offset: int, nbytes: int) -> "DeviceBuffer":
+        """A sub-range; ``offset`` and ``nbytes`` must stay inside this buffer."""
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"slice [{offset}, {offset + nbytes}) is outside the buffer of "
+                             f"{self.nbytes} bytes")
+        return DeviceBuffer(self.ptr + offset, nbytes, self.device, self.backend)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3: a 1-D uint8 array, no stream synchronisation."""
+        if self.backend != "cuda":
+            raise AttributeError(f"a {self.backend} buffer has no real device pointer, so no "
+                                 "__cuda_array_interface__")
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False),
+                "strides": None, "version": 3}
+
+    def as_tensor(self) -> Any:
+        """A ``torch.uint8`` tensor over this memory (no copy); see :func:`as_tensor`."""
+        return as_tensor(self)
+
+
+def as_tensor(buf: DeviceBuffer) -> Any:
+    """Wrap ``buf`` as a 1-D ``torch.uint8`` CUDA tensor sharing its memory.
+
+    Raises
+    ------
+    BackendUnavailable
+        The buffer is simulated (there is no device memory to wrap).
+    ModuleNotFoundError
+        torch is not installed (``pip install 'kvgrant[torch]'``).
+    """
+    if buf.backend != "cuda":
+        raise BackendUnavailable(
+            f"CUDA_ERROR_NOT_SUPPORTED: {buf.backend} memory at {buf.ptr:#x} cannot be viewed "
+            "as a torch tensor; use the cuda backend (or read it through the driver)",
+            call="torch.as_tensor", result=801, result_name="CUDA_ERROR_NOT_SUPPORTED",
+            device=buf.device, va=buf.ptr, size=buf.nbytes)
+    try:
+        import torch
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            "torch is not installed; install the extra with: pip install 'kvgrant[torch]' "
+            "(without torch, use DeviceBuffer.ptr)") from err
+    t = torch.as_tensor(buf, device=torch.device("cuda", buf.device))
+    if t.data_ptr() != buf.ptr:  # pragma: no cover - would mean torch copied
+        raise RuntimeError(f"torch copied the buffer at {buf.ptr:#x} (got {t.data_ptr():#x})")
+    return t

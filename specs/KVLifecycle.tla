@@ -1,0 +1,392 @@
+----------------------------- MODULE KVLifecycle -----------------------------
+(***************************************************************************)
+(* The allocation lifecycle of a multi-GPU KV cache built with the CUDA    *)
+(* virtual-memory API, at the granularity of the kvgrant runtime: one      *)
+(* action per driver call (cuMemAddressReserve, cuMemCreate, cuMemMap of   *)
+(* the plane, cuMemMap of the alias, one cuMemSetAccess per mapping,       *)
+(* cuMemUnmap, cuMemRelease, cuMemAddressFree) plus the group steps that   *)
+(* publish capacity, abort an attempt and shut down.                       *)
+(*                                                                         *)
+(* Every rank realises the same physical plan: allocations 0..NumAllocs-1  *)
+(* in creation order, some of them aliased (mapped a second time into a    *)
+(* region).  A driver step may fail at any point before Publish (Fail);    *)
+(* the group then aborts and every rank unwinds what it made in reverse    *)
+(* order.  Unwinding steps never fail.                                     *)
+(*                                                                         *)
+(* Omitted: byte ranges, VA values and page geometry (the layout contract  *)
+(* is checked in Python, kvgrant.layout.contract); the driver-handle       *)
+(* budget (a Fail is any reason a driver step fails); devices other than   *)
+(* the ranks' own (a rank's device is named by its rank); retries (there   *)
+(* are none: one attempt).                                                 *)
+(*                                                                         *)
+(* Tags of the form  \* @guard <name>  mark the conjuncts that the safety  *)
+(* invariants rely on; kvgrant.conformance.spec_mutants removes one of     *)
+(* them at a time and expects TLC to report the invariant violated.  Keep  *)
+(* each tagged guard on its own line.                                      *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets
+
+CONSTANTS
+    NumRanks,         \* ranks of the tensor-parallel group
+    NumAllocs,        \* allocations of the plan (same plan on every rank)
+    Aliased,          \* allocations that are also mapped into a region
+    OwnerOnly,        \* aliased allocations whose region has access: owner
+    Importers,        \* Importers[r]: ranks whose validated peer imports map r's memory
+    DeclaredReaders   \* DeclaredReaders[r]: readers declared by exported metadata
+
+Ranks  == 0..(NumRanks - 1)
+Allocs == 0..(NumAllocs - 1)
+
+ASSUME NumRanks \in Nat \ {0}
+ASSUME NumAllocs \in Nat \ {0}
+ASSUME Aliased \subseteq Allocs
+ASSUME OwnerOnly \subseteq Aliased
+ASSUME \A r \in Ranks : Importers[r] \subseteq Ranks \ {r}
+ASSUME \A r \in Ranks : Importers[r] \subseteq DeclaredReaders[r]
+                        /\ DeclaredReaders[r] \subseteq Ranks
+
+Phases == {"Allocating", "Published", "Aborting", "Aborted",
+           "ShuttingDown", "Shutdown"}
+
+\* The two mappings an allocation can have.
+MappingKinds == {"plane", "alias"}
+
+\* The driver steps that can fail (the x of Fail(r, x)).
+FailSteps == {"Reserve", "Create", "Map", "MapAlias", "Grant"}
+
+\* Devices that mapping m of allocation a on rank r is granted to: the owner,
+\* plus the importers unless it is the alias of an owner-only region.
+GrantSet(r, a, m) ==
+    IF m = "alias" /\ a \in OwnerOnly THEN {r} ELSE {r} \cup Importers[r]
+
+VARIABLES
+    phase,        \* group phase, one of Phases
+    va,           \* va[r]: rank r holds its VA reservation
+    created,      \* created[r]: allocations whose handle (cuMemCreate) is live
+    mapped,       \* mapped[r]: allocations mapped into their plane
+    aliasMapped,  \* aliasMapped[r]: allocations mapped into their region
+    access,       \* access[r]: <<a, m, d>> = mapping m of a is accessible by device d
+    ready,        \* ready[r]: rank r finished its whole plan (RankReady)
+    failed,       \* failed[r]: a driver step of rank r failed
+    published     \* ranks whose capacity (KV tokens, snapshot slots) is published
+
+vars == <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+          published>>
+
+TypeOK ==
+    /\ phase \in Phases
+    /\ va \in [Ranks -> BOOLEAN]
+    /\ created \in [Ranks -> SUBSET Allocs]
+    /\ mapped \in [Ranks -> SUBSET Allocs]
+    /\ aliasMapped \in [Ranks -> SUBSET Allocs]
+    /\ access \in [Ranks -> SUBSET (Allocs \X MappingKinds \X Ranks)]
+    /\ ready \in [Ranks -> BOOLEAN]
+    /\ failed \in [Ranks -> BOOLEAN]
+    /\ published \subseteq Ranks
+
+-----------------------------------------------------------------------------
+(* Helpers *)
+
+\* Mapping m of allocation a exists on rank r.
+HasMapping(r, a, m) ==
+    IF m = "plane" THEN a \in mapped[r] ELSE a \in aliasMapped[r]
+
+\* Mapping m of allocation a on rank r has been granted (cuMemSetAccess ran).
+Granted(r, a, m) == \E d \in Ranks : <<a, m, d>> \in access[r]
+
+\* Every existing mapping of rank r has been granted.
+AllMappingsGranted(r) ==
+    \A a \in Allocs, m \in MappingKinds : HasMapping(r, a, m) => Granted(r, a, m)
+
+\* Rank r holds its whole plan: VA, every handle, every mapping, every grant.
+HoldsPlan(r) ==
+    /\ va[r]
+    /\ created[r] = Allocs
+    /\ mapped[r] = Allocs
+    /\ aliasMapped[r] = Aliased
+    /\ AllMappingsGranted(r)
+
+\* Rank r holds no driver object at all.
+NothingLeftOn(r) ==
+    /\ ~va[r]
+    /\ created[r] = {}
+    /\ mapped[r] = {}
+    /\ aliasMapped[r] = {}
+    /\ access[r] = {}
+
+NothingLeft == \A r \in Ranks : NothingLeftOn(r)
+
+Unwinding == phase \in {"Aborting", "ShuttingDown"}
+
+-----------------------------------------------------------------------------
+Init ==
+    /\ phase = "Allocating"
+    /\ va = [r \in Ranks |-> FALSE]
+    /\ created = [r \in Ranks |-> {}]
+    /\ mapped = [r \in Ranks |-> {}]
+    /\ aliasMapped = [r \in Ranks |-> {}]
+    /\ access = [r \in Ranks |-> {}]
+    /\ ready = [r \in Ranks |-> FALSE]
+    /\ failed = [r \in Ranks |-> FALSE]
+    /\ published = {}
+
+-----------------------------------------------------------------------------
+(* Allocation: the guards of each driver step, shared by the step itself  *)
+(* and by its failure Fail(r, x).                                          *)
+
+CanReserve(r) ==
+    /\ phase = "Allocating"
+    /\ ~failed[r]
+    /\ ~va[r]
+
+CanCreate(r, a) ==
+    /\ phase = "Allocating"
+    /\ ~failed[r]
+    /\ va[r]
+    /\ a \notin created[r]
+    /\ \A b \in Allocs : b < a => b \in created[r]   \* creation in plan order
+
+CanMap(r, a) ==
+    /\ phase = "Allocating"
+    /\ ~failed[r]
+    /\ a \in created[r]
+    /\ a \notin mapped[r]
+
+CanMapAlias(r, a) ==
+    /\ phase = "Allocating"
+    /\ ~failed[r]
+    /\ a \in Aliased
+    /\ a \in mapped[r]                               \* @guard alias-after-backing
+    /\ a \in created[r]
+    /\ a \notin aliasMapped[r]
+
+CanGrant(r, a, m) ==
+    /\ phase = "Allocating"
+    /\ ~failed[r]
+    /\ HasMapping(r, a, m)
+    /\ ~Granted(r, a, m)
+
+\* The driver step x of rank r could run now (for some arguments).
+StepEnabled(r, x) ==
+    CASE x = "Reserve"  -> CanReserve(r)
+      [] x = "Create"   -> \E a \in Allocs : CanCreate(r, a)
+      [] x = "Map"      -> \E a \in Allocs : CanMap(r, a)
+      [] x = "MapAlias" -> \E a \in Allocs : CanMapAlias(r, a)
+      [] x = "Grant"    -> \E a \in Allocs, m \in MappingKinds : CanGrant(r, a, m)
+      [] OTHER          -> FALSE
+
+Reserve(r) ==
+    /\ CanReserve(r)
+    /\ va' = [va EXCEPT ![r] = TRUE]
+    /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, ready, failed,
+                   published>>
+
+Create(r, a) ==
+    /\ CanCreate(r, a)
+    /\ created' = [created EXCEPT ![r] = @ \cup {a}]
+    /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed,
+                   published>>
+
+Map(r, a) ==
+    /\ CanMap(r, a)
+    /\ mapped' = [mapped EXCEPT ![r] = @ \cup {a}]
+    /\ UNCHANGED <<phase, va, created, aliasMapped, access, ready, failed,
+                   published>>
+
+MapAlias(r, a) ==
+    /\ CanMapAlias(r, a)
+    /\ aliasMapped' = [aliasMapped EXCEPT ![r] = @ \cup {a}]
+    /\ UNCHANGED <<phase, va, created, mapped, access, ready, failed,
+                   published>>
+
+\* One cuMemSetAccess for mapping m of a.  The devices D are chosen by the
+\* runtime; the guard pins them to the owner and the validated importers
+\* (never every declared reader).
+Grant(r, a, m) ==
+    /\ CanGrant(r, a, m)
+    /\ \E D \in SUBSET ({r} \cup DeclaredReaders[r]) :
+          /\ D = GrantSet(r, a, m)                   \* @guard grant-owner-and-importers
+          /\ access' = [access EXCEPT ![r] = @ \cup {<<a, m, d>> : d \in D}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, ready, failed,
+                   published>>
+
+RankReady(r) ==
+    /\ phase = "Allocating"
+    /\ ~failed[r]
+    /\ ~ready[r]
+    /\ va[r]
+    /\ created[r] = Allocs
+    /\ mapped[r] = Allocs
+    /\ aliasMapped[r] = Aliased
+    /\ AllMappingsGranted(r)                         \* @guard ready-after-grants
+    /\ ready' = [ready EXCEPT ![r] = TRUE]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, failed,
+                   published>>
+
+\* The capacity of every ready rank is published; the guard, not the effect,
+\* makes it every rank or none.
+Publish ==
+    /\ phase = "Allocating"
+    /\ \A r \in Ranks : ready[r]                     \* @guard publish-all-ready
+    /\ \A r \in Ranks : ~failed[r]
+    /\ published' = {r \in Ranks : ready[r]}
+    /\ phase' = "Published"
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed>>
+
+\* Driver step x of rank r failed: nothing changes but the failure flag.
+Fail(r, x) ==
+    /\ x \in FailSteps
+    /\ StepEnabled(r, x)
+    /\ failed' = [failed EXCEPT ![r] = TRUE]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready,
+                   published>>
+
+Abort ==
+    /\ phase = "Allocating"
+    /\ \E r \in Ranks : failed[r]
+    /\ phase' = "Aborting"
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
+                   published>>
+
+-----------------------------------------------------------------------------
+(* Shutdown and unwinding (after Abort or Unpublish); these never fail.   *)
+
+Unpublish ==
+    /\ phase = "Published"
+    /\ published' = {}
+    /\ phase' = "ShuttingDown"
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed>>
+
+\* cuMemUnmap of mapping m of a; the mapping's access goes with it.
+Unmap(r, a, m) ==
+    /\ Unwinding                                     \* @guard unmap-only-unwinding
+    /\ m \in MappingKinds
+    /\ HasMapping(r, a, m)
+    /\ m = "plane" => a \notin aliasMapped[r]        \* @guard unmap-alias-before-backing
+    /\ \A b \in Allocs : b > a => b \notin created[r]  \* reverse order
+    /\ IF m = "plane"
+          THEN /\ mapped' = [mapped EXCEPT ![r] = @ \ {a}]
+               /\ UNCHANGED aliasMapped
+          ELSE /\ aliasMapped' = [aliasMapped EXCEPT ![r] = @ \ {a}]
+               /\ UNCHANGED mapped
+    /\ access' = [access EXCEPT ![r] = {g \in @ : ~(g[1] = a /\ g[2] = m)}]
+    /\ UNCHANGED <<phase, va, created, ready, failed, published>>
+
+\* cuMemRelease of the handle of a, once it has no mapping.
+Release(r, a) ==
+    /\ Unwinding
+    /\ a \in created[r]
+    /\ a \notin mapped[r]
+    /\ a \notin aliasMapped[r]
+    /\ \A b \in Allocs : b > a => b \notin created[r]  \* reverse order
+    /\ created' = [created EXCEPT ![r] = @ \ {a}]
+    /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed,
+                   published>>
+
+\* cuMemAddressFree of the rank's reservation, once no handle is left.
+Free(r) ==
+    /\ Unwinding
+    /\ va[r]
+    /\ created[r] = {}
+    /\ va' = [va EXCEPT ![r] = FALSE]
+    /\ ready' = [ready EXCEPT ![r] = FALSE]
+    /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, failed,
+                   published>>
+
+AbortComplete ==
+    /\ phase = "Aborting"
+    /\ NothingLeft                                   \* @guard abort-complete-when-empty
+    /\ phase' = "Aborted"
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
+                   published>>
+
+ShutdownComplete ==
+    /\ phase = "ShuttingDown"
+    /\ NothingLeft                                   \* @guard shutdown-complete-when-empty
+    /\ phase' = "Shutdown"
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
+                   published>>
+
+\* Terminal phases stutter, so a finished attempt is not a deadlock.
+Done ==
+    /\ phase \in {"Aborted", "Shutdown"}
+    /\ UNCHANGED vars
+
+-----------------------------------------------------------------------------
+RankStep(r) ==
+    \/ Reserve(r)
+    \/ \E a \in Allocs : Create(r, a) \/ Map(r, a) \/ MapAlias(r, a)
+    \/ \E a \in Allocs, m \in MappingKinds : Grant(r, a, m)
+    \/ RankReady(r)
+
+UnwindStep(r) ==
+    \/ \E a \in Allocs, m \in MappingKinds : Unmap(r, a, m)
+    \/ \E a \in Allocs : Release(r, a)
+    \/ Free(r)
+
+GroupStep == Publish \/ Abort \/ Unpublish \/ AbortComplete \/ ShutdownComplete
+
+\* Every step except failures and terminal stuttering.
+Progress ==
+    \/ \E r \in Ranks : RankStep(r) \/ UnwindStep(r)
+    \/ GroupStep
+
+Next ==
+    \/ Progress
+    \/ \E r \in Ranks, x \in FailSteps : Fail(r, x)
+    \/ Done
+
+\* Failures may or may not happen; everything else is weakly fair.
+Spec == Init /\ [][Next]_vars /\ WF_vars(Progress)
+
+-----------------------------------------------------------------------------
+(* Safety invariants. *)
+
+\* Protects users of the cache from capacity that is not there: while any
+\* capacity is published, every rank is ready and holds its whole plan
+\* (VA, handles, mappings, grants).
+PublishOnlyWhenAllReady ==
+    (published # {} \/ phase = "Published") =>
+        \A r \in Ranks : ready[r] /\ HoldsPlan(r)
+
+\* Protects the driver-handle budget and isolation: a mapping is accessible
+\* only to its owner and the ranks that import it (never to an overdeclared
+\* reader), and an owner-only alias only to its owner.
+AccessOnlyOwnerAndImporters ==
+    \A r \in Ranks : \A g \in access[r] :
+        /\ g[3] \in GrantSet(r, g[1], g[2])
+        /\ HasMapping(r, g[1], g[2])
+
+\* Protects against dangling aliases: a region mapping exists only while
+\* the plane mapping of the same allocation, its handle and the VA exist.
+AliasNeverOutlivesBacking ==
+    \A r \in Ranks :
+        /\ aliasMapped[r] \subseteq mapped[r]
+        /\ mapped[r] \subseteq created[r]
+        /\ created[r] # {} => va[r]
+
+\* Protects against leaks on failure: an aborted attempt holds no handle,
+\* mapping, grant or VA on any rank, and published nothing.
+NothingLeftAfterAbort ==
+    phase = "Aborted" => NothingLeft /\ published = {}
+
+\* Protects against leaks on shutdown: a finished shutdown holds nothing.
+NothingLeftAfterShutdown ==
+    phase = "Shutdown" => NothingLeft /\ published = {}
+
+\* Protects the group from a partial start-up: capacity is published on
+\* every rank or on none, and never during or after an abort.
+PublishAllOrNothing ==
+    /\ published \in {{}, Ranks}
+    /\ phase \in {"Aborting", "Aborted"} => published = {}
+
+-----------------------------------------------------------------------------
+(* Liveness properties (under WF_vars(Progress)). *)
+
+\* Every attempt ends: the cache is published or the attempt is aborted.
+AttemptEnds == <>(phase \in {"Published", "Aborted"})
+
+\* Every shutdown ends, and (with NothingLeftAfterShutdown) with nothing left.
+ShutdownEnds == (phase = "ShuttingDown") ~> (phase = "Shutdown")
+
+=============================================================================

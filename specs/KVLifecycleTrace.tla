@@ -1,0 +1,127 @@
+-------------------------- MODULE KVLifecycleTrace --------------------------
+(***************************************************************************)
+(* Trace validation of KVLifecycle: does a runtime trace describe a        *)
+(* behaviour of the lifecycle model?  This module EXTENDS the spec (it     *)
+(* never copies it) and reads the trace from the generated module          *)
+(* KVTraceData (written by kvgrant.conformance.tla_trace into a temporary  *)
+(* directory next to copies of the specs), because the pinned TLC 2.15 has *)
+(* no Json module.                                                         *)
+(*                                                                         *)
+(* One IsX(e) per event kind: each conjoins the spec's own action X with   *)
+(* the event's arguments, and StateMatches(e) pins the recorded abstract   *)
+(* state (phase and the acting rank's counters); every spec action already *)
+(* pins all variables (UNCHANGED), and IsGrant pins the granted devices,   *)
+(* so trace mode is deterministic and BFS follows a single path.           *)
+(*                                                                         *)
+(* TLC 2.15 has no POSTCONDITION, so acceptance is an invariant over the   *)
+(* cursor l: TraceNotAccepted is violated exactly when every event matched *)
+(* and the model sits in a terminal phase.  A rejected trace deadlocks     *)
+(* instead; the last state of the counterexample has l = the 1-based       *)
+(* position of the first unmatched event (Len(Trace) + 1: the trace ended  *)
+(* in a non-terminal phase).                                               *)
+(*                                                                         *)
+(* Omitted: the trace's times, VAs and sizes (not part of the model).      *)
+(***************************************************************************)
+EXTENDS KVLifecycle, KVTraceData, Integers, Sequences, FiniteSets
+
+\* Trace record fields (all present in every record; -1 / "none" when unused):
+\*   action, rank, alloc, mapping, devices (ranks), ok (driver result was
+\*   CUDA_SUCCESS or null), hasResult, phase, va, created, mapped,
+\*   aliasMapped, grants, ready, failed.
+
+VARIABLE l   \* cursor: 1-based position of the next trace event to match
+
+traceVars == <<vars, l>>
+
+TerminalPhases == {"Published", "Aborted", "Shutdown"}
+
+TraceInit ==
+    /\ Init
+    /\ l = 1
+
+\* The abstract state recorded with event e equals the model state after it.
+StateMatches(e) ==
+    /\ phase' = e.phase
+    /\ e.rank >= 0 =>
+         /\ va'[e.rank] = e.va
+         /\ Cardinality(created'[e.rank]) = e.created
+         /\ Cardinality(mapped'[e.rank]) = e.mapped
+         /\ Cardinality(aliasMapped'[e.rank]) = e.aliasMapped
+         /\ Cardinality(access'[e.rank]) = e.grants
+         /\ ready'[e.rank] = e.ready
+         /\ failed'[e.rank] = e.failed
+
+\* Steps that only the model takes carry no driver result.
+ModelOnly(e) == ~e.hasResult
+
+IsReserve(e)  == e.action = "Reserve"  /\ e.ok /\ Reserve(e.rank)
+IsCreate(e)   == e.action = "Create"   /\ e.ok /\ Create(e.rank, e.alloc)
+IsMap(e)      == e.action = "Map"      /\ e.ok /\ Map(e.rank, e.alloc)
+IsMapAlias(e) == e.action = "MapAlias" /\ e.ok /\ MapAlias(e.rank, e.alloc)
+
+\* The devices the runtime granted must be exactly the ones the model grants.
+IsGrant(e) ==
+    /\ e.action = "Grant"
+    /\ e.ok
+    /\ Grant(e.rank, e.alloc, e.mapping)
+    /\ access'[e.rank] = access[e.rank] \cup {<<e.alloc, e.mapping, d>> : d \in e.devices}
+
+IsRankReady(e) == e.action = "RankReady" /\ ModelOnly(e) /\ RankReady(e.rank)
+IsPublish(e)   == e.action = "Publish"   /\ ModelOnly(e) /\ Publish
+
+\* A failed driver call is Fail(r, x); the call itself, with its own
+\* arguments, must have been able to run.
+FailedCallCouldRun(e) ==
+    CASE e.action = "Reserve"  -> CanReserve(e.rank)
+      [] e.action = "Create"   -> CanCreate(e.rank, e.alloc)
+      [] e.action = "Map"      -> CanMap(e.rank, e.alloc)
+      [] e.action = "MapAlias" -> CanMapAlias(e.rank, e.alloc)
+      [] e.action = "Grant"    -> CanGrant(e.rank, e.alloc, e.mapping)
+      [] OTHER                 -> FALSE
+
+IsFail(e) ==
+    /\ ~e.ok
+    /\ e.action \in FailSteps
+    /\ FailedCallCouldRun(e)
+    /\ Fail(e.rank, e.action)
+
+IsAbort(e)     == e.action = "Abort"     /\ ModelOnly(e) /\ Abort
+IsUnpublish(e) == e.action = "Unpublish" /\ ModelOnly(e) /\ Unpublish
+IsUnmap(e)     == e.action = "Unmap"     /\ e.ok /\ Unmap(e.rank, e.alloc, e.mapping)
+IsRelease(e)   == e.action = "Release"   /\ e.ok /\ Release(e.rank, e.alloc)
+IsFree(e)      == e.action = "Free"      /\ e.ok /\ Free(e.rank)
+IsAbortComplete(e)    == e.action = "AbortComplete"    /\ ModelOnly(e) /\ AbortComplete
+IsShutdownComplete(e) == e.action = "ShutdownComplete" /\ ModelOnly(e) /\ ShutdownComplete
+
+IsEvent(e) ==
+    \/ IsReserve(e) \/ IsCreate(e) \/ IsMap(e) \/ IsMapAlias(e) \/ IsGrant(e)
+    \/ IsRankReady(e) \/ IsPublish(e) \/ IsFail(e) \/ IsAbort(e) \/ IsUnpublish(e)
+    \/ IsUnmap(e) \/ IsRelease(e) \/ IsFree(e) \/ IsAbortComplete(e)
+    \/ IsShutdownComplete(e)
+
+TraceNext ==
+    /\ l <= Len(Trace)
+    /\ IsEvent(Trace[l])
+    /\ StateMatches(Trace[l])
+    /\ l' = l + 1
+
+TraceSpec == TraceInit /\ [][TraceNext]_traceVars
+
+\* Every event matched and the model is in a terminal phase.
+TraceAccepted == l = Len(Trace) + 1 /\ phase \in TerminalPhases
+
+\* Checked as an invariant: its violation is the verdict "accepted".
+TraceNotAccepted == ~TraceAccepted
+
+-----------------------------------------------------------------------------
+(* Running it by hand (kvgrant.conformance.tla_trace does this for you):  *)
+(*   d=$(mktemp -d); cp specs/KVLifecycle.tla specs/KVLifecycleTrace.tla  *)
+(*      specs/TraceKVLifecycle.cfg $d                                     *)
+(*   python -c "from kvgrant.conformance.tla_trace import write_trace_module *)
+(*      as w; w('trace.ndjson', '$d')"                                     *)
+(*   cd $d && java -cp tla2tools.jar tlc2.TLC -config TraceKVLifecycle.cfg *)
+(*      KVLifecycleTrace                                                  *)
+(* "Invariant TraceNotAccepted is violated" means ACCEPTED; "Deadlock     *)
+(* reached" means rejected: the last state's l is the first unmatched     *)
+(* event.  kvgrant conform TRACE --engine tlc prints the same verdict.    *)
+=============================================================================

@@ -1,0 +1,236 @@
+"""The Python engine: valid traces are accepted, each kind of bad step is rejected at
+its own index with the state before it and the actions enabled there."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvgrant.commands import conform
+from kvgrant.conformance.model import Action, Constants, apply, enabled, initial_state
+from kvgrant.conformance.mutants import (make_header, reference_trace, trace_from_actions,
+                                         trace_from_events)
+from kvgrant.conformance.replay import replay
+from kvgrant.conformance.trace_io import DRIVER_STEPS
+
+from conftest import small_header
+
+
+def _raw(trace) -> list[dict]:
+    return [json.loads(json.dumps(dict(e.raw))) for e in trace.events]
+
+
+def test_published_and_shutdown_accepted(header) -> None:
+    full = replay(reference_trace(header))
+    assert full.accepted and full.final_phase == "Shutdown"
+    # per rank: Reserve, 4 x (Create, Map, Grant plane), 2 x (MapAlias, Grant alias),
+    # RankReady = 18; Publish; Unpublish; per rank 4 + 2 Unmap, 4 Release, Free = 11;
+    # ShutdownComplete
+    assert full.events == 3 * 18 + 1 + 1 + 3 * 11 + 1
+    assert full.ranks == 3 and full.index is None and full.line is None
+    pub = replay(reference_trace(header, shutdown=False))
+    assert pub.accepted and pub.final_phase == "Published"
+
+
+def test_failure_at_every_driver_step_is_accepted_and_aborts(header) -> None:
+    steps = sum(1 for e in reference_trace(header, shutdown=False).events
+                if e.action in DRIVER_STEPS)
+    for k in range(steps):
+        t = reference_trace(header, fail_at=k)
+        v = replay(t)
+        assert v.accepted, (k, v.summary())
+        assert v.final_phase == "Aborted"
+        assert sum(not e.ok for e in t.events) == 1
+
+
+def test_non_terminal_end_is_rejected_past_the_last_event(header) -> None:
+    t = reference_trace(header)
+    cut = trace_from_events(t.header, _raw(t)[:10])
+    v = replay(cut)
+    assert not v.accepted and v.index == 10 and v.event is None and v.line == 12
+    assert "not terminal" in v.reason and v.final_phase == "Allocating"
+    assert set(v.enabled) == {"Create(r0, a3)", "Map(r0, a2)", "Reserve(r1)", "Reserve(r2)",
+                              'Fail(r0, "Create")', 'Fail(r0, "Map")', 'Fail(r1, "Reserve")',
+                              'Fail(r2, "Reserve")'}
+
+
+def test_state_disagreement_is_rejected_with_state_and_enabled(header) -> None:
+    raw = _raw(reference_trace(header))
+    raw[2]["state"]["mapped"] = 2  # Map(r0, a0) claims two plane mappings
+    v = replay(trace_from_events(header, raw))
+    assert not v.accepted and v.index == 2 and v.line == 4
+    assert "mapped 2 != model 1" in v.reason
+    assert v.state_before["ranks"]["0"]["created"] == [0]
+    assert v.state_before["ranks"]["0"]["mapped"] == []
+    assert "Map(r0, a0)" in v.enabled and 'Fail(r0, "Map")' in v.enabled
+
+
+def test_grant_to_declared_reader_is_rejected(header) -> None:
+    raw = _raw(reference_trace(header))
+    i = next(k for k, e in enumerate(raw) if e["action"] == "Grant")
+    raw[i]["args"]["devices"] = [0, 1, 2]
+    v = replay(trace_from_events(header, raw))
+    assert v.index == i and "not owner or importer: [2]" in v.reason
+
+
+def test_owner_only_alias_granted_to_importer_is_rejected(header) -> None:
+    raw = _raw(reference_trace(header))
+    i = next(k for k, e in enumerate(raw) if e["action"] == "Grant"
+             and e["args"] == {"alloc": 3, "mapping": "alias", "devices": [0]})
+    raw[i]["args"]["devices"] = [0, 1]
+    raw[i]["state"]["grants"] += 1
+    v = replay(trace_from_events(header, raw))
+    assert v.index == i and "GrantSet is [0]" in v.reason
+
+
+def test_devices_are_read_through_the_header_map() -> None:
+    h = make_header(2, 1, importers={0: [1], 1: [0]})
+    h = type(h)(**{**h.__dict__, "devices": {0: 4, 1: 6}})
+    t = reference_trace(h)
+    grant = next(e for e in t.events if e.action == "Grant")
+    assert grant.devices == (4, 6)
+    assert replay(t).accepted
+    raw = _raw(t)
+    raw[grant.index]["args"]["devices"] = [0, 1]  # ranks instead of ordinals
+    assert replay(trace_from_events(h, raw)).index == grant.index
+
+
+def test_failure_during_unwinding_is_rejected(header) -> None:
+    raw = _raw(reference_trace(header))
+    i = next(k for k, e in enumerate(raw) if e["action"] == "Release")
+    raw[i]["result"] = "CUDA_ERROR_INVALID_VALUE"
+    v = replay(trace_from_events(header, raw))
+    assert v.index == i and "only at the driver steps" in v.reason
+
+
+def test_model_only_step_with_a_result_is_rejected(header) -> None:
+    raw = _raw(reference_trace(header))
+    i = next(k for k, e in enumerate(raw) if e["action"] == "RankReady")
+    raw[i]["result"] = "CUDA_SUCCESS"
+    assert replay(trace_from_events(header, raw)).index == i
+
+
+def test_failed_call_must_be_able_to_run(header) -> None:
+    # Fail(r0, "Create") is enabled, but the trace claims Create(r0, a2) failed first
+    raw = _raw(reference_trace(header, fail_at=1))
+    assert raw[1]["action"] == "Create" and raw[1]["result"] != "CUDA_SUCCESS"
+    raw[1]["args"]["alloc"] = 2
+    v = replay(trace_from_events(header, raw))
+    assert v.index == 1 and "could not run here" in v.reason
+
+
+def test_abort_without_failure_and_publish_after_failure_rejected(header) -> None:
+    c = Constants.from_header(header)
+    s = initial_state(c)
+    assert Action("Abort") not in enabled(c, s)
+    raw = _raw(reference_trace(header, fail_at=3))
+    i = next(k for k, e in enumerate(raw) if e["action"] == "Abort")
+    raw[i] = {**raw[i], "action": "Publish", "args": {}, "state": {"phase": "Published"}}
+    assert replay(trace_from_events(header, raw)).index == i
+
+
+def _random_walk(c: Constants, rng: random.Random, stop_published: bool) -> list:
+    s = initial_state(c)
+    acts = []
+    while s.phase not in ("Aborted", "Shutdown"):
+        if s.phase == "Published" and stop_published:
+            break
+        options = enabled(c, s)
+        act = rng.choice(options)
+        if act.name == "Fail":  # give the failed call its own arguments
+            act = next(Action("Fail", a.rank, a.alloc, a.mapping, step=act.step)
+                       for a in enabled(c, s, with_fail=False)
+                       if a.name == act.step and a.rank == act.rank)
+        apply(c, s, act)
+        result = ("CUDA_ERROR_OUT_OF_MEMORY" if act.name == "Fail" else "CUDA_SUCCESS"
+                  if act.name in DRIVER_STEPS | {"Unmap", "Release", "Free"} else None)
+        acts.append((act, result))
+    return acts
+
+
+@settings(max_examples=60, deadline=None)
+@given(ranks=st.integers(1, 3), allocs=st.integers(1, 3), seed=st.integers(0, 10**6),
+       data=st.data())
+def test_random_behaviours_are_accepted(ranks, allocs, seed, data) -> None:
+    aliased = data.draw(st.sets(st.integers(0, allocs - 1)))
+    owner_only = data.draw(st.sets(st.sampled_from(sorted(aliased)))) if aliased else set()
+    importers = {r: data.draw(st.sets(st.sampled_from([x for x in range(ranks) if x != r])))
+                 if ranks > 1 else set() for r in range(ranks)}
+    h = make_header(ranks, allocs, aliased, owner_only, importers)
+    rng = random.Random(seed)
+    acts = _random_walk(Constants.from_header(h), rng, stop_published=rng.random() < 0.3)
+    t = trace_from_actions(h, acts)
+    v = replay(t)
+    assert v.accepted, v.summary()
+    # every proper prefix that stops outside a terminal phase is rejected at its end
+    k = rng.randrange(len(acts))
+    prefix = trace_from_actions(h, acts[:k])
+    pv = replay(prefix)
+    phase = prefix.events[-1].state["phase"] if k else "Allocating"
+    assert pv.accepted == (phase in ("Published", "Aborted", "Shutdown"))
+    if not pv.accepted:
+        assert pv.index == k
+
+
+# --- the CLI ---------------------------------------------------------------------------
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvgrant")
+    conform.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["conform", *argv])
+    return args.run(args)
+
+
+def _write(tmp_path: Path, trace, name: str = "t.ndjson") -> str:
+    p = tmp_path / name
+    p.write_text("\n".join(trace.to_lines()) + "\n")
+    return str(p)
+
+
+def test_cli_accepts(tmp_path, capsys) -> None:
+    assert _cli([_write(tmp_path, reference_trace(small_header()))]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("accepted by python: 90 events, 3 ranks")
+
+
+def test_cli_rejects_with_state_and_enabled(tmp_path, capsys) -> None:
+    h = small_header()
+    raw = _raw(reference_trace(h))
+    assert raw[3]["action"] == "Grant"
+    del raw[3]  # drop Grant(r0, a0, plane): Create(r0, a1) then records 2 grants
+    assert _cli([_write(tmp_path, trace_from_events(h, raw))]) == 1
+    out = capsys.readouterr().out
+    assert "rejected by python at event 3 (line 5)" in out
+    assert "grants 2 != model 0" in out
+    assert "rank 0: va=True created=[0] mapped=[0] alias_mapped=[] grants=0" in out
+    assert "enabled there: " in out and "Grant(r0, a0, plane)" in out
+
+
+def test_cli_json(tmp_path, capsys) -> None:
+    h = small_header()
+    raw = _raw(reference_trace(h))
+    raw[1]["state"]["created"] = 5
+    assert _cli([_write(tmp_path, trace_from_events(h, raw)), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["accepted"] is False and doc["agree"] is True
+    (v,) = doc["verdicts"]
+    assert v["index"] == 1 and v["line"] == 3 and v["event"]["action"] == "Create"
+    assert v["state_before"]["ranks"]["0"]["va"] is True and "Create(r0, a0)" in v["enabled"]
+
+
+def test_cli_malformed_exits_2_without_traceback(tmp_path, capsys) -> None:
+    p = tmp_path / "bad.ndjson"
+    lines = reference_trace(small_header()).to_lines()
+    lines[3] = lines[3].replace('"seq": 2', '"seq": 7')
+    p.write_text("\n".join(lines) + "\n")
+    assert _cli([str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}:4: seq = 7" in err and "Traceback" not in err
+    assert _cli([str(tmp_path / "missing.ndjson"), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"] == "malformed"

@@ -1,0 +1,85 @@
+"""The TLC engine: the generated trace module, TLC value parsing, and verdicts that
+match the Python engine (tlc mark: needs Java)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvgrant.conformance import check_trace
+from kvgrant.conformance import tla_trace
+from kvgrant.conformance.mutants import reference_trace, trace_from_events
+from kvgrant.conformance.replay import replay
+from kvgrant.conformance.tla_trace import (check_trace_tlc, check_traces_tlc,
+                                           parse_tla_value, parse_tlc_state,
+                                           trace_module_text)
+from kvgrant.errors import ToolError
+
+from conftest import small_header
+
+
+def test_trace_module_holds_constants_and_every_event(header) -> None:
+    t = reference_trace(header)
+    text = trace_module_text(t)
+    assert text.startswith("---- MODULE KVTraceData ----")
+    assert "TraceNumRanks == 3" in text and "TraceNumAllocs == 4" in text
+    assert "TraceAliased == {1, 3}" in text and "TraceOwnerOnly == {3}" in text
+    assert "TraceImporters == [r \\in 0..2 |-> <<{1}, {0}, {}>>[r + 1]]" in text
+    assert text.count("[action |-> ") == len(t.events)
+    assert '[action |-> "Grant", rank |-> 0, alloc |-> 0, mapping |-> "plane", ' \
+           'devices |-> {0, 1}, ok |-> TRUE, hasResult |-> TRUE' in text
+
+
+def test_parse_tla_values() -> None:
+    assert parse_tla_value('(0 :> {<<1, "alias", 2>>} @@ 1 :> {})') == \
+        {0: frozenset({(1, "alias", 2)}), 1: frozenset()}
+    assert parse_tla_value('[a |-> TRUE, b |-> -3, c |-> "x\\"y"]') == \
+        {"a": True, "b": -3, "c": 'x"y'}
+    assert parse_tla_value("<<>>") == ()
+    with pytest.raises(ToolError):
+        parse_tla_value("{1, ")
+    st = parse_tlc_state('3: <TraceNext line 1>\n/\\ l = 3\n/\\ phase = "Allocating"\n'
+                         '/\\ va = <<TRUE, FALSE>>\n')
+    assert st == {"l": 3, "phase": "Allocating", "va": (True, False)}
+
+
+def test_missing_java_is_a_tool_error(monkeypatch, header) -> None:
+    monkeypatch.setattr(tla_trace.shutil, "which", lambda name: None)
+    with pytest.raises(ToolError, match="java is not on PATH"):
+        check_trace_tlc(reference_trace(header))
+
+
+def test_missing_spec_is_a_tool_error(monkeypatch, tmp_path, header, java) -> None:
+    monkeypatch.setenv("KVGRANT_SPECS", str(tmp_path))
+    with pytest.raises(ToolError, match="KVLifecycle.tla is missing"):
+        check_trace_tlc(reference_trace(header))
+
+
+@pytest.mark.tlc
+def test_tlc_accepts_and_rejects_like_python(java) -> None:
+    h = small_header()
+    good = [reference_trace(h), reference_trace(h, shutdown=False),
+            reference_trace(h, fail_at=0), reference_trace(h, fail_at=13)]
+    raw = [json.loads(json.dumps(dict(e.raw))) for e in good[0].events]
+    cut = trace_from_events(h, raw[:20])                       # ends while allocating
+    bad_state = [dict(e) for e in raw]
+    bad_state[5] = {**raw[5], "state": {**raw[5]["state"], "alias_mapped": 0}}
+    first = trace_from_events(h, [{**raw[0], "action": "Create", "args": {"alloc": 0},
+                                   "call": "cuMemCreate"}] + raw[1:])
+    traces = good + [cut, trace_from_events(h, bad_state), first]
+    tlc = check_traces_tlc(traces, jobs=2)
+    for t, v in zip(traces, tlc):
+        p = replay(t)
+        assert (v.accepted, v.index) == (p.accepted, p.index), (t.source, v.summary())
+        assert v.state_before == p.state_before and v.enabled == p.enabled
+    assert [v.accepted for v in tlc] == [True] * 4 + [False] * 3
+    assert [v.final_phase for v in tlc[:4]] == ["Shutdown", "Published", "Aborted", "Aborted"]
+    assert [v.index for v in tlc[4:]] == [20, 5, 0]
+
+
+@pytest.mark.tlc
+def test_tlc_small_three_rank_trace_under_60_s(java) -> None:
+    (v,) = check_trace(reference_trace(small_header()), engine="tlc")
+    assert v.accepted and v.engine == "tlc"
+    assert v.seconds < 60

@@ -1,0 +1,117 @@
+"""Conflict sets: exact, byte-precise, for declared aliases and aliased allocations."""
+
+from __future__ import annotations
+
+import time
+
+from layout_builders import geometries, geometry_dict, published_like_dict
+from hypothesis import given, settings
+
+from kvgrant.layout import conflicts
+from kvgrant.layout.conflicts import (
+    conflict_ranges,
+    conflict_sets,
+    declared_conflict_sets,
+    largest_conflict_set,
+    ranges_to_set,
+)
+from kvgrant.layout.geometry import Geometry, parse_geometry
+from kvgrant.layout.plan import Allocation
+
+
+def brute_force(g: Geometry, chunks) -> dict[tuple[str, int], frozenset[int]]:
+    """Per-byte reference: walk every region byte of every chunk."""
+    out: dict[tuple[str, int], set[int]] = {
+        (r.name, i): set() for r in g.regions for i in range(r.rows)}
+    for c in chunks:
+        if getattr(c, "region", None) is None:
+            continue
+        reg = g.region_by_name[c.region]
+        bpp = g.plane_by_name[c.plane].bytes_per_page
+        off = c.region_offset if hasattr(c, "region_offset") else c.offset
+        for k in range(c.length):
+            rb, pb = off + k, c.plane_offset + k
+            if rb < reg.rows * reg.row_bytes and pb < g.pages * bpp:
+                out[(c.region, rb // reg.row_bytes)].add(pb // bpp)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def test_all_is_sorted_and_public() -> None:
+    assert conflicts.__all__ == sorted(conflicts.__all__)
+    for name in conflicts.__all__:
+        assert hasattr(conflicts, name)
+
+
+def test_small_geometry_by_hand() -> None:
+    g = parse_geometry(geometry_dict())
+    # snap row 1 = region bytes [7, 14): [7, 8) is plane a byte 7 (page 1),
+    # [8, 14) is plane b bytes [12, 18) (pages 2, 3).
+    assert declared_conflict_sets(g) == {
+        ("snap", 0): frozenset({0, 1}),
+        ("snap", 1): frozenset({1, 2, 3}),
+        ("snap", 2): frozenset({3, 6, 7}),
+        ("exec", 0): frozenset({0}),
+    }
+
+
+def test_plane_bytes_past_the_last_page_belong_to_no_page() -> None:
+    doc = geometry_dict()
+    # plane b: 10 pages x 5 B = 50 B, reserved 52; bytes 50, 51 are no page.
+    doc["aliases"][3] = {"region": "exec", "offset": 0, "plane": "b",
+                         "plane_offset": 48, "length": 4}
+    g = parse_geometry(doc)
+    assert declared_conflict_sets(g)[("exec", 0)] == frozenset({9})
+
+
+def test_region_bytes_past_the_last_row_belong_to_no_row() -> None:
+    g = parse_geometry(geometry_dict())
+    # snap holds 21 B in 3 rows; region bytes [21, 24) exist (G rounding) but are no row.
+    tail = Allocation("a", 56, 4, region="snap", region_offset=20)
+    got = conflict_sets(g, [tail])
+    assert got[("snap", 2)] == frozenset({9})  # byte 20 -> plane a byte 56 -> page 9
+    assert all(not v for k, v in got.items() if k != ("snap", 2))
+
+
+def test_unaliased_allocations_are_skipped_and_every_row_is_a_key() -> None:
+    g = parse_geometry(geometry_dict())
+    got = conflict_sets(g, [Allocation("a", 0, 8)])
+    assert set(got) == {("snap", 0), ("snap", 1), ("snap", 2), ("exec", 0)}
+    assert all(v == frozenset() for v in got.values())
+
+
+def test_allocations_and_aliases_agree() -> None:
+    g = parse_geometry(geometry_dict())
+    allocs = [Allocation(a.plane, a.plane_offset, a.length, a.region, a.offset)
+              for a in g.aliases]
+    assert conflict_sets(g, allocs) == declared_conflict_sets(g)
+
+
+def test_ranges_are_merged_and_sorted() -> None:
+    g = parse_geometry(geometry_dict())
+    r = conflict_ranges(g, g.aliases)
+    assert r[("snap", 2)] == ((3, 4), (6, 8))
+    assert r[("snap", 1)] == ((1, 4),)
+    assert ranges_to_set(r[("snap", 2)]) == frozenset({3, 6, 7})
+
+
+def test_largest_conflict_set() -> None:
+    g = parse_geometry(geometry_dict())
+    assert largest_conflict_set(g) == (("snap", 1), 3)  # first of the two 3-page rows
+    nore = parse_geometry(geometry_dict(regions=[], aliases=[]))
+    assert largest_conflict_set(nore) == (None, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(geometries())
+def test_matches_per_byte_reference(g: Geometry) -> None:
+    assert declared_conflict_sets(g) == brute_force(g, g.aliases)
+
+
+def test_published_scale_is_fast() -> None:
+    g = parse_geometry(published_like_dict())
+    t0 = time.perf_counter()
+    sets = declared_conflict_sets(g)
+    elapsed = time.perf_counter() - t0
+    assert len(sets) == 117
+    assert all(sets.values())  # every row is backed by some page
+    assert elapsed < 0.5, f"conflict sets took {elapsed:.3f} s"

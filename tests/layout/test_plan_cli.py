@@ -1,0 +1,146 @@
+"""``kvgrant plan``: figures per plan, pre-flight verdicts, and a checkable --json plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from layout_builders import geometry_dict, published_like_dict, simple_plan
+
+from kvgrant.commands import plan as plan_command
+from kvgrant.errors import GeometryError
+from kvgrant.layout.contract import check_contract
+from kvgrant.layout.geometry import parse_geometry
+from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.layout.preflight import handle_demand
+from kvgrant.layout.report import build_report, format_report, plan_figures
+
+
+def run_plan(argv: list[str]) -> int:
+    """Run the subcommand through its own parser (as ``kvgrant.cli`` wires it)."""
+    parser = argparse.ArgumentParser(prog="kvgrant")
+    plan_command.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plan", *argv])
+    return int(args.run(args))
+
+
+@pytest.fixture
+def small_file(tmp_path: Path) -> Path:
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(geometry_dict()))
+    return path
+
+
+def test_text_output_names_every_figure(small_file: Path, capsys: Any) -> None:
+    assert run_plan([str(small_file)]) == 0
+    out = capsys.readouterr().out
+    for label in ("naive", "reference", "packed"):
+        assert label in out
+    for words in ("allocations", "mappings", "grants", "handles", "largest conflict set",
+                  "allocation lower bound", "budget 523,880", "owner+importers",
+                  "declared readers", "layout contract, packed plan: kept"):
+        assert words in out
+    assert "region 'snap' row 1: 3 pages" in out
+
+
+def test_handle_budget_option_sets_the_verdict(small_file: Path, capsys: Any) -> None:
+    g = parse_geometry(geometry_dict())
+    from kvgrant.layout.plans import make_plan
+
+    demand = handle_demand(g, make_plan(g, "packed"))
+    run_plan([str(small_file), "--handle-budget", str(demand)])
+    fits = capsys.readouterr().out
+    run_plan([str(small_file), "--handle-budget", str(demand - 1)])
+    over = capsys.readouterr().out
+    packed_line = lambda text: next(  # noqa: E731
+        ln for ln in text.splitlines() if ln.startswith("packed") and "owner+importers" in ln)
+    assert "fits" in packed_line(fits) and "+0" in packed_line(fits)
+    assert "EXCEEDS BUDGET" in packed_line(over) and "-1" in packed_line(over)
+
+
+def test_bad_handle_budget_is_rejected_by_the_parser(small_file: Path, capsys: Any) -> None:
+    for bad in ("-3", "lots"):
+        with pytest.raises(SystemExit) as info:
+            run_plan([str(small_file), "--handle-budget", bad])
+        assert info.value.code == 2
+        assert "--handle-budget" in capsys.readouterr().err
+
+
+def test_bad_geometry_is_a_geometry_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    doc = geometry_dict()
+    doc["aliases"][0]["length"] = 6
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GeometryError, match=r"aliases\[0\]\.length = 6"):
+        run_plan([str(path)])
+
+
+def test_json_plan_can_be_checked_independently(small_file: Path, capsys: Any) -> None:
+    assert run_plan([str(small_file), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    g = parse_geometry(geometry_dict())
+    assert set(rep["plans"]) == {"naive", "reference", "packed"}
+    allocs = []
+    for a in rep["packed_plan"]["allocations"]:
+        assert set(a) in ({"plane", "plane_offset", "length"},
+                          {"plane", "plane_offset", "length", "region", "region_offset"})
+        allocs.append(Allocation(**a))
+    assert check_contract(g, allocs) == []
+    packed = rep["plans"]["packed"]
+    assert packed["allocations"] == len(allocs)
+    assert packed["mappings"] == sum(2 if a.aliased else 1 for a in allocs)
+    pre = packed["preflight"]["importers"]
+    assert pre["demand"] == sum(r["handles"] for r in packed["per_rank"])
+    assert pre["demand"] == handle_demand(g, PhysicalPlan("x", g, tuple(allocs)))
+    assert pre["margin"] == 523_880 - pre["demand"] and pre["fits"] is True
+    assert rep["largest_conflict_set"] == {"region": "snap", "row": 1, "pages": 3}
+    assert rep["lower_bound"] is None or rep["lower_bound"]["total"] <= packed["allocations"]
+
+
+def test_report_groups_equal_ranks_and_lists_contract_breaks() -> None:
+    doc = geometry_dict(topology={"ranks": 3, "import_groups": [[0, 1]]})
+    g = parse_geometry(doc)
+    good = simple_plan(g, "good")
+    broken = PhysicalPlan("broken", g, good.allocations[1:])
+    text = format_report(g, [good, broken], 100)
+    assert "ranks 0-1" in text and "rank 2 " in text
+    assert "layout contract, broken plan: BROKEN" in text
+    figs = plan_figures(g, broken, 100)
+    assert figs.contract and figs.contract[0].startswith("point ")
+    rep = build_report(g, [good], 100, include_plan="good")
+    assert len(rep["good_plan"]["allocations"]) == len(good.allocations)
+
+
+def test_published_scale_plan_command_is_fast(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "published.json"
+    path.write_text(json.dumps(published_like_dict()))
+    t0 = time.perf_counter()
+    assert run_plan([str(path), "--json"]) == 0
+    elapsed = time.perf_counter() - t0
+    rep = json.loads(capsys.readouterr().out)
+    assert all(not p["contract_violations"] for p in rep["plans"].values())
+    assert rep["plans"]["packed"]["preflight"]["declared"]["fits"] is False
+    assert elapsed < 2.0, f"kvgrant plan took {elapsed:.2f} s"
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_plans_fast_and_keeps_the_contract(path: Path, capsys: Any) -> None:
+    t0 = time.perf_counter()
+    assert run_plan([str(path), "--json"]) == 0
+    elapsed = time.perf_counter() - t0
+    rep = json.loads(capsys.readouterr().out)
+    g = parse_geometry(json.loads(path.read_text()))
+    allocs = [Allocation(**a) for a in rep["packed_plan"]["allocations"]]
+    assert check_contract(g, allocs) == []
+    for label, figs in rep["plans"].items():
+        assert figs["contract_violations"] == [], label
+    if rep["lower_bound"] is not None:
+        assert rep["lower_bound"]["total"] <= rep["plans"]["packed"]["allocations"]
+    assert elapsed < 2.0, f"kvgrant plan {path.name} took {elapsed:.2f} s"

@@ -1,0 +1,75 @@
+"""TraceWriter: NDJSON header + events, seq without gaps, off by default, env switch."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, open_trace
+
+STATE = {"phase": "Allocating", "va": True, "created": 1, "mapped": 0, "alias_mapped": 0,
+         "grants": 0, "ready": False, "failed": False}
+
+
+def test_header_then_events_as_ndjson(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "t.ndjson"
+    with TraceWriter(path) as tw:
+        assert tw.enabled
+        tw.header(ranks=2, allocs=3, aliased=[1])
+        tw.event(0, "Reserve", {}, "cuMemAddressReserve", "CUDA_SUCCESS", STATE,
+                 device=0, va=4096, size=8192)
+        tw.event(None, "Publish", {}, None, None, {"phase": "Published"})
+        assert tw.events == 2
+    lines = path.read_text().splitlines()
+    objs = [json.loads(x) for x in lines]
+    assert objs[0] == {"kind": "header", "version": 1, "ranks": 2, "allocs": 3, "aliased": [1]}
+    assert [o["seq"] for o in objs[1:]] == [0, 1]
+    ev = objs[1]
+    assert ev["kind"] == "event" and ev["rank"] == 0 and ev["action"] == "Reserve"
+    assert ev["call"] == "cuMemAddressReserve" and ev["result"] == "CUDA_SUCCESS"
+    assert (ev["device"], ev["va"], ev["size"]) == (0, 4096, 8192)
+    assert ev["state"] == STATE and isinstance(ev["t"], float) and ev["t"] >= 0
+    assert objs[2]["rank"] is None and objs[2]["call"] is None
+
+
+def test_group_events_are_flushed_immediately() -> None:
+    buf = io.StringIO()
+    tw = TraceWriter(buf)
+    tw.header(ranks=1)
+    tw.event(None, "Abort", {"failed_rank": 0}, None, None, {"phase": "Aborting"})
+    assert buf.getvalue().count("\n") == 2
+    tw.close()
+    assert not buf.closed  # a stream we did not open stays open
+
+
+def test_disabled_writer_writes_nothing() -> None:
+    tw = TraceWriter(None)
+    assert not tw.enabled
+    tw.header(ranks=1)
+    tw.event(0, "Reserve", {}, None, None, STATE)
+    assert tw.events == 0
+    tw.close()
+    tw.close()
+
+
+def test_header_must_come_first_and_once() -> None:
+    tw = TraceWriter(io.StringIO())
+    tw.header(ranks=1)
+    with pytest.raises(RuntimeError, match="header"):
+        tw.header(ranks=1)
+
+
+def test_open_trace_env_switch(tmp_path: Path) -> None:
+    p = tmp_path / "env.ndjson"
+    assert not open_trace(None, env={}).enabled
+    tw = open_trace(None, env={TRACE_ENV: str(p)})
+    assert tw.enabled and tw.path == p
+    tw.close()
+    explicit = tmp_path / "explicit.ndjson"
+    tw2 = open_trace(explicit, env={TRACE_ENV: str(p)})
+    assert tw2.path == explicit
+    tw2.close()
+    assert open_trace(tw2) is tw2
