@@ -11,27 +11,32 @@ For a small config TLC dumps the full state graph (``-dump dot,actionlabels``); 
    the runtime's format and replayed through the Python engine, which must accept
    every one.
 
-The config is written as a generated module beside a copy of the spec, like the
-trace module of :mod:`kvgrant.conformance.tla_trace`.
+For configs too large for the full graph, :func:`check_simulated` asks TLC for random
+behaviours (``-simulate file=...,num=N``, which TLC 2.15 writes as modules of
+``STATE_i ==`` definitions): every TLC step must be a Python step, and each behaviour,
+as a trace, must be accepted (or, when the depth bound cut it before a terminal phase,
+rejected exactly at its end).
+
+The config is written as a generated module on TLC's module path beside specs/, like
+the trace module of :mod:`kvgrant.conformance.tla_trace`.
 """
 
 from __future__ import annotations
 
 import random
 import re
-import shutil
 import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
+from kvgrant.conformance import tlc
 from kvgrant.conformance.model import (TERMINAL_PHASES, Action, Constants, ModelState,
                                        apply, enabled, initial_state, step_guard)
 from kvgrant.conformance.mutants import trace_from_actions
 from kvgrant.conformance.replay import Verdict, replay
 from kvgrant.conformance.tla_trace import (_rank_fn, _tla, model_state_from_tlc,
-                                           parse_tlc_state, run_tlc, specs_dir)
+                                           parse_tlc_state, specs_dir)
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Header, Trace
 from kvgrant.errors import ToolError
 
@@ -43,6 +48,8 @@ __all__ = [
     "compare_graph",
     "dump_state_graph",
     "python_reachable",
+    "simulate_behaviours",
+    "check_simulated",
     "trace_of_path",
 ]
 
@@ -112,15 +119,15 @@ def dump_state_graph(h: Header, *, timeout: float = 300.0, workers: int = 2) -> 
     c = Constants.from_header(h)
     with tempfile.TemporaryDirectory(prefix="kvgrant-drift-") as tmp:
         d = Path(tmp)
-        shutil.copy(specs_dir() / "KVLifecycle.tla", d / "KVLifecycle.tla")
         (d / "KVDriftConfig.tla").write_text(_config_module(h), encoding="utf-8")
         (d / "Drift.cfg").write_text(_CFG, encoding="utf-8")
-        run = run_tlc(d, "KVDriftConfig", "Drift.cfg", timeout=timeout, workers=workers,
-                      extra=["-dump", "dot,actionlabels", str(d / "graph")])
+        run = tlc.run_tlc(d / "KVDriftConfig.tla", d / "Drift.cfg", library=[specs_dir()],
+                          timeout=timeout, workers=workers,
+                          extra=["-dump", "dot,actionlabels", str(d / "graph")])
         dot = d / "graph.dot"
-        if not dot.exists():
-            raise ToolError("TLC wrote no state graph: " + " | ".join(run.errors())
-                            + run.output[-2000:])
+        if run.status != "ok" or not dot.exists():
+            raise ToolError(f"TLC could not dump the state graph ({run.status}): "
+                            f"{run.message[:2000]}")
         text = dot.read_text(encoding="utf-8")
     ids: dict[str, tuple] = {}
     states: dict[tuple, ModelState] = {}
@@ -273,3 +280,63 @@ def check_drift(h: Header, *, paths: int = 200, seed: int = 0,
     return report
 
 
+
+
+_SIM_STATE = re.compile(r"^STATE_(\d+) == *\n(.*?)(?=^STATE_|^=====)", re.M | re.S)
+
+
+def simulate_behaviours(h: Header, *, num: int = 50, depth: int = 120, seed: int = 1,
+                        timeout: float = 300.0) -> list[list[ModelState]]:
+    """``num`` random behaviours of KVLifecycle under ``h``'s constants, by TLC
+    (terminal stuttering removed)."""
+    c = Constants.from_header(h)
+    with tempfile.TemporaryDirectory(prefix="kvgrant-sim-") as tmp:
+        d = Path(tmp)
+        (d / "KVDriftConfig.tla").write_text(_config_module(h), encoding="utf-8")
+        (d / "Drift.cfg").write_text(_CFG, encoding="utf-8")
+        (d / "beh").mkdir()
+        run = tlc.run_tlc(d / "KVDriftConfig.tla", d / "Drift.cfg", library=[specs_dir()],
+                          timeout=timeout,
+                          extra=["-simulate", f"file={d / 'beh' / 'b'},num={num}",
+                                 "-depth", str(depth), "-seed", str(seed)])
+        files = sorted((d / "beh").iterdir())
+        if run.status != "ok" or not files:
+            raise ToolError(f"TLC simulation failed ({run.status}): {run.message[:2000]}")
+        out = []
+        for f in files:
+            states: list[ModelState] = []
+            for m in _SIM_STATE.finditer(f.read_text(encoding="utf-8")):
+                s = model_state_from_tlc(parse_tlc_state(m.group(2)), c)
+                if not states or s.freeze() != states[-1].freeze():
+                    states.append(s)
+            out.append(states)
+    return out
+
+
+def check_simulated(h: Header, *, num: int = 50, depth: int = 120,
+                    seed: int = 1) -> DriftReport:
+    """Drift guard by TLC simulation (for configs too big for the full graph)."""
+    c = Constants.from_header(h)
+    behs = simulate_behaviours(h, num=num, depth=depth, seed=seed)
+    problems: list[str] = []
+    report = DriftReport(sum(len(b) for b in behs), sum(len(b) - 1 for b in behs), 0,
+                         problems)
+    for i, beh in enumerate(behs):
+        if beh[0].freeze() != initial_state(c).freeze():
+            problems.append(f"behaviour {i}: TLC's first state is not the Python Init")
+            continue
+        states = {s.freeze(): s for s in beh}
+        g = StateGraph(c, beh[0].freeze(), states, {})
+        try:
+            t = trace_of_path(h, g, [s.freeze() for s in beh], f"<simulated {i}>")
+        except ToolError as err:
+            problems.append(f"behaviour {i}: {err}")
+            continue
+        v = replay(t)
+        report.traces += 1
+        terminal = beh[-1].phase in TERMINAL_PHASES
+        if terminal and not v.accepted:
+            report.rejected.append(v)
+        elif not terminal and (v.accepted or v.index != len(t.events)):
+            report.rejected.append(v)
+    return report

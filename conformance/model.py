@@ -22,11 +22,11 @@ from kvgrant.conformance.trace_io import DRIVER_STEPS, PHASES, Header
 
 __all__ = [
     "ALL_ACTIONS",
-    "TERMINAL_PHASES",
     "Action",
     "Constants",
     "ModelState",
     "RankState",
+    "TERMINAL_PHASES",
     "apply",
     "enabled",
     "guard",
@@ -57,11 +57,17 @@ class Constants:
     def from_header(cls, h: Header) -> "Constants":
         return cls(h.ranks, h.allocs, h.aliased, h.owner_only, h.importers, h.declared_readers)
 
+    def __post_init__(self) -> None:
+        # GrantSet is evaluated once per Grant event: precompute both shapes per rank
+        object.__setattr__(self, "_wide", tuple(imp | {r} for r, imp in
+                                                enumerate(self.importers)))
+        object.__setattr__(self, "_owner", tuple(frozenset({r}) for r in range(self.ranks)))
+
     def grant_set(self, r: int, a: int, m: str) -> frozenset[int]:
         """GrantSet(r, a, m): owner only for owner-only aliases, else owner + importers."""
         if m == "alias" and a in self.owner_only:
-            return frozenset({r})
-        return self.importers[r] | {r}
+            return self._owner[r]  # type: ignore[attr-defined,no-any-return]
+        return self._wide[r]  # type: ignore[attr-defined,no-any-return]
 
 
 class Action(NamedTuple):

@@ -29,8 +29,8 @@ __all__ = [
     "Mutant",
     "MutationScore",
     "make_header",
-    "mutation_score",
     "mutants",
+    "mutation_score",
     "reference_trace",
     "trace_from_actions",
     "trace_from_events",
@@ -191,7 +191,6 @@ def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | Non
 # description) or None when the trace offers no place for this bug.
 
 Raw = list[dict[str, Any]]
-MutResult = "tuple[Raw, int, str] | None"
 
 
 def _first(evs: Raw, pred: Callable[[int, dict[str, Any]], bool]) -> int | None:

@@ -96,8 +96,12 @@ def _mismatch(c: Constants, s: ModelState, ev: Event, act: Action,
         return (f"{act}: StepEnabled holds but the failed call itself "
                 f"({ev.action} with these arguments) could not run here")
     if act.name == "Grant":
-        got = frozenset(dev_to_rank.get(d, -1 - d) for d in ev.devices or ())
         want = c.grant_set(act.rank, act.alloc, act.mapping)
+        key = tuple(ev.args.get("devices") or ())
+        got = dev_to_rank.get(key)  # type: ignore[call-overload]
+        if got is None:  # translate ordinals to ranks once per distinct device list
+            got = frozenset(dev_to_rank.get(d, -1 - d) for d in key)
+            dev_to_rank[key] = got  # type: ignore[index]
         if got != want:
             extra = sorted(d for d in got if d not in want)
             missing = sorted(want - got)
@@ -134,7 +138,7 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     t0 = time.perf_counter()
     c = Constants.from_header(trace.header)
     s = initial_state(c)
-    dev_to_rank = trace.header.device_to_rank()
+    dev_to_rank: dict = trace.header.device_to_rank()  # also caches device lists
     events = trace.events
     for ev in events:
         act = event_action(ev)

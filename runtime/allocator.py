@@ -33,11 +33,11 @@ from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
-from kvgrant.runtime.trace import TraceWriter, open_trace
+from kvgrant.runtime.trace import TraceWriter, event_template, open_trace
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 from kvgrant.runtime.views import DeviceBuffer
 
-__all__ = ["INJECT_BUGS", "Capacity", "Counts", "Published", "allocate"]
+__all__ = ["Capacity", "Counts", "INJECT_BUGS", "Published", "allocate"]
 
 #: Test-only ordering bugs (docs/INTERFACES.md "Test-only runtime mutants").
 INJECT_BUGS = frozenset({"grant_declared_readers", "publish_early", "unmap_backing_first",
@@ -47,6 +47,18 @@ _OK = "CUDA_SUCCESS"
 _STATE = ('{"phase": "%s", "va": %s, "created": %d, "mapped": %d, "alias_mapped": %d, '
           '"grants": %d, "ready": %s, "failed": %s}')
 _ALLOC = '{"alloc": %d}'
+# action -> (driver call, has alloc, has va, has size): the shape of its trace line
+_SHAPES: dict[str, tuple[str | None, bool, bool, bool]] = {
+    "Reserve": ("cuMemAddressReserve", False, True, True),
+    "Create": ("cuMemCreate", True, False, True),
+    "Map": ("cuMemMap", True, True, True),
+    "MapAlias": ("cuMemMap", True, True, True),
+    "Grant": ("cuMemSetAccess", True, True, True),
+    "RankReady": (None, False, False, False),
+    "Free": ("cuMemAddressFree", False, True, True),
+    "Release": ("cuMemRelease", True, False, False),
+    "Unmap": ("cuMemUnmap", True, True, True),
+}
 _UNMAP = '{"alloc": %d, "mapping": "%s"}'
 _GRANT = '{"alloc": %d, "mapping": "%s", "devices": %s}'
 _GIB = float(1 << 30)
@@ -113,25 +125,57 @@ class Counts:
 
 
 class _Rank:
-    """Per-rank abstract state (the model's counters) plus what unwinding needs."""
+    """Per-rank abstract state (the model's counters) plus what unwinding needs.
 
-    __slots__ = ("rank", "device", "va", "created", "mapped", "alias_mapped", "grants",
-                 "ready", "failed", "plane_grants", "alias_grants", "base", "size")
+    ``tpls`` caches trace-line templates; they bake in the flags and the phase, so
+    changing a flag (or the phase, see ``_Run.phase``) empties the cache.
+    """
+
+    __slots__ = ("rank", "device", "_va", "created", "mapped", "alias_mapped", "grants",
+                 "_ready", "_failed", "plane_grants", "alias_grants", "base", "size", "tpls")
 
     def __init__(self, rank: int, device: int, allocs: int) -> None:
         self.rank = rank
         self.device = device
-        self.va = False
+        self._va = False
         self.created = 0
         self.mapped = 0
         self.alias_mapped = 0
         self.grants = 0
-        self.ready = False
-        self.failed = False
+        self._ready = False
+        self._failed = False
         self.plane_grants = [0] * allocs   # devices granted on each plane mapping
         self.alias_grants = [0] * allocs
         self.base = 0
         self.size = 0
+        self.tpls: dict[str, str] = {}
+
+    @property
+    def va(self) -> bool:
+        return self._va
+
+    @va.setter
+    def va(self, value: bool) -> None:
+        self._va = value
+        self.tpls.clear()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+        self.tpls.clear()
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    @failed.setter
+    def failed(self, value: bool) -> None:
+        self._failed = value
+        self.tpls.clear()
 
     def state(self, phase: str) -> str:
         """The model's counters after an event, JSON-encoded (hot path of tracing)."""
@@ -172,8 +216,10 @@ class _Run:
         self.devices = list(devices)
         self.trace = trace
         self.bug = inject_bug
-        self.phase = "Allocating"
         self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
+        self._phase = "Allocating"
+        # trace-template keys of alias grants, one per region
+        self.alias_key = {reg.name: "Grant alias:" + reg.name for reg in g.regions}
         G = g.granularity
         # VA layout of a rank: planes then regions, geometry order, G-aligned offsets.
         off = 0
@@ -221,6 +267,51 @@ class _Run:
         self.trace.event_json(st.rank, action, args, call, result, st.state(self.phase),
                               device=st.device, va=va, size=size)
 
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        for st in self.ranks:  # templates bake the phase in
+            st.tpls.clear()
+
+    def _tpl(self, st: _Rank, key: str) -> str:
+        """Build the line template of a successful rank event (see event_template).
+
+        ``key`` is ``"Action"`` or ``"Action sub"`` (``Grant plane``, ``Grant
+        alias:REGION``, ``Unmap plane``, ``Unmap alias``).
+        """
+        action, _, sub = key.partition(" ")
+        call, has_alloc, has_va, has_size = _SHAPES[action]
+        if action == "Grant":
+            mapping, _, region = sub.partition(":")
+            devs = self.grant_plane[st.rank] if mapping == "plane" else \
+                self.grant_region[st.rank][region]
+            args = '{"alloc": %d, "mapping": "' + mapping + '", "devices": ' + str(devs) + "}"
+        elif action == "Unmap":
+            args = '{"alloc": %d, "mapping": "' + sub + '"}'
+        else:
+            args = _ALLOC if has_alloc else "{}"
+
+        def t(b: bool) -> str:
+            return "true" if b else "false"
+
+        state = ('{"phase": "' + self._phase + '", "va": ' + t(st.va) + ', "created": %d, '
+                 '"mapped": %d, "alias_mapped": %d, "grants": %d, "ready": ' + t(st.ready)
+                 + ', "failed": ' + t(st.failed) + "}")
+        tpl = event_template(st.rank, action, args, call, None if call is None else _OK,
+                             st.device, "%d" if has_va else "null",
+                             "%d" if has_size else "null", state)
+        st.tpls[key] = tpl
+        return tpl
+
+    def _ok(self, st: _Rank, key: str, *values: int) -> None:
+        """Trace a successful rank event: ``values`` are its alloc, va, size (as shaped)."""
+        tpl = st.tpls.get(key) or self._tpl(st, key)
+        self.trace.event_line(tpl, *values, st.created, st.mapped, st.alias_mapped, st.grants)
+
     def _group(self, action: str, args: dict[str, Any] | None = None) -> None:
         if self.trace.enabled:
             self.trace.event(None, action, args or {}, None, None, {"phase": self.phase})
@@ -251,7 +342,7 @@ class _Run:
                 self._group("Publish")
             st.ready = True
             if self.trace.enabled:
-                self._ev(st, "RankReady", "{}", None, None)
+                self._ok(st, "RankReady")
 
     def _build_rank(self, st: _Rank, txn: Transaction) -> None:
         d = self.driver
@@ -268,7 +359,7 @@ class _Run:
         st.base = base
         st.size = size
         if tr:
-            self._ev(st, "Reserve", "{}", "cuMemAddressReserve", _OK, base, size)
+            self._ok(st, "Reserve", base, size)
         txn.push(self._undo_free, st, base, size)
 
         plane_va = {n: base + o for n, o in self.plane_off.items()}
@@ -288,7 +379,7 @@ class _Run:
             st.created += 1
             swap = self.bug == "map_before_create" and r == 0 and i == 0
             if tr and not swap:
-                self._ev(st, "Create", _ALLOC % i, "cuMemCreate", _OK, None, n)
+                self._ok(st, "Create", i, n)
             txn.push(self._undo_release, st, i, h)
             # Map (plane)
             pva = plane_va[a.plane] + a.plane_offset
@@ -301,11 +392,11 @@ class _Run:
             if tr:
                 if swap:  # mutant: Map is emitted before the Create it depends on
                     st.created -= 1
-                    self._ev(st, "Map", _ALLOC % i, "cuMemMap", _OK, pva, n)
+                    self._ok(st, "Map", i, pva, n)
                     st.created += 1
-                    self._ev(st, "Create", _ALLOC % i, "cuMemCreate", _OK, None, n)
+                    self._ok(st, "Create", i, n)
                 else:
-                    self._ev(st, "Map", _ALLOC % i, "cuMemMap", _OK, pva, n)
+                    self._ok(st, "Map", i, pva, n)
             if not (unmap_backing_first and a.region is not None):
                 txn.push(self._undo_unmap, st, i, "plane", pva, n)
             # MapAlias
@@ -320,7 +411,7 @@ class _Run:
                                      ava, n) from e
                 st.alias_mapped += 1
                 if tr:
-                    self._ev(st, "MapAlias", _ALLOC % i, "cuMemMap", _OK, ava, n)
+                    self._ok(st, "MapAlias", i, ava, n)
                 txn.push(self._undo_unmap, st, i, "alias", ava, n)
                 if unmap_backing_first:  # mutant: plane unmapped before its alias
                     txn.push(self._undo_unmap, st, i, "plane", pva, n)
@@ -344,7 +435,8 @@ class _Run:
         else:
             st.alias_grants[i] = k
         if self.trace.enabled:
-            self._ev(st, "Grant", _GRANT % (i, mapping, devs), "cuMemSetAccess", _OK, va, n)
+            self._ok(st, "Grant plane" if mapping == "plane" else self.alias_key[a.region],
+                     i, va, n)
 
     # --------------------------------------------------------------- undos
     def _undo_free(self, st: _Rank, va: int, size: int) -> None:
@@ -357,7 +449,7 @@ class _Run:
         st.va = False
         st.ready = False
         if self.trace.enabled:
-            self._ev(st, "Free", "{}", "cuMemAddressFree", _OK, va, size)
+            self._ok(st, "Free", va, size)
 
     def _undo_release(self, st: _Rank, i: int, handle: int) -> None:
         if self.bug == "skip_release" and self.phase == "ShuttingDown" and i == 0 \
@@ -371,15 +463,14 @@ class _Run:
             raise
         st.created -= 1
         if self.trace.enabled:
-            self._ev(st, "Release", _ALLOC % i, "cuMemRelease", _OK)
+            self._ok(st, "Release", i)
 
     def _undo_unmap(self, st: _Rank, i: int, mapping: str, va: int, n: int) -> None:
-        args = _UNMAP % (i, mapping)
         try:
             self.driver.unmap(va, n)
         except DriverError as e:
             if self.trace.enabled:
-                self._ev(st, "Unmap", args, "cuMemUnmap", e.result_name, va, n)
+                self._ev(st, "Unmap", _UNMAP % (i, mapping), "cuMemUnmap", e.result_name, va, n)
             raise
         if mapping == "plane":
             st.mapped -= 1
@@ -390,7 +481,7 @@ class _Run:
             st.grants -= st.alias_grants[i]
             st.alias_grants[i] = 0
         if self.trace.enabled:
-            self._ev(st, "Unmap", args, "cuMemUnmap", _OK, va, n)
+            self._ok(st, "Unmap plane" if mapping == "plane" else "Unmap alias", i, va, n)
 
     # --------------------------------------------------------------- results
     def counts(self) -> Counts:

@@ -4,8 +4,8 @@
 (* behaviour of the lifecycle model?  This module EXTENDS the spec (it     *)
 (* never copies it) and reads the trace from the generated module          *)
 (* KVTraceData (written by kvgrant.conformance.tla_trace into a temporary  *)
-(* directory next to copies of the specs), because the pinned TLC 2.15 has *)
-(* no Json module.                                                         *)
+(* directory on TLC's module path), because the pinned TLC 2.15 has no     *)
+(* Json module.                                                            *)
 (*                                                                         *)
 (* One IsX(e) per event kind: each conjoins the spec's own action X with   *)
 (* the event's arguments, and StateMatches(e) pins the recorded abstract   *)
@@ -114,14 +114,13 @@ TraceAccepted == l = Len(Trace) + 1 /\ phase \in TerminalPhases
 TraceNotAccepted == ~TraceAccepted
 
 -----------------------------------------------------------------------------
-(* Running it by hand (kvgrant.conformance.tla_trace does this for you):  *)
-(*   d=$(mktemp -d); cp specs/KVLifecycle.tla specs/KVLifecycleTrace.tla  *)
-(*      specs/TraceKVLifecycle.cfg $d                                     *)
-(*   python -c "from kvgrant.conformance.tla_trace import write_trace_module *)
-(*      as w; w('trace.ndjson', '$d')"                                     *)
-(*   cd $d && java -cp tla2tools.jar tlc2.TLC -config TraceKVLifecycle.cfg *)
-(*      KVLifecycleTrace                                                  *)
+(* Running it by hand (kvgrant conform TRACE --engine tlc does this):    *)
+(*   d=$(mktemp -d); python -c "from kvgrant.conformance.tla_trace import *)
+(*     write_trace_module as w; w('trace.ndjson', '$d')"                  *)
+(*   java -DTLA-Library=$PWD/specs:$d -cp tla2tools.jar tlc2.TLC          *)
+(*     -metadir $d/meta -config specs/TraceKVLifecycle.cfg                *)
+(*     specs/KVLifecycleTrace.tla                                         *)
 (* "Invariant TraceNotAccepted is violated" means ACCEPTED; "Deadlock     *)
 (* reached" means rejected: the last state's l is the first unmatched     *)
-(* event.  kvgrant conform TRACE --engine tlc prints the same verdict.    *)
+(* event.                                                                 *)
 =============================================================================

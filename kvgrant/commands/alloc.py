@@ -106,8 +106,8 @@ def _print_text(s: dict[str, Any], release_s: float | None, live_after: dict[str
           f"{c['allocations']:,} allocations, {c['mappings']:,} mappings); "
           f"{c['set_access_calls']:,} cuMemSetAccess calls, {c['grants']:,} grants "
           f"(driver handles)")
-    print(f"  start-up {s['startup_s']:.3f} s, release "
-          f"{(release_s or 0.0):.3f} s; live after release: "
+    print(f"  start-up {s['startup_s'] * 1e3:.1f} ms, release "
+          f"{(release_s or 0.0) * 1e3:.1f} ms; live after release: "
           + ("nothing" if not any(live_after.values()) else
              ", ".join(f"{k}={v}" for k, v in live_after.items())))
     if trace:

@@ -24,6 +24,7 @@ The proof is in ``docs/layout.md`` ("Lower bound"); in short:
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from kvgrant.layout.conflicts import conflict_ranges
@@ -95,6 +96,177 @@ def _row_incidences(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -
     return max(count, 1)
 
 
+def _interior_units(g: Geometry, rows: int, row_bytes: int) -> list[int]:
+    """Per row, the region granules lying wholly inside it (the same in every plan)."""
+    G = g.granularity
+    out = [0] * rows
+    for j in range(round_up(rows * row_bytes, G) // G):
+        lo, hi = j * G, (j + 1) * G
+        if hi <= rows * row_bytes and lo // row_bytes == (hi - 1) // row_bytes:
+            out[lo // row_bytes] += 1
+    return out
+
+
+def _unit_incidences(g: Geometry, comps: list[tuple[int, int]], interior: int) -> int:
+    """Fewest (component, plane) runs able to back ``interior`` whole granules.
+
+    A granule wholly inside row k backs only row-k bytes, so every page it touches is
+    in the row's conflict set: it lies inside one component's bytes of its plane. A
+    plane offers at most that many granules per component.
+    """
+    if interior == 0:
+        return 0
+    G = g.granularity
+    caps = []
+    for a, b in comps:
+        for p in g.planes:
+            hi = g.plane_bytes(p.name) if b >= g.pages else b * p.bytes_per_page
+            caps.append(max(0, hi // G - (-(-a * p.bytes_per_page // G))))
+    count = 0
+    for cap in sorted(caps, reverse=True):
+        if interior <= 0 or cap == 0:
+            break
+        interior -= cap
+        count += 1
+    return count
+
+
+def _eligible_units(g: Geometry, comps: tuple[tuple[int, int], ...]) -> list[frozenset[int]]:
+    """Per plane, the granules whose pages all lie in the conflict set ``comps``
+    (the only granules that may back a granule wholly inside that row)."""
+    G = g.granularity
+    out = []
+    for p in g.planes:
+        units: set[int] = set()
+        for a, b in comps:
+            hi = g.plane_bytes(p.name) if b >= g.pages else b * p.bytes_per_page
+            units.update(range(-(-a * p.bytes_per_page // G), hi // G))
+        out.append(frozenset(units))
+    return out
+
+
+def _competition_incidences(need: int, mine: list[frozenset[int]],
+                            others: list[list[frozenset[int]]], others_need: int) -> int:
+    """Fewest planes row k can draw ``need`` interior granules from, when the rows
+    ``others`` must draw ``others_need`` interior granules from granules some of which
+    row k could use too (proof in docs/layout.md, "Competing rows").
+
+    With e1 = |E_k(P)|, e2 = |union of E_j(P)|, t = |E_k(P) | union E_j(P)|, any set J of
+    planes row k draws from satisfies need <= min(sum_J e1, sum_J (t - e2) + sum e2 -
+    others_need); so |J| is at least the first j where the top-j sums reach ``need``.
+    """
+    if need <= 0:
+        return 0
+    e1, room, e2_total = [], [], 0
+    for pi, own in enumerate(mine):
+        theirs: set[int] = set()
+        for o in others:
+            theirs |= o[pi]
+        e1.append(len(own))
+        room.append(len(own | theirs) - len(theirs))
+        e2_total += len(theirs)
+    e1.sort(reverse=True)
+    room.sort(reverse=True)
+    spare = e2_total - others_need
+    s1 = s2 = 0
+    for j in range(len(e1)):
+        s1 += e1[j]
+        s2 += room[j]
+        if min(s1, s2 + spare) >= need:
+            return j + 1
+    return len(e1)
+
+
+def _inside(ranges: tuple[tuple[int, int], ...], starts: list[int], p0: int, p1: int) -> bool:
+    """Is the page range [p0, p1) empty or inside one of the merged ``ranges``
+    (``starts`` = their sorted start pages)?"""
+    if p0 >= p1:
+        return True
+    i = bisect.bisect_right(starts, p0) - 1
+    return i >= 0 and p1 <= ranges[i][1]
+
+
+def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, int], ...]]
+                ) -> list[list[bool]]:
+    """Per plane, granules that no contract-keeping plan can alias.
+
+    A granule can back a region granule wholly inside row k only if its pages lie in
+    C_k; it can back a region granule that holds row boundaries only if, for each row
+    part, the plane bytes under that part touch pages of that row's set only.
+    """
+    G = g.granularity
+    live = [[False] * (g.plane_bytes(p.name) // G) for p in g.planes]
+    for r in g.regions:
+        R, end = r.row_bytes, r.rows * r.row_bytes
+        interior = _interior_units(g, r.rows, R)
+        for k in range(r.rows):
+            if interior[k] == 0:
+                continue
+            for pi, units in enumerate(_eligible_units(g, conflicts[(r.name, k)])):
+                for u in units:
+                    live[pi][u] = True
+        for j in range(round_up(end, G) // G):
+            lo, hi = j * G, (j + 1) * G
+            if hi <= end and lo // R == (hi - 1) // R:
+                continue
+            parts = []  # (row pages, their starts, offset in unit, end in unit)
+            row = lo // R
+            while row < r.rows and row * R < hi:
+                rs = conflicts[(r.name, row)]
+                parts.append((rs, [a for a, _ in rs],
+                              max(lo, row * R) - lo, min(hi, (row + 1) * R) - lo))
+                row += 1
+            ranges0, _, a0, _ = parts[0]
+            for pi, p in enumerate(g.planes):
+                bpp, n = p.bytes_per_page, len(live[pi])
+                # the first part's first byte lies in that row's pages or past the last page
+                cands = set(range(max(0, (g.pages * bpp - a0) // G), n))
+                for pa, pb in ranges0:
+                    cands.update(range(max(0, (pa * bpp - a0) // G),
+                                       min(n, (pb * bpp - a0) // G + 1)))
+                for u in cands:
+                    if live[pi][u]:
+                        continue
+                    if all(_inside(ranges, starts, (u * G + a) // bpp,
+                                   min((u * G + b - 1) // bpp + 1, g.pages))
+                           for ranges, starts, a, b in parts):
+                        live[pi][u] = True
+    return [[not x for x in plane] for plane in live]
+
+
+def _gap_bound(g: Geometry, dead: list[list[bool]]) -> int:
+    """Fewest unaliased allocations given the dead granules: one per run of dead
+    granules, less the separations between runs that the spare unaliased granules
+    (unaliased granules beyond the dead ones) could fill, cheapest first."""
+    G = g.granularity
+    spare = (sum(len(d) for d in dead)
+             - sum(round_up(r.rows * r.row_bytes, G) // G for r in g.regions)
+             - sum(sum(d) for d in dead))
+    runs = 0
+    seps: list[int] = []
+    for plane in dead:
+        last_end = None
+        u = 0
+        while u < len(plane):
+            if plane[u]:
+                v = u
+                while v < len(plane) and plane[v]:
+                    v += 1
+                runs += 1
+                if last_end is not None:
+                    seps.append(u - last_end)
+                last_end = v
+                u = v
+            else:
+                u += 1
+    for sep in sorted(seps):
+        if sep > spare:
+            break
+        spare -= sep
+        runs -= 1
+    return runs
+
+
 def _crossable(g: Geometry, before: tuple[tuple[int, int], ...],
                after: tuple[tuple[int, int], ...]) -> bool:
     """Can one plane-contiguous run end in row k (pages ``before``) and go on into
@@ -138,6 +310,30 @@ def _drop_budget_bound(g: Geometry, m: list[int], exclusive: list[int], budget: 
     return out
 
 
+def _with_competition(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
+                      needs: list[int], base: list[int]) -> list[int]:
+    """Raise each row's bound by the granules its page-sharing neighbours must take."""
+    elig = [_eligible_units(g, rs) for rs in rows]
+    out = list(base)
+    for k, rs in enumerate(rows):
+        if needs[k] == 0:
+            continue
+        near = [j for j in range(len(rows)) if j != k and needs[j] > 0
+                and any(elig[k][pi] & elig[j][pi] for pi in range(len(g.planes)))]
+        before = [j for j in near if j < k]
+        after = [j for j in near if j > k]
+        choices = [[j] for j in before[-2:] + after[:2]]
+        if before and after:
+            choices.append([before[-1], after[0]])
+        if len(near) > 1:
+            choices.append(near)
+        for group in choices:
+            bound = _competition_incidences(needs[k], elig[k], [elig[j] for j in group],
+                                            sum(needs[j] for j in group))
+            out[k] = max(out[k], bound)
+    return out
+
+
 def allocation_lower_bound(g: Geometry) -> LowerBound:
     """Lower bound on allocations per rank for any plan keeping the layout contract.
 
@@ -156,8 +352,16 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
     budget = (len(counts) * sum(p.bytes_per_page for p in g.planes) + sum(tails)
               - row_bytes_total)
     all_rows = [conflicts[(r.name, k)] for r in g.regions for k in range(r.rows)]
-    base = [_row_incidences(g, list(rs), r.row_bytes)
-            for r in g.regions for rs in (conflicts[(r.name, k)] for k in range(r.rows))]
+    base = []
+    needs: list[int] = []
+    for r in g.regions:
+        interior = _interior_units(g, r.rows, r.row_bytes)
+        needs.extend(interior)
+        for k in range(r.rows):
+            comps = list(conflicts[(r.name, k)])
+            base.append(max(_row_incidences(g, comps, r.row_bytes),
+                            _unit_incidences(g, comps, interior[k])))
+    base = _with_competition(g, all_rows, needs, base)
     per_row_all = _drop_budget_bound(g, base, _exclusive_pages(all_rows, counts), budget)
     regions: list[RegionBound] = []
     at = 0
@@ -188,6 +392,6 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
             break
         left -= size
         by_bytes += 1
-    unaliased = max(forced, by_bytes)
+    unaliased = max(forced, by_bytes, _gap_bound(g, _dead_units(g, conflicts)))
     total = max(aliased + unaliased, len(g.planes))
     return LowerBound(total, aliased, unaliased, len(g.planes), free_pages, tuple(regions))

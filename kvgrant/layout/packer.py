@@ -15,16 +15,23 @@ Method, in granules of G bytes (``unit`` below):
   one contiguous span. They may be backed by any plane unit whose pages all lie in
   the row's declared conflict set ``C_k`` (so no page is added), as long as the union
   of pages touched still equals ``C_k`` (so no page is lost).
-* The starting arrangement is the declared layout and, separately, the reference
-  rule's arrangement (so the reference rule's swaps are available too); the better
-  result is kept.
-* Rows are packed in order. Each row may use its own declared units and any plane
-  unit the declared layout leaves unaliased; units declared for a later row stay
-  reserved for it, so every row can always fall back to its declared units.
+* The starting arrangement is the declared layout or the reference rule's
+  arrangement (so the reference rule's swaps are available too).
+* Rows are packed in order. Each row holds a *reservation* (at first its starting
+  granules), which is always a valid choice. A row may use its reservation, any
+  granule nobody holds, and (in "stealing" mode) granules reserved by later rows, as
+  long as each such row's reservation can be repaired from free eligible granules.
 * Per row a few candidate choices are tried (longest eligible runs first, the run
   that continues the previous unit in plane order first, the run that leads into
-  the next fixed unit last; the declared units as fallback); the valid candidate with
-  the fewest pieces wins.
+  the next fixed unit last; the reservation as fallback); the valid candidate with
+  the fewest pieces (counting the change in unaliased gaps) wins.
+* A final pass re-splits, plane by plane, the granules of each pair of consecutive
+  rows: the first row takes a prefix of the plane's stretch and the second a suffix,
+  with the lengths chosen by a small dynamic programme over planes to give each row
+  its granule count with the fewest runs; a re-split is kept only when both rows
+  still touch exactly their conflict sets.
+* Three modes run (declared start with stealing, reference start with and without);
+  the result with the fewest allocations is kept.
 
 The result is checked with :func:`kvgrant.layout.contract.check_contract`; if it is
 not valid, or needs more allocations than the reference rule, the reference plan's
@@ -191,10 +198,15 @@ def pack(g: Geometry) -> PhysicalPlan:
     starts = {"declared": list(g.aliases),
               "reference": [a for a in reference.allocations if a.aliased]}
     plan = None
-    for name, start in starts.items():
+    # the declared start without stealing is the weakest mode; it is left out to keep
+    # published-scale planning well under a second
+    modes = [("declared", True), ("reference", False), ("reference", True)]
+    for name, steal in modes:
+        start = starts[name]
         try:
-            cand = finish_plan(g, "packed", _pack_units(g, start),
-                               notes=(f"packed from the {name} arrangement",))
+            how = "taking later rows' granules" if steal else "keeping reservations"
+            cand = finish_plan(g, "packed", _pack_units(g, start, steal),
+                               notes=(f"packed from the {name} arrangement, {how}",))
         except _Infeasible:  # pragma: no cover - defensive: declared units always fit
             continue
         if plan is None or len(cand.allocations) < len(plan.allocations):
@@ -215,9 +227,16 @@ class _Infeasible(Exception):
     pass
 
 
-def _pack_units(g: Geometry, start: list, reserve: bool = True) -> list[Allocation]:
+def _pack_units(g: Geometry, start: list, steal: bool = False) -> list[Allocation]:
     """Packed aliased units, starting from ``start`` (chunks with the declared
-    conflict sets: the declared aliases or the reference rule's aliased allocations)."""
+    conflict sets: the declared aliases or the reference rule's aliased allocations).
+
+    Each unpacked row holds a *reservation*: granules that back its interior validly
+    (at first its starting granules). With ``steal``, a row may also take granules
+    reserved by a later row, provided that row's reservation can be repaired from
+    free eligible granules (checked before the choice is made), so every row keeps a
+    valid fallback and packing never gets stuck.
+    """
     G = g.granularity
     pl = _Planes([p.name for p in g.planes], [p.bytes_per_page for p in g.planes],
                  [g.plane_bytes(p.name) // G for p in g.planes], g.pages, G)
@@ -225,7 +244,7 @@ def _pack_units(g: Geometry, start: list, reserve: bool = True) -> list[Allocati
     owner = [[_FREE] * n for n in pl.units]
     want = conflict_ranges(g, g.aliases)
 
-    # declared map: region unit -> plane unit
+    # starting map: region unit -> plane unit
     decl: dict[str, list[tuple[int, int]]] = {}
     for r in g.regions:
         decl[r.name] = [(-1, -1)] * (round_up(r.rows * r.row_bytes, G) // G)
@@ -240,8 +259,8 @@ def _pack_units(g: Geometry, start: list, reserve: bool = True) -> list[Allocati
     rows: list[tuple[str, int, int, int]] = []  # (region, row, first interior unit, end)
     fixed_allocs: list[Allocation] = []
     assign: dict[str, list[tuple[int, int]]] = {}
-    rid = 0
-    row_ids: dict[tuple[str, int], int] = {}
+    res: list[set[tuple[int, int]]] = []
+    fixed_js: set[tuple[str, int]] = set()  # region granules holding row boundaries
     for r in g.regions:
         R, end = r.row_bytes, r.rows * r.row_bytes
         units = decl[r.name]
@@ -254,42 +273,70 @@ def _pack_units(g: Geometry, start: list, reserve: bool = True) -> list[Allocati
             else:
                 assign[r.name][j] = (pi, u)
                 owner[pi][u] = _TAKEN
+                fixed_js.add((r.name, j))
                 fixed_allocs.append(Allocation(pl.names[pi], u * G, G, r.name, j * G))
         for k in sorted(inner):
             js = inner[k]
-            row_ids[(r.name, k)] = rid
+            rid = len(rows)
             rows.append((r.name, k, js[0], js[-1] + 1))
+            res.append({units[j] for j in js})
             for j in js:
                 pi, u = units[j]
-                owner[pi][u] = rid if reserve else _FREE
-            rid += 1
+                owner[pi][u] = rid
     fixed_pages = conflict_ranges(g, fixed_allocs)
 
+    def eligible_runs(rid: int, usable) -> list[Run]:
+        region, k, _, _ = rows[rid]
+        out: list[Run] = []
+        for pi in range(len(pl.names)):
+            for a, b in want[(region, k)]:
+                u0, u1 = pl.eligible(pi, a, b)
+                u1 = min(u1, pl.units[pi])
+                run_start = None
+                for u in range(u0, u1):
+                    ok = usable(owner[pi][u])
+                    if ok and run_start is None:
+                        run_start = u
+                    elif not ok and run_start is not None:
+                        out.append((pi, run_start, u - run_start))
+                        run_start = None
+                if run_start is not None:
+                    out.append((pi, run_start, u1 - run_start))
+        return out
+
+    def covers(rid: int, units) -> bool:
+        region, k, _, _ = rows[rid]
+        total = sum(b - a for a, b in want[(region, k)])
+        runs = _runs(list(units))
+        return _covered(list(fixed_pages[(region, k)]) + _pages_of(pl, runs)) == total
+
+    def repair(j: int, lost: set, gone: set, freed: set) -> set | None:
+        """New reservation for row j after losing ``lost``; may use free units and
+        ``freed`` (not in ``gone``). None when no valid one is found."""
+        keep = res[j] - lost
+        region, k, s, e = rows[j]
+        short = (e - s) - len(keep)
+        spare = [(pi, u + d) for pi, u, n in eligible_runs(j, lambda o: o == _FREE)
+                 for d in range(n)]
+        spare += sorted(x for x in freed if x not in keep and _is_eligible(pl, want[(region, k)], x))
+        spare = [x for x in dict.fromkeys(spare) if x not in gone]
+        for order in (sorted(spare), sorted(spare, reverse=True)):
+            pick = keep | set(order[:short])
+            if len(order) >= short and covers(j, pick):
+                return pick
+        return None
+
     for rid, (region, k, s, e) in enumerate(rows):
-        C = want[(region, k)]
-        total = sum(b - a for a, b in C)
         need = e - s
-        declared_units = [decl[region][j] for j in range(s, e)]
+        mine = set(res[rid])
         link_start = assign[region][s - 1] if s > 0 else None
         link_end = None
         if e < len(assign[region]) and assign[region][e][0] >= 0:
             link_end = assign[region][e]
 
-        # available eligible runs
-        avail: list[Run] = []
-        for pi in range(len(pl.names)):
-            for a, b in C:
-                u0, u1 = pl.eligible(pi, a, b)
-                run_start = None
-                for u in range(u0, min(u1, pl.units[pi])):
-                    ok = owner[pi][u] == _FREE or owner[pi][u] == rid
-                    if ok and run_start is None:
-                        run_start = u
-                    elif not ok and run_start is not None:
-                        avail.append((pi, run_start, u - run_start))
-                        run_start = None
-                if run_start is not None:
-                    avail.append((pi, run_start, min(u1, pl.units[pi]) - run_start))
+        usable = (lambda o, rid=rid: o == _FREE or o == rid or o > rid) if steal else \
+                 (lambda o, rid=rid: o == _FREE or o == rid)
+        avail = eligible_runs(rid, usable)
 
         first = last = None
         if link_start is not None:
@@ -311,7 +358,6 @@ def _pack_units(g: Geometry, start: list, reserve: bool = True) -> list[Allocati
                         avail.append((pi, tgt_end, u + n - tgt_end))
                     break
 
-        fixed_here = list(fixed_pages[(region, k)])
         candidates: list[list[Run]] = []
         for f, l in ((first, last), (first, None), (None, last), (None, None)):
             for suffix in (False, True):
@@ -319,34 +365,195 @@ def _pack_units(g: Geometry, start: list, reserve: bool = True) -> list[Allocati
                 c = _take(pool, need, f, l, suffix)
                 if c is not None:
                     candidates.append(c)
-        if all(owner[pi][u] in (rid, _FREE) for pi, u in declared_units):
-            candidates.append(_runs(declared_units))
+        candidates.append(_runs(list(mine)))
 
-        best: tuple[tuple[int, int], list[Run]] | None = None
-        mine = set(declared_units)
+        best = None
         for c in candidates:
-            if _covered(fixed_here + _pages_of(pl, c)) != total:
-                continue
             units = {(pi, u + d) for pi, u, n in c for d in range(n)}
-            c = _runs(list(units))
-            order, pieces = _arrange(c, link_start, link_end)
+            if not covers(rid, units):
+                continue
+            repairs: dict[int, set] = {}
+            stolen = [x for x in units if owner[x[0]][x[1]] >= 0 and owner[x[0]][x[1]] != rid]
+            if stolen:
+                by_row: dict[int, set] = {}
+                for x in stolen:
+                    by_row.setdefault(owner[x[0]][x[1]], set()).add(x)
+                gone = set(units)
+                freed = mine - units
+                for j in sorted(by_row):
+                    fixed = repair(j, by_row[j], gone, freed)
+                    if fixed is None:
+                        break
+                    repairs[j] = fixed
+                    gone |= fixed
+                if len(repairs) != len(by_row):
+                    continue
+            order, pieces = _arrange(_runs(list(units)), link_start, link_end)
             score = (pieces + _gap_delta(owner, units, mine), len(order))
             if best is None or score < best[0]:
-                best = (score, order)
-        if best is None:  # pragma: no cover - the declared units always qualify
+                best = (score, order, repairs)
+        if best is None:  # pragma: no cover - the reservation always qualifies
             raise _Infeasible(f"row {k} of region {region!r}")
+        _, order, repairs = best
+        for pi, u in mine:
+            owner[pi][u] = _FREE
+        for j, units in repairs.items():
+            for pi, u in res[j]:
+                if owner[pi][u] == j:
+                    owner[pi][u] = _FREE
+            res[j] = units
+            for pi, u in units:
+                owner[pi][u] = j
         j = s
-        for pi, u, n in best[1]:
+        for pi, u, n in order:
             for d in range(n):
                 assign[region][j] = (pi, u + d)
                 owner[pi][u + d] = _TAKEN
                 j += 1
-        for pi, u in declared_units:
-            if owner[pi][u] == rid:
-                owner[pi][u] = _FREE
+
+    row_units = [{assign[region][j] for j in range(s, e)} for region, _, s, e in rows]
+    if _improve_pairs(pl, rows, row_units, owner, covers,
+                      lambda rid: [pl.eligible(pi, a, b) for pi in range(len(pl.names))
+                                   for a, b in want[rows[rid][:2]]]):
+        for rid, (region, k, s, e) in enumerate(rows):  # arrange again, in row order
+            link_start = assign[region][s - 1] if s > 0 else None
+            link_end = assign[region][e] if (region, e) in fixed_js else None
+            order, _ = _arrange(_runs(list(row_units[rid])), link_start, link_end)
+            j = s
+            for pi, u, n in order:
+                for d in range(n):
+                    assign[region][j] = (pi, u + d)
+                    j += 1
 
     out = []
     for r in g.regions:
         for j, (pi, u) in enumerate(assign[r.name]):
             out.append(Allocation(pl.names[pi], u * G, G, r.name, j * G))
     return out
+
+
+def _improve_pairs(pl: _Planes, rows, row_units: list[set], owner, covers, eligible,
+                   sweeps: int = 2) -> bool:
+    """Re-split the granules of each pair of consecutive rows, plane by plane.
+
+    In each plane the two rows' granules plus free granules eligible for either form
+    one stretch; the first row takes a prefix and the second a suffix. A small dynamic
+    programme over planes picks the prefix and suffix lengths that give each row its
+    granule count with the fewest non-empty parts; the result is kept only when both
+    rows still touch exactly their conflict sets and the number of runs drops.
+    """
+    changed = False
+    nplanes = len(pl.names)
+    sets: dict[int, list[set[int]]] = {}
+
+    def elig_sets(rid: int) -> list[set[int]]:
+        if rid not in sets:
+            ranges = eligible(rid)
+            sets[rid] = [_plane_set(ranges, pi, nplanes) for pi in range(nplanes)]
+        return sets[rid]
+
+    for _ in range(sweeps):
+        for a in range(len(rows) - 1):
+            b = a + 1
+            if rows[a][0] != rows[b][0]:
+                continue
+            ea, eb = elig_sets(a), elig_sets(b)
+            na, nb = len(row_units[a]), len(row_units[b])
+            stretches = []
+            ok = True
+            for pi in range(nplanes):
+                mine = sorted(u for p2, u in row_units[a] | row_units[b] if p2 == pi)
+                elig_a, elig_b = ea[pi], eb[pi]
+                lo = min(mine) if mine else None
+                hi = max(mine) + 1 if mine else None
+                for u in sorted(elig_a | elig_b):
+                    if owner[pi][u] == _FREE:
+                        lo = u if lo is None else min(lo, u)
+                        hi = u + 1 if hi is None else max(hi, u + 1)
+                if lo is None:
+                    stretches.append(None)
+                    continue
+                units = list(range(lo, hi))
+                if any(not ((pi, u) in row_units[a] or (pi, u) in row_units[b]
+                            or owner[pi][u] == _FREE) for u in units):
+                    ok = False
+                    break
+                max_x = 0
+                while max_x < len(units) and units[max_x] in elig_a:
+                    max_x += 1
+                max_y = 0
+                while max_y < len(units) and units[-1 - max_y] in elig_b:
+                    max_y += 1
+                free = sum(owner[pi][u] == _FREE for u in units)
+                stretches.append((lo, len(units), max_x, max_y, free))
+            if not ok:
+                continue
+            # dp over planes: state (taken by a, taken by b) -> cost; layers keep the
+            # back-pointers (previous state, (x, y)) for the reconstruction
+            dp: dict[tuple[int, int], int] = {(0, 0): 0}
+            layers: list[dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]]] = []
+            for st in stretches:
+                back: dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]] = {}
+                if st is None:
+                    layers.append({k: (k, (0, 0)) for k in dp})
+                    continue
+                lo, length, max_x, max_y, free = st
+                new: dict[tuple[int, int], int] = {}
+                for (sa, sb), cost in dp.items():
+                    for x in range(0, min(max_x, na - sa) + 1):
+                        top = min(max_y, nb - sb, length - x)
+                        cx = cost + (x > 0)
+                        for y in range(max(0, length - x - free), top + 1):
+                            key = (sa + x, sb + y)
+                            c = cx + (y > 0)
+                            if c < new.get(key, 1 << 30):
+                                new[key] = c
+                                back[key] = ((sa, sb), (x, y))
+                dp = new
+                layers.append(back)
+            if (na, nb) not in dp:
+                continue
+            cost = dp[(na, nb)]
+            choice = []
+            key = (na, nb)
+            for back in reversed(layers):
+                key, xy = back[key]
+                choice.append(xy)
+            choice.reverse()
+            old = len(_runs(list(row_units[a]))) + len(_runs(list(row_units[b])))
+            if cost >= old:
+                continue
+            new_a, new_b = set(), set()
+            for pi, (st, (x, y)) in enumerate(zip(stretches, choice)):
+                if st is None:
+                    continue
+                lo, length = st[0], st[1]
+                new_a.update((pi, lo + d) for d in range(x))
+                new_b.update((pi, lo + length - 1 - d) for d in range(y))
+            if not (covers(a, new_a) and covers(b, new_b)):
+                continue
+            for pi, u in row_units[a] | row_units[b]:
+                owner[pi][u] = _FREE
+            for pi, u in new_a | new_b:
+                owner[pi][u] = _TAKEN
+            row_units[a], row_units[b] = new_a, new_b
+            changed = True
+    return changed
+
+
+def _plane_set(ranges: list[tuple[int, int]], pi: int, nplanes: int) -> set[int]:
+    """Granules of plane ``pi`` from the per-(plane, component) ranges list."""
+    per = len(ranges) // nplanes
+    out: set[int] = set()
+    for u0, u1 in ranges[pi * per:(pi + 1) * per]:
+        out.update(range(u0, u1))
+    return out
+
+
+def _is_eligible(pl: _Planes, comps, x: tuple[int, int]) -> bool:
+    pi, u = x
+    for a, b in comps:
+        u0, u1 = pl.eligible(pi, a, b)
+        if u0 <= u < u1:
+            return True
+    return False

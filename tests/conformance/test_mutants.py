@@ -10,7 +10,7 @@ from kvgrant.conformance.mutants import (MUTATIONS, make_header, mutants, mutati
 from kvgrant.conformance.replay import replay
 from kvgrant.conformance.tla_trace import check_traces_tlc
 
-from conftest import small_header
+from _conform_support import small_header
 
 HEADERS = {
     "small": small_header(),

@@ -18,7 +18,7 @@ from kvgrant.conformance.mutants import (make_header, reference_trace, trace_fro
 from kvgrant.conformance.replay import replay
 from kvgrant.conformance.trace_io import DRIVER_STEPS
 
-from conftest import small_header
+from _conform_support import small_header
 
 
 def _raw(trace) -> list[dict]:
@@ -234,3 +234,35 @@ def test_cli_malformed_exits_2_without_traceback(tmp_path, capsys) -> None:
     assert _cli([str(tmp_path / "missing.ndjson"), "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["error"] == "malformed"
+
+
+def test_cli_engines_disagreeing_exits_2(tmp_path, capsys, monkeypatch) -> None:
+    import kvgrant.conformance as conf
+
+    t = reference_trace(small_header())
+    good = replay(t)
+    bad = replay(trace_from_events(t.header, _raw(t)[:3]))
+    monkeypatch.setattr(conf, "check_trace", lambda trace, engine: [good, bad])
+    assert _cli([_write(tmp_path, t), "--engine", "both"]) == 2
+    assert "engines DISAGREE" in capsys.readouterr().err
+
+
+def test_public_names_are_pinned() -> None:
+    import importlib
+
+    import kvgrant.conformance as conf
+
+    mods = [importlib.import_module(f"kvgrant.conformance.{m}") for m in
+            ("drift", "model", "mutants", "replay", "tla_trace", "trace_io")]
+
+    assert conf.__all__ == sorted(conf.__all__)
+    assert conf.__all__ == [
+        "Action", "Constants", "Event", "Header", "ModelState", "Mutant", "Trace", "Verdict",
+        "check_trace", "check_trace_tlc", "load_trace", "make_header", "mutants",
+        "parse_trace", "reference_trace", "replay", "replay_file"]
+    for mod in [conf, *mods]:
+        assert mod.__all__ == sorted(mod.__all__), mod.__name__
+        for name in mod.__all__:
+            assert hasattr(mod, name), (mod.__name__, name)
+    with pytest.raises(ValueError, match="engine = 'fast'"):
+        conf.check_trace(reference_trace(small_header()), engine="fast")

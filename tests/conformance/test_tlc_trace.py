@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kvgrant.conformance import check_trace
-from kvgrant.conformance import tla_trace
+from kvgrant.conformance import tlc
 from kvgrant.conformance.mutants import reference_trace, trace_from_events
 from kvgrant.conformance.replay import replay
 from kvgrant.conformance.tla_trace import (check_trace_tlc, check_traces_tlc,
@@ -16,7 +16,7 @@ from kvgrant.conformance.tla_trace import (check_trace_tlc, check_traces_tlc,
                                            trace_module_text)
 from kvgrant.errors import ToolError
 
-from conftest import small_header
+from _conform_support import small_header
 
 
 def test_trace_module_holds_constants_and_every_event(header) -> None:
@@ -45,8 +45,9 @@ def test_parse_tla_values() -> None:
 
 
 def test_missing_java_is_a_tool_error(monkeypatch, header) -> None:
-    monkeypatch.setattr(tla_trace.shutil, "which", lambda name: None)
-    with pytest.raises(ToolError, match="java is not on PATH"):
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setattr(tlc.shutil, "which", lambda name: None)
+    with pytest.raises(ToolError, match="java not found"):
         check_trace_tlc(reference_trace(header))
 
 
@@ -64,7 +65,8 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
     raw = [json.loads(json.dumps(dict(e.raw))) for e in good[0].events]
     cut = trace_from_events(h, raw[:20])                       # ends while allocating
     bad_state = [dict(e) for e in raw]
-    bad_state[5] = {**raw[5], "state": {**raw[5]["state"], "alias_mapped": 0}}
+    assert raw[6]["action"] == "MapAlias"
+    bad_state[6] = {**raw[6], "state": {**raw[6]["state"], "alias_mapped": 0}}
     first = trace_from_events(h, [{**raw[0], "action": "Create", "args": {"alloc": 0},
                                    "call": "cuMemCreate"}] + raw[1:])
     traces = good + [cut, trace_from_events(h, bad_state), first]
@@ -75,7 +77,7 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
         assert v.state_before == p.state_before and v.enabled == p.enabled
     assert [v.accepted for v in tlc] == [True] * 4 + [False] * 3
     assert [v.final_phase for v in tlc[:4]] == ["Shutdown", "Published", "Aborted", "Aborted"]
-    assert [v.index for v in tlc[4:]] == [20, 5, 0]
+    assert [v.index for v in tlc[4:]] == [20, 6, 0]
 
 
 @pytest.mark.tlc
@@ -83,3 +85,18 @@ def test_tlc_small_three_rank_trace_under_60_s(java) -> None:
     (v,) = check_trace(reference_trace(small_header()), engine="tlc")
     assert v.accepted and v.engine == "tlc"
     assert v.seconds < 60
+
+
+@pytest.mark.tlc
+def test_cli_both_engines(tmp_path, capsys, java) -> None:
+    from kvgrant.cli import main
+
+    h = small_header()
+    raw = [json.loads(json.dumps(dict(e.raw))) for e in reference_trace(h).events]
+    raw.insert(20, dict(raw[19]))  # a duplicated event
+    p = tmp_path / "dup.ndjson"
+    p.write_text("\n".join(trace_from_events(h, raw).to_lines()) + "\n")
+    assert main(["conform", str(p), "--engine", "both", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["agree"] is True and [v["engine"] for v in doc["verdicts"]] == ["python", "tlc"]
+    assert {v["index"] for v in doc["verdicts"]} == {20}

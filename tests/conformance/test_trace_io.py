@@ -50,6 +50,7 @@ def _mutate(header, line: int, fn) -> str:
     (1, lambda o: o.update(kind="event"), "header"),
     (1, lambda o: o.update(version=2), "version"),
     (1, lambda o: o.update(ranks=0), "ranks"),
+    (1, lambda o: o.update(allocs=0), "allocs"),
     (1, lambda o: o.update(aliased=[9]), "aliased"),
     (1, lambda o: o.update(owner_only=[0]), "owner_only"),
     (1, lambda o: o["importers"].update({"0": [0]}), "own memory"),

@@ -23,8 +23,8 @@ from kvgrant.layout.plan import Allocation, PhysicalPlan
 
 __all__ = [
     "geometries",
-    "geometry_dicts",
     "geometry_dict",
+    "geometry_dicts",
     "published_like_dict",
     "simple_plan",
 ]

@@ -34,6 +34,10 @@ def points(found: list[Violation]) -> set[int]:
 def test_all_is_sorted_and_public() -> None:
     assert contract.__all__ == sorted(contract.__all__)
     assert set(POINTS) == {1, 2, 3, 4, 5}
+    import kvgrant.layout as layout
+
+    assert layout.__all__ == sorted(layout.__all__)
+    assert all(hasattr(layout, name) for name in layout.__all__)
 
 
 def test_declared_realisation_keeps_the_contract(g: Geometry) -> None:

@@ -160,13 +160,29 @@ def _plans(g: Geometry) -> list[PhysicalPlan]:
 
 
 # --------------------------------------------------------------------------- sim
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SMALL_EXAMPLES = ["small.json", "small-fine-rows.json", "small-inward.json"]
+
+
+def _geometry(name: str) -> Geometry:
+    if name == "test":
+        return small_geometry()
+    from kvgrant.layout.geometry import load_geometry
+
+    path = EXAMPLES / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return load_geometry(path)
+
+
+@pytest.mark.parametrize("name", ["test", *SMALL_EXAMPLES])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_alias_regression_sim(seed: int) -> None:
+def test_alias_regression_sim(name: str, seed: int) -> None:
     from kvgrant.runtime.sim import SimDriver
 
-    g = small_geometry()
+    g = _geometry(name)
     for plan in _plans(g):
-        drv = SimDriver(devices=3)
+        drv = SimDriver(devices=g.topology.ranks)
         with allocate(g, plan=plan, driver=drv) as pub:
             assert alias_regression(pub, pick_live_rows(g, seed)) == [], plan.label
         assert drv.live().is_empty()
@@ -223,22 +239,26 @@ def _cuda_driver_or_skip(n: int):  # type: ignore[no-untyped-def]
 
 @pytest.mark.gpu
 @pytest.mark.gpu2
-def test_alias_regression_cuda_small(tmp_path: Path) -> None:
-    g = scaled(small_geometry(), 2)
+@pytest.mark.parametrize("name", ["test", *SMALL_EXAMPLES])
+def test_alias_regression_cuda_small(tmp_path: Path, name: str) -> None:
+    g = scaled(_geometry(name), 2)
     drv = _cuda_driver_or_skip(2)
-    out = os.environ.get("KVGRANT_GPU_OUT")
-    trace = Path(out) / "h200-small-2rank.ndjson" if out else tmp_path / "t.ndjson"
+    out = Path(os.environ.get("KVGRANT_GPU_OUT") or tmp_path)
+    traces = []
     try:
         for k, plan in enumerate(_plans(g)):
-            t = trace if k == 0 else tmp_path / f"{k}-{plan.label}.ndjson"
+            t = out / f"h200-{Path(name).stem}-{k}-{plan.label}-2rank.ndjson"
             with allocate(g, plan=plan, driver=drv, trace=t) as pub:
                 assert alias_regression(pub, pick_live_rows(g, 0)) == [], plan.label
             assert drv.live().is_empty()
+            traces.append(t)
     finally:
         drv.close()
     from kvgrant.conformance.replay import replay_file
 
-    assert replay_file(trace).accepted
+    for t in traces:
+        v = replay_file(t)
+        assert v.accepted and v.final_phase == "Shutdown", v.summary()
 
 
 @pytest.mark.gpu
@@ -251,12 +271,17 @@ def test_alias_regression_cuda_published_scale(tmp_path: Path) -> None:
 
     g = scaled(load_geometry(path), 2)
     drv = _cuda_driver_or_skip(2)
+    out = Path(os.environ.get("KVGRANT_GPU_OUT") or tmp_path)
+    trace = out / "h200-published-dcp16-packed-2rank.ndjson"
     try:
-        with allocate(g, plan="packed", driver=drv, memory_limit="-8G",
-                      trace=tmp_path / "pub.ndjson") as pub:
-            assert pub.capacity.snapshot_slots == g.region_by_name["snapshot"].rows \
-                if "snapshot" in g.region_by_name else True
+        with allocate(g, plan="packed", driver=drv, trace=trace) as pub:
+            assert pub.capacity.snapshot_slots == g.region_by_name["snapshot"].rows
+            assert pub.capacity.kv_tokens == pub.geometry.pages * g.page_tokens
             assert alias_regression(pub, pick_live_rows(pub.geometry, 0)) == []
         assert drv.live().is_empty()
     finally:
         drv.close()
+    from kvgrant.conformance.replay import replay_file
+
+    v = replay_file(trace)
+    assert v.accepted and v.final_phase == "Shutdown", v.summary()

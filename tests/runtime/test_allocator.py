@@ -360,3 +360,55 @@ def test_cli_rejects_a_bad_memory_limit(small_file: Path,
     with pytest.raises(SystemExit):
         _cli(["alloc", str(small_file), "--memory-limit=lots"])
     assert "memory_limit = 'lots'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------- the shipped examples
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_small_example_failure_sweep_with_packed_plan(tmp_path: Path) -> None:
+    """examples/small.json, packed plan: fail each start-up driver call in turn."""
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.plans import make_plan
+
+    g = load_geometry(EXAMPLES / "small.json")
+    plan = make_plan(g, "packed")
+    n, order = _sweep_positions(g, plan)
+    for k in range(1, n + 1):
+        drv = RecordingSim(devices=g.topology.ranks, faults=Fault(nth=k))
+        trace = tmp_path / "sweep.ndjson"
+        with pytest.raises(AllocationError) as info:
+            allocate(g, plan=plan, driver=drv, trace=trace)
+        assert info.value.call == order[k - 1] and info.value.call in str(info.value)
+        assert drv.live().is_empty()
+        if trace.exists() and trace.read_text():
+            v = replay_file(trace)
+            assert v.accepted and v.final_phase == "Aborted", v.summary()
+
+
+def test_published_scale_sim_run(tmp_path: Path) -> None:
+    """16 ranks x ~1,600 allocations on the simulator, traced, replayed, released."""
+    import time
+
+    trace = tmp_path / "dcp8.ndjson"
+    drv = SimDriver(devices=16)
+    t0 = time.perf_counter()
+    pub = allocate(EXAMPLES / "published-dcp8.json", plan="packed", driver=drv, trace=trace)
+    took = time.perf_counter() - t0
+    assert pub.capacity.kv_tokens == pub.geometry.pages * pub.geometry.page_tokens
+    assert pub.capacity.snapshot_slots == 112
+    assert pub.counts.grants == drv.live().grants
+    pub.release()
+    assert drv.live().is_empty()
+    assert took < 30, took  # well under a few seconds on a quiet machine
+    v = replay_file(trace)
+    assert v.accepted and v.final_phase == "Shutdown", v.summary()
+
+
+def test_published_dcp16_packed_is_refused_before_start_up() -> None:
+    """DCP16 in one process overdraws the handle budget even packed: refused up front."""
+    drv = SimDriver(devices=16)
+    with pytest.raises(HandleBudgetError) as info:
+        allocate(EXAMPLES / "published-dcp16.json", plan="packed", driver=drv)
+    assert info.value.demand > info.value.budget
+    assert sum(drv.calls.values()) == 0

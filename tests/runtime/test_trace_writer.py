@@ -73,3 +73,55 @@ def test_open_trace_env_switch(tmp_path: Path) -> None:
     assert tw2.path == explicit
     tw2.close()
     assert open_trace(tw2) is tw2
+
+
+def test_event_template_lines_are_the_same_json_as_event() -> None:
+    from kvgrant.runtime.trace import event_template
+
+    a, b = io.StringIO(), io.StringIO()
+    slow, fast = TraceWriter(a), TraceWriter(b)
+    for tw in (slow, fast):
+        tw.header(ranks=1)
+    state = ('{"phase": "Allocating", "va": true, "created": %d, "mapped": %d, '
+             '"alias_mapped": %d, "grants": %d, "ready": false, "failed": false}')
+    tpl = event_template(0, "Grant", '{"alloc": %d, "mapping": "plane", "devices": [0, 1]}',
+                         "cuMemSetAccess", "CUDA_SUCCESS", 0, "%d", "%d", state)
+    for k in range(3):
+        slow.event(0, "Grant", {"alloc": k, "mapping": "plane", "devices": [0, 1]},
+                   "cuMemSetAccess", "CUDA_SUCCESS",
+                   {"phase": "Allocating", "va": True, "created": k + 1, "mapped": k + 1,
+                    "alias_mapped": 0, "grants": 2 * k, "ready": False, "failed": False},
+                   device=0, va=4096 * k, size=4096)
+        fast.event_line(tpl, k, 4096 * k, 4096, k + 1, k + 1, 0, 2 * k)
+    slow.close()
+    fast.close()
+
+    def strip_t(text: str) -> list[dict]:
+        out = [json.loads(x) for x in text.splitlines()]
+        for o in out:
+            o.pop("t", None)
+        return out
+
+    assert strip_t(a.getvalue()) == strip_t(b.getvalue())
+    assert [o.get("seq") for o in strip_t(b.getvalue())] == [None, 0, 1, 2]
+
+
+def test_rank_events_are_batched_until_a_group_event_or_close() -> None:
+    buf = io.StringIO()
+    tw = TraceWriter(buf)
+    tw.header(ranks=1)
+    tw.event(0, "Reserve", {}, "cuMemAddressReserve", "CUDA_SUCCESS", STATE, device=0)
+    before = buf.getvalue().count("\n")
+    tw.event(None, "Publish", {}, None, None, {"phase": "Published"})
+    assert before <= 2 and buf.getvalue().count("\n") == 3  # group event drained both
+    tw.event(0, "Free", {}, "cuMemAddressFree", "CUDA_SUCCESS", STATE, device=0)
+    tw.close()
+    assert buf.getvalue().count("\n") == 4
+
+
+def test_flush_each_writes_every_line_at_once() -> None:
+    buf = io.StringIO()
+    tw = TraceWriter(buf, flush_each=True)
+    tw.header(ranks=1)
+    tw.event(0, "Reserve", {}, "cuMemAddressReserve", "CUDA_SUCCESS", STATE, device=0)
+    assert buf.getvalue().count("\n") == 2

@@ -122,3 +122,17 @@ def test_attach_cleanup_errors_extends_existing_list() -> None:
     assert [str(e) for e in err.cleanup_errors] == ["a", "b"]
     attach_cleanup_errors(err, [])
     assert len(err.cleanup_errors) == 2
+
+
+def test_runtime_package_exports_are_pinned() -> None:
+    import kvgrant.runtime as rt
+
+    assert rt.__all__ == sorted(rt.__all__)
+    assert {"allocate", "Published", "Transaction", "TraceWriter", "parse_memory_limit",
+            "DeviceBuffer", "open_driver"} <= set(rt.__all__)
+    for name in rt.__all__:
+        assert getattr(rt, name) is not None
+    for mod in ("allocator", "capacity", "trace", "transaction", "views"):
+        m = __import__(f"kvgrant.runtime.{mod}", fromlist=["__all__"])
+        assert m.__all__ == sorted(m.__all__), mod
+        assert all(hasattr(m, n) for n in m.__all__), mod

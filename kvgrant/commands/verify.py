@@ -1,0 +1,125 @@
+"""``kvgrant verify``: model-check every ``MC*.cfg`` under ``specs/`` with TLC.
+
+Prints one row per config (spec, config, distinct states, depth, result,
+seconds) as each run finishes, or a JSON list with ``--json``; exits 1 when
+any check fails.  ``--mutants`` also runs the guard-removal mutants of
+:mod:`kvgrant.conformance.spec_mutants`, each of which must be caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from kvgrant.conformance.spec_mutants import MUTANTS, run_mutant
+from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
+from kvgrant.errors import ToolError
+
+__all__ = ["add_parser", "default_specdir", "run", "verify_specs"]
+
+_COLUMNS = ("spec", "config", "distinct states", "depth", "result", "seconds")
+_WIDTHS = (18, 28, 15, 5, 40, 7)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "verify", help="model-check the lifecycle specs with TLC",
+        description="Run TLC on every MC*.cfg under SPECDIR and print a table; "
+                    "exit 1 when any check fails.")
+    p.add_argument("specdir", nargs="?", default=None, metavar="SPECDIR",
+                   help="folder of specs (default: ./specs, else the repository's specs/)")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="seconds allowed per config (default 600)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="TLC worker threads (default: CPU count)")
+    p.add_argument("--mutants", action="store_true",
+                   help="also check that each guard-removal mutant is caught")
+    p.set_defaults(run=run)
+
+
+def default_specdir() -> Path:
+    """``./specs`` when it exists, else ``specs/`` next to the kvgrant package."""
+    local = Path("specs")
+    if local.is_dir():
+        return local
+    return Path(__file__).resolve().parents[2] / "specs"
+
+
+def verify_specs(specdir: str | Path, *, timeout: float | None = 600.0, workers: int = 1,
+                 out: TextIO | None = None) -> list[TLCResult]:
+    """Run TLC on every model config of ``specdir``; rows go to ``out`` as they finish.
+
+    Raises
+    ------
+    ToolError
+        When the folder has no ``MC*.cfg``, or Java/TLC is missing.
+    """
+    models = discover_models(specdir)
+    if not models:
+        raise ToolError(f"no model-checking configs (MC*.cfg) in {specdir}")
+    results = []
+    for spec, cfg in models:
+        result = run_tlc(spec, cfg, workers=workers, timeout=timeout)
+        results.append(result)
+        if out is not None:
+            _print_row(out, _row(result))
+    return results
+
+
+def _result_text(result: TLCResult) -> str:
+    if result.ok:
+        return "ok"
+    detail = result.violated or (result.message.splitlines() or [""])[0]
+    return f"{result.status}: {detail}" if detail else result.status
+
+
+def _row(result: TLCResult) -> tuple[str, ...]:
+    return (Path(result.spec).name, Path(result.config).name,
+            "-" if result.distinct is None else f"{result.distinct:,}",
+            "-" if result.depth is None else str(result.depth),
+            _result_text(result), f"{result.seconds:.1f}")
+
+
+def _print_row(out: TextIO, cells: tuple[str, ...]) -> None:
+    out.write("  ".join(c.ljust(w) if i < len(cells) - 1 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(cells, _WIDTHS))).rstrip() + "\n")
+    out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    specdir = Path(args.specdir) if args.specdir else default_specdir()
+    if not specdir.is_dir():
+        raise ToolError(f"spec folder {specdir} does not exist")
+    table = None if args.json else sys.stdout
+    if table is not None:
+        _print_row(table, _COLUMNS)
+    results = verify_specs(specdir, timeout=args.timeout, workers=args.workers, out=table)
+    rows: list[dict[str, Any]] = [r.summary() for r in results]
+    failed = sum(not r.ok for r in results)
+    if args.mutants:
+        for mutant in MUTANTS:
+            res = run_mutant(mutant, specdir, timeout=args.timeout, workers=args.workers)
+            caught = res.status == "invariant" and res.violated == mutant.invariant
+            failed += not caught
+            summary = res.summary() | {"mutant": mutant.guard, "expected": mutant.invariant,
+                                       "caught": caught}
+            rows.append(summary)
+            if table is not None:
+                verdict = (f"caught: {mutant.invariant}" if caught
+                           else f"NOT CAUGHT ({_result_text(res)})")
+                _print_row(table, ("mutant", mutant.guard,
+                                   "-" if res.distinct is None else f"{res.distinct:,}",
+                                   "-" if res.depth is None else str(res.depth),
+                                   verdict, f"{res.seconds:.1f}"))
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        total = sum(r["seconds"] for r in rows)
+        print(f"{len(rows) - failed} of {len(rows)} checks passed in {total:.1f} s")
+    return 1 if failed else 0

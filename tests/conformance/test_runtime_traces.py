@@ -1,0 +1,143 @@
+"""Traces of the real allocator (sim backend, and committed H200 recordings) conform;
+traces of the allocator with one ordering bug injected are rejected."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgrant.conformance.replay import replay
+from kvgrant.conformance.tla_trace import check_traces_tlc
+from kvgrant.conformance.trace_io import load_trace
+from kvgrant.errors import AllocationError
+
+from _conform_support import needs_java
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
+SMALL_EXAMPLES = [p for p in EXAMPLES if p.name.startswith("small")]
+H200_TRACES = sorted((ROOT / "tests" / "fixtures" / "h200").glob("*.ndjson"))
+
+if importlib.util.find_spec("kvgrant.runtime.allocator") is None or \
+        importlib.util.find_spec("kvgrant.runtime.sim") is None:  # pragma: no cover
+    pytest.skip("kvgrant.runtime.allocator / kvgrant.runtime.sim not present yet",
+                allow_module_level=True)
+
+from kvgrant.runtime.allocator import INJECT_BUGS, allocate  # noqa: E402
+from kvgrant.runtime.faults import Fault  # noqa: E402
+from kvgrant.runtime.sim import SimDriver  # noqa: E402
+
+# Forward driver calls that can fail during allocation, and the spec action of each.
+FAILABLE = {"cuMemAddressReserve": {"Reserve"}, "cuMemCreate": {"Create"},
+            "cuMemMap": {"Map", "MapAlias"}, "cuMemSetAccess": {"Grant"}}
+
+
+def _ranks(geometry: Path) -> int:
+    return int(json.loads(geometry.read_text())["topology"]["ranks"])
+
+
+def _record(geometry: Path, path: Path, *, plan: str = "packed",
+            faults: list[Fault] | None = None, inject_bug: str | None = None) -> SimDriver:
+    drv = SimDriver(devices=_ranks(geometry), faults=faults)
+    try:
+        pub = allocate(geometry, plan=plan, driver=drv, trace=path, inject_bug=inject_bug)
+    except AllocationError:
+        return drv
+    pub.release()
+    return drv
+
+
+def test_examples_exist() -> None:
+    assert SMALL_EXAMPLES, "examples/small*.json missing"
+
+
+@pytest.mark.parametrize("geometry", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("plan", ["naive", "packed"])
+def test_sim_trace_of_every_example_conforms(geometry, plan, tmp_path) -> None:
+    path = tmp_path / "trace.ndjson"
+    try:
+        drv = _record(geometry, path, plan=plan)
+    except Exception as err:  # a plan refused before any driver call traces nothing
+        if type(err).__name__ in ("HandleBudgetError", "PlanError"):
+            pytest.skip(f"{geometry.name} {plan}: refused before allocation ({err})"[:200])
+        raise
+    assert drv.live().is_empty()
+    t = load_trace(path)
+    v = replay(t)
+    assert v.accepted, v.summary()
+    assert v.final_phase == "Shutdown" and v.ranks == _ranks(geometry)
+    assert sum(e.action == "Create" for e in t.events) == t.header.ranks * t.header.allocs
+
+
+def _fault_positions(geometry: Path, tmp_path: Path) -> list[Fault]:
+    drv = _record(geometry, tmp_path / "clean.ndjson")
+    t = load_trace(tmp_path / "clean.ndjson")
+    forward = {call: sum(1 for e in t.events if e.call == call and e.state["phase"]
+                         == "Allocating") for call in FAILABLE}
+    assert all(forward.values()), (forward, dict(drv.calls))
+    return [Fault(call=call, nth=k) for call, n in forward.items() for k in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("geometry", SMALL_EXAMPLES[:2], ids=[p.stem for p in SMALL_EXAMPLES[:2]])
+def test_every_fault_injection_trace_conforms(geometry, tmp_path) -> None:
+    faults = _fault_positions(geometry, tmp_path)
+    seen = set()
+    for f in faults:
+        path = tmp_path / "fault.ndjson"
+        drv = _record(geometry, path, faults=[f])
+        assert drv.live().is_empty()
+        t = load_trace(path)
+        v = replay(t)
+        assert v.accepted and v.final_phase == "Aborted", (f.describe(), v.summary())
+        (failed,) = [e for e in t.events if not e.ok]
+        assert failed.call == f.call and failed.action in FAILABLE[f.call]
+        seen.add(failed.action)
+    assert seen == {"Reserve", "Create", "Map", "MapAlias", "Grant"}
+    assert len(faults) > 20
+
+
+@pytest.mark.parametrize("bug", sorted(INJECT_BUGS))
+def test_runtime_mutants_are_rejected(bug, tmp_path) -> None:
+    geometry = ROOT / "examples" / "small.json"
+    path = tmp_path / f"{bug}.ndjson"
+    _record(geometry, path, inject_bug=bug)
+    v = replay(load_trace(path))
+    assert not v.accepted, f"{bug}: {v.summary()}"
+    assert v.event is not None
+    first_bad = {"grant_declared_readers": "Grant", "publish_early": "Publish",
+                 "unmap_backing_first": "Unmap", "skip_release": None,
+                 "map_before_create": "Map"}[bug]
+    if first_bad is not None:
+        assert v.event.action == first_bad, v.summary()
+
+
+@pytest.mark.tlc
+def test_tlc_agrees_on_runtime_traces_and_mutants(tmp_path) -> None:
+    needs_java()
+    geometry = ROOT / "examples" / "small.json"
+    paths = [tmp_path / "clean.ndjson", tmp_path / "fault.ndjson"]
+    _record(geometry, paths[0])
+    _record(geometry, paths[1], faults=[Fault(call="cuMemMap", nth=4)])
+    for bug in sorted(INJECT_BUGS):
+        paths.append(tmp_path / f"{bug}.ndjson")
+        _record(geometry, paths[-1], inject_bug=bug)
+    traces = [load_trace(p) for p in paths]
+    py = [replay(t) for t in traces]
+    tlc = check_traces_tlc(traces, jobs=2)
+    assert [v.accepted for v in py] == [True, True] + [False] * len(INJECT_BUGS)
+    for p, a, b in zip(paths, py, tlc):
+        assert (a.accepted, a.index) == (b.accepted, b.index), p.name
+    score = sum(not v.accepted for v in tlc[2:])
+    assert score == len(INJECT_BUGS)
+
+
+@pytest.mark.skipif(not H200_TRACES, reason="no H200 trace fixtures under tests/fixtures/h200")
+@pytest.mark.parametrize("path", H200_TRACES, ids=[p.stem for p in H200_TRACES])
+def test_h200_recorded_traces_conform(path) -> None:
+    t = load_trace(path)
+    assert t.header.extra.get("backend") == "cuda"
+    v = replay(t)
+    assert v.accepted, v.summary()

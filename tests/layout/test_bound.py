@@ -1,0 +1,130 @@
+"""The lower bound: never above the best plan (brute force on tiny layouts), never
+above the packed plan, computed without the packer."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import pathlib
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from kvgrant.layout import bound
+from kvgrant.layout.bound import LowerBound, allocation_lower_bound
+from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.geometry import parse_geometry, round_up
+from kvgrant.layout.plan import Allocation
+from kvgrant.layout.plans import finish_plan, packed_plan, reference_plan
+from layout_builders import geometries, geometry_dict
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _gen():
+    """tools/gen_layout.py as a module (tools/ is not a package)."""
+    if "gen_layout" in sys.modules:
+        return sys.modules["gen_layout"]
+    spec = importlib.util.spec_from_file_location("gen_layout", ROOT / "tools" / "gen_layout.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_layout"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def brute_min(g, limit: int = 3000) -> int | None:
+    """Fewest allocations of ANY contract-keeping plan, by trying every assignment of
+    plane granules to region granules (None when there are more than ``limit``)."""
+    G = g.granularity
+    runits = [(r.name, j) for r in g.regions
+              for j in range(round_up(r.rows * r.row_bytes, G) // G)]
+    punits = [(p.name, u) for p in g.planes for u in range(g.plane_bytes(p.name) // G)]
+    n = 1
+    for i in range(len(runits)):
+        n *= len(punits) - i
+        if n > limit:
+            return None
+    want = conflict_ranges(g, g.aliases)
+    best = None
+    for perm in itertools.permutations(punits, len(runits)):
+        allocs = [Allocation(p, u * G, G, r, j * G) for (r, j), (p, u) in zip(runits, perm)]
+        if conflict_ranges(g, allocs) != want:
+            continue
+        count = len(finish_plan(g, "brute", allocs).allocations)
+        best = count if best is None else min(best, count)
+    return best
+
+
+def test_all_is_pinned():
+    assert bound.__all__ == sorted(["LowerBound", "RegionBound", "allocation_lower_bound"])
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(geometries(max_planes=2, max_regions=2, max_ranks=1))
+def test_bound_never_exceeds_the_best_plan(g):
+    best = brute_min(g)
+    lb = allocation_lower_bound(g)
+    packed = len(packed_plan(g).allocations)
+    assert lb.total <= packed
+    if best is not None:
+        assert lb.total <= best <= packed
+
+
+def test_bound_is_tight_on_one_row_that_needs_one_run():
+    # one plane, one row backed by the whole plane: 1 allocation is possible and needed
+    doc = {"name": "t", "granularity": 2, "pages": 4, "page_tokens": 1,
+           "planes": [{"name": "a", "bytes_per_page": 2}],
+           "regions": [{"name": "r", "rows": 1, "row_bytes": 8}],
+           "aliases": [{"region": "r", "offset": 0, "plane": "a", "plane_offset": 6, "length": 2},
+                       {"region": "r", "offset": 2, "plane": "a", "plane_offset": 0, "length": 6}],
+           "topology": {"ranks": 1}}
+    g = parse_geometry(doc)
+    lb = allocation_lower_bound(g)
+    assert (lb.total, lb.aliased, lb.unaliased, lb.free_pages) == (1, 1, 0, 0)
+    assert len(packed_plan(g).allocations) == 1
+
+
+def test_free_pages_force_an_unaliased_allocation_in_every_plane():
+    g = parse_geometry(geometry_dict())
+    lb = allocation_lower_bound(g)
+    assert lb.free_pages > 0
+    assert lb.unaliased == len(g.planes)
+
+
+def test_disjoint_page_runs_need_one_piece_each():
+    # a row whose conflict set is two separate page runs needs two aliased pieces
+    doc = {"name": "t", "granularity": 1, "pages": 6, "page_tokens": 1,
+           "planes": [{"name": "a", "bytes_per_page": 1}],
+           "regions": [{"name": "r", "rows": 1, "row_bytes": 2}],
+           "aliases": [{"region": "r", "offset": 0, "plane": "a", "plane_offset": 0, "length": 1},
+                       {"region": "r", "offset": 1, "plane": "a", "plane_offset": 4, "length": 1}],
+           "topology": {"ranks": 1}}
+    g = parse_geometry(doc)
+    lb = allocation_lower_bound(g)
+    # granules 1-3 and 5 can back no row (their pages are in no conflict set), and
+    # the 2 aliased granules separate them: two unaliased runs are forced
+    assert (lb.aliased, lb.unaliased, lb.total) == (2, 2, 4)
+    assert brute_min(g) == len(packed_plan(g).allocations) == 4
+
+
+def test_bound_does_not_call_the_packer(monkeypatch):
+    import kvgrant.layout.packer as packer
+
+    def boom(*a, **k):
+        raise AssertionError("the bound must not call the packer")
+
+    monkeypatch.setattr(packer, "pack", boom)
+    monkeypatch.setattr(packer, "_pack_units", boom)
+    g = parse_geometry(_gen().published_layout(8))
+    assert isinstance(allocation_lower_bound(g), LowerBound)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_bound_below_packed_on_generated_layouts(seed):
+    g = parse_geometry(_gen().random_layout(seed))
+    lb = allocation_lower_bound(g)
+    packed = packed_plan(g)
+    assert lb.total <= len(packed.allocations) <= len(reference_plan(g).allocations)
+    assert lb.aliased <= sum(a.aliased for a in packed.allocations)
+    assert lb.to_json()["total"] == lb.total
