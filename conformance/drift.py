@@ -45,11 +45,11 @@ __all__ = [
     "StateGraph",
     "behaviours",
     "check_drift",
+    "check_simulated",
     "compare_graph",
     "dump_state_graph",
     "python_reachable",
     "simulate_behaviours",
-    "check_simulated",
     "trace_of_path",
 ]
 

@@ -96,6 +96,50 @@ def _row_incidences(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -
     return max(count, 1)
 
 
+def _piece_bytes(n: int, bpp: int, tail: int, last: bool) -> tuple[int, int]:
+    """Bytes a plane-contiguous run needs and can hold to touch exactly ``n`` pages:
+    at least (n - 2) * bpp + 2 (one byte of each end page), at most n * bpp (plus the
+    plane's tail when the run ends at the last page)."""
+    lo = 1 if n == 1 else (n - 2) * bpp + 2
+    return lo, n * bpp + (tail if last else 0)
+
+
+def _few_pieces(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -> int:
+    """1, 2 or 3: the fewest pieces (up to 3) that can touch exactly the row's pages
+    with exactly ``row_bytes`` bytes; 3 means "1 and 2 are impossible"."""
+    tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
+    planes = [(p.bytes_per_page, t) for p, t in zip(g.planes, tails)]
+    if len(comps) == 1:
+        a, b = comps[0]
+        n = b - a
+        last = b >= g.pages
+        for bpp, t in planes:
+            lo, hi = _piece_bytes(n, bpp, t, last)
+            if lo <= row_bytes <= hi:
+                return 1
+        # two runs covering one interval: n1 + n2 >= n; for each n1 the byte totals
+        # over every n2 lie inside [lo1 + lo2(min n2), hi1 + hi2(max n2)]
+        for b1, t1 in planes:
+            for b2, t2 in planes:
+                for n1 in range(1, n + 1):
+                    lo1, hi1 = _piece_bytes(n1, b1, t1, last)
+                    lo2, _ = _piece_bytes(max(1, n - n1), b2, t2, last)
+                    _, hi2 = _piece_bytes(n, b2, t2, last)
+                    if lo1 + lo2 <= row_bytes <= hi1 + hi2:
+                        return 2
+        return 3
+    if len(comps) == 2:
+        (a1, e1), (a2, e2) = comps
+        for b1, t1 in planes:
+            for b2, t2 in planes:
+                lo1, hi1 = _piece_bytes(e1 - a1, b1, t1, e1 >= g.pages)
+                lo2, hi2 = _piece_bytes(e2 - a2, b2, t2, e2 >= g.pages)
+                if lo1 + lo2 <= row_bytes <= hi1 + hi2:
+                    return 2
+        return 3
+    return len(comps)
+
+
 def _interior_units(g: Geometry, rows: int, row_bytes: int) -> list[int]:
     """Per row, the region granules lying wholly inside it (the same in every plan)."""
     G = g.granularity
@@ -360,7 +404,8 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
         for k in range(r.rows):
             comps = list(conflicts[(r.name, k)])
             base.append(max(_row_incidences(g, comps, r.row_bytes),
-                            _unit_incidences(g, comps, interior[k])))
+                            _unit_incidences(g, comps, interior[k]),
+                            _few_pieces(g, comps, r.row_bytes) if comps else 1))
     base = _with_competition(g, all_rows, needs, base)
     per_row_all = _drop_budget_bound(g, base, _exclusive_pages(all_rows, counts), budget)
     regions: list[RegionBound] = []
