@@ -317,67 +317,79 @@ def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
                   devices=devices, version=1, extra=extra)
 
 
+_PHASE_SET = frozenset(PHASES)
+_BOOL_COUNTERS = tuple(k for k, t in RANK_COUNTERS.items() if t is bool)
+_INT_COUNTERS = tuple(k for k, t in RANK_COUNTERS.items() if t is int)
+
+
 def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
                  source: str) -> Event:
-    if obj.get("kind") != "event":
-        raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: every line after the header "
+    # Hot path (10^5 events): exact type() checks, messages built only on failure.
+    get = obj.get
+    if get("kind") != "event":
+        raise _fail(source, lineno, f"kind = {get('kind')!r}: every line after the header "
                                     "must be an event (kind = 'event')")
-    seq = obj.get("seq")
-    if not _is_int(seq) or seq != index:
+    seq = get("seq")
+    if type(seq) is not int or seq != index:
         raise _fail(source, lineno, f"seq = {seq!r}: expected {index} (seq counts from 0 "
                                     "without gaps)")
-    action = obj.get("action")
+    action = get("action")
     if action not in EVENT_ACTIONS:
         raise _fail(source, lineno, f"action = {action!r}: not a lifecycle action "
                                     f"(one of {', '.join(sorted(EVENT_ACTIONS))})")
-    rank = obj.get("rank")
+    rank = get("rank")
     if action in GROUP_ACTIONS:
         if rank is not None:
             raise _fail(source, lineno, f"rank = {rank!r}: must be null for group action {action}")
-    elif not _is_int(rank) or not 0 <= rank < h.ranks:
+    elif type(rank) is not int or not 0 <= rank < h.ranks:
         raise _fail(source, lineno, f"rank = {rank!r}: {action} needs a rank in 0..{h.ranks - 1}")
-    args = obj.get("args", {})
+    args = get("args")
     if args is None:
         args = {}
-    if not isinstance(args, dict):
+    elif type(args) is not dict:
         raise _fail(source, lineno, f"args = {args!r}: must be an object")
-    if action in _NEEDS_ALLOC:
+    alloc = args.get("alloc")
+    mapping = args.get("mapping")
+    if action in _NEEDS_ALLOC and (type(alloc) is not int or not 0 <= alloc < h.allocs):
         _int_field(args, "alloc", lineno, source, hi=h.allocs, where="args.")
-    if action in _NEEDS_MAPPING and args.get("mapping") not in MAPPINGS:
-        raise _fail(source, lineno, f"args.mapping = {args.get('mapping')!r}: {action} needs "
+    if action in _NEEDS_MAPPING and mapping not in MAPPINGS:
+        raise _fail(source, lineno, f"args.mapping = {mapping!r}: {action} needs "
                                     "'plane' or 'alias'")
     if action == "Grant":
         devs = args.get("devices")
-        if not isinstance(devs, list) or not all(_is_int(d) for d in devs):
+        if type(devs) is not list or not all(type(d) is int for d in devs):
             raise _fail(source, lineno, f"args.devices = {devs!r}: Grant needs a list of "
                                         "CUDA ordinals")
         if len(set(devs)) != len(devs):
             raise _fail(source, lineno, f"args.devices = {devs!r}: duplicate device")
-    if action == "Abort" and args.get("failed_rank") is not None:
+    elif action == "Abort" and args.get("failed_rank") is not None:
         _int_field(args, "failed_rank", lineno, source, hi=h.ranks, where="args.")
-    call, result = obj.get("call"), obj.get("result")
-    for key, v in (("call", call), ("result", result)):
-        if v is not None and not isinstance(v, str):
-            raise _fail(source, lineno, f"{key} = {v!r}: must be a string or null")
-    expected_call = RANK_ACTIONS.get(action)
-    if call is not None and call != expected_call:
-        raise _fail(source, lineno, f"call = {call!r}: {action} calls {expected_call!r}")
-    state = obj.get("state")
-    if not isinstance(state, dict):
+    call, result = get("call"), get("result")
+    if call is not None and call != RANK_ACTIONS.get(action):
+        if not isinstance(call, str):
+            raise _fail(source, lineno, f"call = {call!r}: must be a string or null")
+        raise _fail(source, lineno, f"call = {call!r}: {action} calls "
+                                    f"{RANK_ACTIONS.get(action)!r}")
+    if result is not None and type(result) is not str:
+        raise _fail(source, lineno, f"result = {result!r}: must be a string or null")
+    state = get("state")
+    if type(state) is not dict:
         raise _fail(source, lineno, f"state = {state!r}: must be an object (abstract state "
                                     "after the event)")
-    if state.get("phase") not in PHASES:
+    if state.get("phase") not in _PHASE_SET:
         raise _fail(source, lineno, f"state.phase = {state.get('phase')!r}: must be one of "
                                     f"{', '.join(PHASES)}")
     if rank is not None:
-        for key, typ in RANK_COUNTERS.items():
-            v = state.get(key)
-            ok = isinstance(v, bool) if typ is bool else (_is_int(v) and v >= 0)
-            if not ok:
-                want = "true/false" if typ is bool else "an integer >= 0"
-                raise _fail(source, lineno, f"state.{key} = {v!r}: must be {want}")
-    t = obj.get("t")
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
+        sget = state.get
+        for key in _BOOL_COUNTERS:
+            if type(sget(key)) is not bool:
+                raise _fail(source, lineno, f"state.{key} = {sget(key)!r}: must be true/false")
+        for key in _INT_COUNTERS:
+            v = sget(key)
+            if type(v) is not int or v < 0:
+                raise _fail(source, lineno, f"state.{key} = {v!r}: must be an integer >= 0")
+    t = get("t")
+    if t is not None and type(t) is not float and type(t) is not int:
         raise _fail(source, lineno, f"t = {t!r}: must be a number of seconds")
     return Event(index, lineno, seq, rank, action, args, call, result, state, obj,
-                 args.get("alloc"), args.get("mapping"))
+                 alloc, mapping)

@@ -8,9 +8,10 @@ here ("page-group exporter") is fixed and documented in ``docs/layout.md``:
 * Alias regions are filled front to back, region by region, from consecutive KV page
   groups of ``group_pages`` pages (starting at ``first_page``).
 * For each page group, the exporter walks the planes in order (interleaving planes
-  within a row) and declares one chunk per plane: the G-granules that lie wholly
-  inside that group's bytes of the plane (rounded inward, so a chunk touches only its
-  own group's pages). Granules straddling two groups stay unaliased.
+  within a row) and declares one chunk per plane, rounded to G-granules: ``claim``
+  takes the granules touching the group's bytes that no earlier group claimed (so a
+  chunk also touches the next group's first page); ``inward`` takes only the granules
+  wholly inside the group's bytes (granules straddling two groups stay unaliased).
 * A row's ``row_bytes`` is what ``groups_per_row`` groups yield on average, rounded
   down to 4 KiB and never a multiple of G; so row boundaries fall inside chunks and
   the chunk under a boundary is shared by two rows (its pages are in both conflict sets).
@@ -217,6 +218,7 @@ def write_examples(folder: str) -> list[str]:
     import os
 
     paths = []
+    os.makedirs(folder, exist_ok=True)
     for name, build in EXAMPLES.items():
         path = os.path.join(folder, f"{name}.json")
         with open(path, "w") as f:
@@ -263,15 +265,16 @@ def random_layout(seed: int, *, granularity: int = G_H200) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("-o", "--output", help="write here (default: stdout)")
     sub = ap.add_subparsers(dest="kind", required=True)
-    p = sub.add_parser("published", help="the published-scale layout")
+    p = sub.add_parser("published", parents=[out], help="the published-scale layout")
     p.add_argument("--dcp", type=int, default=8, choices=[8, 16])
-    sub.add_parser("small", help="the small test layout")
-    r = sub.add_parser("random", help="a random layout of the same exporter model")
+    sub.add_parser("small", parents=[out], help="the small test layout")
+    r = sub.add_parser("random", parents=[out], help="a random layout of the same exporter model")
     r.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("examples", help="rewrite every examples/*.json")
     e.add_argument("folder", nargs="?", default="examples")
-    ap.add_argument("-o", "--output", help="write here (default: stdout)")
     args = ap.parse_args(argv)
     if args.kind == "examples":
         for path in write_examples(args.folder):

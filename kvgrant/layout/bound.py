@@ -3,23 +3,21 @@
 Why: "the packer saves N allocations" means little without knowing how many are
 unavoidable. This bound is computed from the geometry and the declared conflict sets
 only (never from a plan or the packer), so packed / bound measures the packer.
-The proof is in ``docs/layout.md`` ("Lower bound"); in short:
+The proofs are in ``docs/layout.md`` ("Lower bound"); in short:
 
-* An aliased allocation is one plane-contiguous and region-contiguous run, so its
-  bytes inside one row touch one interval of pages, lying in one connected component
-  of that row's conflict set. Inside a row, the bytes a plane can give from a
-  component X are at most ``|X| * bytes_per_page`` (plus the plane's tail past its
-  last page, when X holds the last page). So row k needs at least ``m_k``
-  allocation-in-row incidences: one per component, and enough of the largest
-  (component, plane) capacities to hold ``row_bytes``.
-* An allocation touching ``j`` rows crosses ``j - 1`` row boundaries and each boundary
-  is crossed by at most one allocation, so allocations of a region are at least
-  ``sum_k m_k - (boundaries that some allocation could cross)``. A boundary can be
-  crossed only where the last page before it (row k) and the first after it
-  (row k+1) can be the same page or neighbours, or through a plane's tail.
-* Pages in no conflict set back no region byte in any plane, so when such pages exist
-  every plane keeps at least one non-aliased allocation; otherwise the non-aliased
-  bytes need at least as many planes as the fewest largest planes holding them.
+* (A) Each row k needs at least ``m_k`` incidences (aliased allocations with bytes in
+  the row). This is the largest of: byte capacity per (component, plane); granule
+  capacity for the granules wholly inside the row; whether 1 or 2 runs can touch
+  exactly the row's pages with exactly ``row_bytes`` bytes; the granules that
+  page-sharing neighbour rows must take; and the byte budget of used pages that back
+  no row byte, which only lets a few planes skip a row's exclusive pages.
+* (B) An allocation touching j rows crosses j - 1 boundaries, and each boundary is
+  crossed by at most one allocation, so a region needs at least
+  ``sum_k m_k - crossable boundaries`` allocations. A boundary is crossable only with
+  page continuity across it, or through a plane's tail.
+* (C) Non-aliased allocations: one per plane holding pages in no conflict set; enough
+  planes to hold the non-aliased bytes; and one per run of *dead* granules (granules
+  no plan can alias), less the separations the spare non-aliased granules can fill.
 """
 
 from __future__ import annotations
@@ -108,7 +106,7 @@ def _few_pieces(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -> in
     """1, 2 or 3: the fewest pieces (up to 3) that can touch exactly the row's pages
     with exactly ``row_bytes`` bytes; 3 means "1 and 2 are impossible"."""
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
-    planes = [(p.bytes_per_page, t) for p, t in zip(g.planes, tails)]
+    planes = sorted({(p.bytes_per_page, t) for p, t in zip(g.planes, tails)})
     if len(comps) == 1:
         a, b = comps[0]
         n = b - a
@@ -403,9 +401,11 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
         needs.extend(interior)
         for k in range(r.rows):
             comps = list(conflicts[(r.name, k)])
-            base.append(max(_row_incidences(g, comps, r.row_bytes),
-                            _unit_incidences(g, comps, interior[k]),
-                            _few_pieces(g, comps, r.row_bytes) if comps else 1))
+            m = max(_row_incidences(g, comps, r.row_bytes),
+                    _unit_incidences(g, comps, interior[k]))
+            if m < 3 and comps:
+                m = max(m, _few_pieces(g, comps, r.row_bytes))
+            base.append(m)
     base = _with_competition(g, all_rows, needs, base)
     per_row_all = _drop_budget_bound(g, base, _exclusive_pages(all_rows, counts), budget)
     regions: list[RegionBound] = []

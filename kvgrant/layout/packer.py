@@ -151,9 +151,9 @@ def _take(avail: list[Run], need: int, first: Run | None, last: Run | None,
         if left == 0:
             break
         k = min(n, left)
-        if r_is(last, (pi, u, n)) and k < n:
+        if _is(last, (pi, u, n)) and k < n:
             picked.append((pi, u + n - k, k))  # keep the end that leads into the next unit
-        elif r_is(first, (pi, u, n)) or not suffix:
+        elif _is(first, (pi, u, n)) or not suffix:
             picked.append((pi, u, k))
         else:
             picked.append((pi, u + n - k, k))
@@ -161,7 +161,7 @@ def _take(avail: list[Run], need: int, first: Run | None, last: Run | None,
     return picked if left == 0 else None
 
 
-def r_is(a: Run | None, b: Run) -> bool:
+def _is(a: Run | None, b: Run) -> bool:
     return a is not None and a == b
 
 

@@ -380,3 +380,43 @@ def test_verify_without_configs_is_an_error(tmp_path: Path,
 def test_result_ok_property() -> None:
     assert TLCResult("s", "c", "ok", 0, 0.1).ok
     assert not TLCResult("s", "c", "timeout", None, 0.1).ok
+
+
+@pytest.mark.tlc
+@needs_java
+def test_tools_tlc_sim_finds_a_violation_and_passes_when_none(tmp_path: Path,
+                                                             toy: Path) -> None:
+    tool = str(REPO / "tools" / "tlc.py")
+    bad = cfg(tmp_path, "inv.cfg", "SPECIFICATION Spec\nINVARIANT Small\n")
+    run = subprocess.run([sys.executable, tool, "--json", "sim", str(toy), "--config",
+                          str(bad), "--depth", "10", "--seed", "1", "--seconds", "60"],
+                         capture_output=True, text=True)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert json.loads(run.stdout)["violated"] == "Small"
+    good = cfg(tmp_path, "good.cfg", "SPECIFICATION NoDeadlockSpec\nINVARIANT Bounded\n")
+    run = subprocess.run([sys.executable, tool, "sim", str(toy), "--config", str(good),
+                          "--depth", "10", "--seconds", "3"], capture_output=True, text=True)
+    assert run.returncode == 0 and ": ok;" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.tlc
+@needs_java
+def test_verify_mutants_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    from kvgrant.commands import verify
+    from kvgrant.conformance.spec_mutants import MUTANT_CONFIG, MUTANTS, Mutant
+    for name in ("KVLifecycle.tla", "MCKVLifecycle.tla"):
+        shutil.copy2(REPO / "specs" / name, tmp_path / name)
+    write(tmp_path, "MCKVLifecycle.cfg",
+          MUTANT_CONFIG.replace("@INVARIANTS@", "AccessOnlyOwnerAndImporters"))
+    grant = next(m for m in MUTANTS if m.guard == "grant-owner-and-importers")
+    wrong = Mutant(grant.guard, "NothingLeftAfterAbort", "expects the wrong invariant")
+    monkeypatch.setattr(verify, "MUTANTS", (grant,))
+    assert cli_main(["verify", str(tmp_path), "--mutants"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split()[:2] == ["mutant", "grant-owner-and-importers"]
+    assert "caught: AccessOnlyOwnerAndImporters" in out[2]
+    monkeypatch.setattr(verify, "MUTANTS", (wrong,))
+    assert cli_main(["verify", str(tmp_path), "--mutants", "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["status"] == "ok" and rows[1]["caught"] is False

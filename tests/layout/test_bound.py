@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from kvgrant.layout import bound
 from kvgrant.layout.bound import LowerBound, allocation_lower_bound
 from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import parse_geometry, round_up
 from kvgrant.layout.plan import Allocation
 from kvgrant.layout.plans import finish_plan, packed_plan, reference_plan
@@ -65,7 +66,9 @@ def test_all_is_pinned():
 def test_bound_never_exceeds_the_best_plan(g):
     best = brute_min(g)
     lb = allocation_lower_bound(g)
-    packed = len(packed_plan(g).allocations)
+    plan = packed_plan(g)
+    assert check_contract(g, plan) == []
+    packed = len(plan.allocations)
     assert lb.total <= packed
     if best is not None:
         assert lb.total <= best <= packed

@@ -70,6 +70,8 @@ def test_published_examples_have_the_published_scale(dcp):
     ref = sum(a.aliased for a in reference_plan(g).allocations)
     assert 1700 <= naive <= 2300
     assert 0.08 <= (naive - ref) / naive <= 0.25
+    # kvgrant must do better than the reference rule at the published scale
+    assert len(packed_plan(g).allocations) < len(reference_plan(g).allocations)
 
 
 def test_small_example_is_small_with_owner_only_region_and_overdeclared_reader():
