@@ -4,7 +4,7 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-GEOMETRY ?= examples/published-dcp16.json
+GEOMETRY ?= examples/published-dcp8.json
 OUTDIR  ?= out
 
 .PHONY: demo test verify bench clean

@@ -101,9 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         jobs = _jobs(tlc, args)
         if args.dry_run:
+            try:
+                java = tlc.find_java()
+            except tlc.ToolError:  # printing the command needs no Java
+                java = "java"
             for spec, cfg in jobs:
                 cmd = tlc.tlc_command(
-                    spec.name, cfg.name, workers=args.workers,
+                    spec.name, cfg.name, workers=args.workers, java=java,
                     metadir="$(mktemp -d)/meta", deadlock=args.mode != "tv",
                     simulate=args.mode == "sim",
                     depth=args.depth if args.mode == "sim" else None,

@@ -141,3 +141,20 @@ def test_h200_recorded_traces_conform(path) -> None:
     assert t.header.extra.get("backend") == "cuda"
     v = replay(t)
     assert v.accepted, v.summary()
+
+
+@pytest.mark.tlc
+def test_tlc_agrees_on_small_examples_and_h200_traces(tmp_path) -> None:
+    """Includes small-inward (16 allocations, 24 mappings per rank): before
+    ``Granted <- TraceGranted`` TLC enumerated 2^24 duplicate successors at RankReady."""
+    needs_java()
+    traces = []
+    for geometry in SMALL_EXAMPLES:
+        path = tmp_path / f"{geometry.stem}.ndjson"
+        _record(geometry, path)
+        traces.append(load_trace(path))
+    traces += [load_trace(p) for p in H200_TRACES]
+    tlc = check_traces_tlc(traces, jobs=2, timeout=120)
+    for t, v in zip(traces, tlc):
+        p = replay(t)
+        assert p.accepted and (v.accepted, v.final_phase) == (True, p.final_phase), t.source

@@ -410,7 +410,8 @@ def test_verify_mutants_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     write(tmp_path, "MCKVLifecycle.cfg",
           MUTANT_CONFIG.replace("@INVARIANTS@", "AccessOnlyOwnerAndImporters"))
     grant = next(m for m in MUTANTS if m.guard == "grant-owner-and-importers")
-    wrong = Mutant(grant.guard, "NothingLeftAfterAbort", "expects the wrong invariant")
+    # A guard that AccessOnlyOwnerAndImporters does not rely on: TLC passes, not caught.
+    wrong = Mutant("abort-complete-when-empty", "AccessOnlyOwnerAndImporters", "wrong guard")
     monkeypatch.setattr(verify, "MUTANTS", (grant,))
     assert cli_main(["verify", str(tmp_path), "--mutants"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -420,3 +421,17 @@ def test_verify_mutants_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert cli_main(["verify", str(tmp_path), "--mutants", "--json"]) == 1
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["status"] == "ok" and rows[1]["caught"] is False
+
+
+def test_public_names_are_pinned() -> None:
+    from kvgrant.commands import verify
+    from kvgrant.conformance import spec_mutants
+    assert tlc.__all__ == sorted(tlc.__all__) == [
+        "EXIT_STATUS", "TLA2TOOLS_SHA256", "TLCResult", "TLCState", "ToolError",
+        "discover_models", "find_jar", "find_java", "parse_tool_output", "parse_value",
+        "run_tlc", "tlc_command"]
+    assert spec_mutants.__all__ == sorted(spec_mutants.__all__) == [
+        "BASE_SPEC", "MUTANTS", "MUTANT_CONFIG", "Mutant", "SAFETY_INVARIANTS",
+        "find_guards", "mutate", "run_mutant", "run_unmutated"]
+    assert verify.__all__ == ["add_parser", "default_specdir", "run", "verify_specs"]
+    assert tlc.ToolError is ToolError  # the library's error when kvgrant is installed
