@@ -92,7 +92,9 @@ HasMapping(r, a, m) ==
     IF m = "plane" THEN a \in mapped[r] ELSE a \in aliasMapped[r]
 
 \* Mapping m of allocation a on rank r has been granted (cuMemSetAccess ran).
-Granted(r, a, m) == \E d \in Ranks : <<a, m, d>> \in access[r]
+\* Written as a set test, not \E d: inside an action TLC would otherwise enumerate a
+\* witness per mapping and produce 2^mappings duplicate successors.
+Granted(r, a, m) == {d \in Ranks : <<a, m, d>> \in access[r]} # {}
 
 \* Every existing mapping of rank r has been granted.
 AllMappingsGranted(r) ==

@@ -51,11 +51,6 @@ StateMatches(e) ==
          /\ ready'[e.rank] = e.ready
          /\ failed'[e.rank] = e.failed
 
-\* Granted(r, a, m) with its existential evaluated as a value: same meaning, but
-\* TLC does not enumerate one successor per witness d inside RankReady's
-\* AllMappingsGranted (2^mappings duplicate successors otherwise).  Bound by
-\* "Granted <- TraceGranted" in TraceKVLifecycle.cfg.
-TraceGranted(r, a, m) == {d \in Ranks : <<a, m, d>> \in access[r]} # {}
 
 \* Steps that only the model takes carry no driver result.
 ModelOnly(e) == ~e.hasResult

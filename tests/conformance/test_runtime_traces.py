@@ -145,8 +145,8 @@ def test_h200_recorded_traces_conform(path) -> None:
 
 @pytest.mark.tlc
 def test_tlc_agrees_on_small_examples_and_h200_traces(tmp_path) -> None:
-    """Includes small-inward (16 allocations, 24 mappings per rank): before
-    ``Granted <- TraceGranted`` TLC enumerated 2^24 duplicate successors at RankReady."""
+    """Includes small-inward (16 allocations, 24 mappings per rank): with ``Granted``
+    written as an existential TLC enumerated 2^24 duplicate successors at RankReady."""
     needs_java()
     traces = []
     for geometry in SMALL_EXAMPLES:
