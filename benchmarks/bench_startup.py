@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvgrant.errors import HandleBudgetError
-from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
+from kvgrant.layout.geometry import Geometry, on_ranks, load_geometry, parse_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.allocator import allocate
 from kvgrant.runtime.capacity import fit_pages
@@ -70,13 +70,7 @@ class TimedDriver:
         return getattr(self._inner, name)
 
 
-def scaled(g: Geometry, ranks: int) -> Geometry:
-    """The same layout on ``ranks`` ranks that all import each other."""
-    doc = g.model_dump()
-    group = list(range(ranks))
-    doc["topology"] = {"ranks": ranks, "import_groups": [group] if ranks > 1 else [],
-                       "declared_readers": {str(r): group for r in group}}
-    return parse_geometry(doc)
+scaled = on_ranks  # kvgrant.layout.geometry.on_ranks
 
 
 def floor_plan(g: Geometry) -> PhysicalPlan:

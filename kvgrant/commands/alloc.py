@@ -72,6 +72,9 @@ def add_parser(subparsers: Any) -> None:
                         "(default 523,880, measured on H200 / driver 580)")
     p.add_argument("--no-preflight", action="store_true",
                    help="skip the handle-budget pre-flight (reproduces the field failure)")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="run the layout on N ranks that all import each other (e.g. a "
+                        "16-rank published layout on the 2 GPUs a test host has)")
     p.add_argument("--devices", default=None, metavar="LIST",
                    help="comma-separated CUDA ordinal of each rank (default 0..ranks-1)")
     p.add_argument("--sim-handle-budget", type=_non_negative, default=None, metavar="N",
@@ -125,8 +128,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvgrant alloc: error: --devices = {args.devices!r}: must be comma-separated "
                   "integers", file=sys.stderr)
             return 2
+    geometry = args.geometry
+    if args.ranks is not None:
+        from kvgrant.layout.geometry import load_geometry, on_ranks
+
+        geometry = on_ranks(load_geometry(args.geometry), args.ranks)
     try:
-        pub = allocate(args.geometry, plan=args.plan, backend=args.backend, devices=devices,
+        pub = allocate(geometry, plan=args.plan, backend=args.backend, devices=devices,
                        memory_limit=args.memory_limit, handle_budget=args.handle_budget,
                        preflight=not args.no_preflight, trace=args.trace,
                        driver_options=_driver_options(args))

@@ -28,6 +28,7 @@ __all__ = [
     "Region",
     "Topology",
     "load_geometry",
+    "on_ranks",
     "parse_geometry",
     "round_up",
     "show_value",
@@ -267,3 +268,19 @@ def _decode_json(text: str, where: str) -> Any:
     except ValueError as err:  # e.g. an integer literal past Python's digit limit
         raise GeometryError(f"{where}: unreadable JSON value: {str(err)[:120]}",
                             field="<file>", value=where) from None
+
+
+def on_ranks(g: Geometry, ranks: int) -> Geometry:
+    """The same layout on ``ranks`` ranks that all import each other.
+
+    Why: a published-scale layout declared for 16 ranks can then run on the GPUs a
+    test host really has (e.g. 2), with the same per-rank plan and one import group.
+    """
+    if type(ranks) is not int or ranks < 1:
+        raise GeometryError(f"ranks = {ranks!r}: must be an integer >= 1", field="ranks",
+                            value=ranks)
+    doc = g.model_dump()
+    group = list(range(ranks))
+    doc["topology"] = {"ranks": ranks, "import_groups": [group] if ranks > 1 else [],
+                       "declared_readers": {str(r): group for r in group}}
+    return parse_geometry(doc)

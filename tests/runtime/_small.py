@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from kvgrant.layout.geometry import Geometry, parse_geometry
+from kvgrant.layout.geometry import Geometry, on_ranks, parse_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 
 MIB = 1 << 20
@@ -53,10 +53,4 @@ def chunk_plan(g: Geometry, label: str = "chunks") -> PhysicalPlan:
     return PhysicalPlan(label, g, tuple(allocs))
 
 
-def scaled(g: Geometry, ranks: int) -> Geometry:
-    """The same layout on ``ranks`` ranks that all import each other (fits a small host)."""
-    doc = g.model_dump()
-    group = list(range(ranks))
-    doc["topology"] = {"ranks": ranks, "import_groups": [group] if ranks > 1 else [],
-                       "declared_readers": {str(r): group for r in group}}
-    return parse_geometry(doc)
+scaled = on_ranks  # kvgrant.layout.geometry.on_ranks

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every GPU check of kvgrant, in one go, on a CUDA host (run on 2 x H200 for the docs).
+#   tools/gpu_checks.sh [OUTDIR]
+# Installs kvgrant editable into a venv that sees the system's cuda-bindings / torch
+# (wheels in .whl/ are installed first when present, for hosts without PyPI), then runs:
+# the GPU-marked tests, the start-up benchmark, and the CLI on a published-scale layout
+# scaled to the GPUs present (trace checked with both conformance engines when Java exists).
+set -uo pipefail
+OUTDIR=${1:-${OUT:-out/gpu}}
+mkdir -p "$OUTDIR"
+VENV=${KVGRANT_GPU_VENV:-/tmp/kvgrant-gpu-venv}
+python3 -m venv --system-site-packages "$VENV" || exit 1
+PY="$VENV/bin/python"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
+fi
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUTDIR/install.log" 2>&1 \
+    || { tail -20 "$OUTDIR/install.log"; exit 1; }
+KV="$VENV/bin/kvgrant"
+NGPU=$(nvidia-smi -L | wc -l)
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+  "$PY" -c "import sys, cuda.bindings; print('python', sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__)"
+  date -u; } | tee "$OUTDIR/machine.txt"
+
+rc=0
+"$PY" -m pytest -q -p no:cacheprovider tests -m "gpu or gpu2" -rA 2>&1 | tee "$OUTDIR/pytest_gpu.txt" | tail -40
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+
+"$PY" benchmarks/bench_startup.py examples/published-dcp16.json --ranks "$NGPU" --backend cuda \
+    --trace-repeats 5 --json-out "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.txt" || rc=1
+
+for args in "" "--memory-limit=-1G" "--fail-at 5000"; do
+    echo "\$ kvgrant alloc examples/published-dcp8.json --ranks $NGPU --backend cuda $args"
+    $KV alloc examples/published-dcp8.json --ranks "$NGPU" --backend cuda $args \
+        --trace "$OUTDIR/alloc${args//[^a-z0-9]/_}.ndjson"
+    echo "rc=$?"
+done 2>&1 | tee "$OUTDIR/cli.txt"
+for t in "$OUTDIR"/alloc*.ndjson; do
+    $KV conform "$t" --engine python || rc=1
+done
+exit $rc
