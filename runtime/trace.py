@@ -5,9 +5,11 @@ constants, then one ``event`` line per transition with ``seq``, ``rank``, ``acti
 (spec name), ``args``, driver ``call`` and ``result``, ``device``, ``va``, ``size``,
 time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc format.
 
-Why so small: tracing must be cheap when on (one C-accelerated ``json`` encode and a
-buffered write per event) and free when off (callers test :attr:`TraceWriter.enabled`
-before building an event). Tracing is switched on by a path, an open text file, or the
+Why a writer thread: tracing must be cheap when on and free when off (callers test
+:attr:`TraceWriter.enabled` before building an event). The hot path only appends the
+event's values to a list; every 64 events the batch goes to a writer thread that formats
+and writes the lines while the allocator waits in the next driver calls (cuda-python
+releases the GIL around driver calls), so formatting stays off the start-up path. Tracing is switched on by a path, an open text file, or the
 ``KVGRANT_TRACE`` environment variable.
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Mapping
@@ -33,7 +37,7 @@ _EVENT = ('{"kind": "event", "seq": %d, "t": %.6f, "rank": %s, "action": "%s", "
 
 
 _clock = time.perf_counter
-_BATCH = 512  # lines handed to the file at once (and at every group event)
+_BATCH = 64  # events handed to the writer thread at once (and at every group event)
 
 
 def event_template(rank: int, action: str, args: str, call: str | None, result: str | None,
@@ -68,12 +72,16 @@ class TraceWriter:
     """
 
     __slots__ = ("_fh", "_owns", "_seq", "_t0", "_flush_each", "_pending", "path",
-                 "header_written")
+                 "header_written", "_queue", "_thread", "_error")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
                  flush_each: bool = False) -> None:
         self._seq = 0
-        self._pending: list[str] = []   # lines made but not yet handed to the file
+        # events not yet handed to the writer: a line (str) or (template, seq, t, values)
+        self._pending: list[Any] = []
+        self._queue: "queue.Queue[list[Any] | None] | None" = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         self._t0 = time.perf_counter()
         self._flush_each = flush_each
         self.header_written = False
@@ -90,6 +98,29 @@ class TraceWriter:
         else:
             self._fh = target
             self._owns = False
+        if self._fh is not None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._write_loop, name="kvgrant-trace",
+                                            daemon=True)
+            self._thread.start()
+
+    def _write_loop(self) -> None:
+        """Writer thread: format each batch and write it, in order."""
+        q, fh = self._queue, self._fh
+        assert q is not None and fh is not None
+        while True:
+            batch = q.get()
+            try:
+                if batch is None:
+                    return
+                if self._error is None:
+                    fh.write("".join(item if item.__class__ is str
+                                     else item[0] % (item[1], item[2], *item[3])
+                                     for item in batch))
+            except BaseException as err:  # reported by flush()/close() on the caller's thread
+                self._error = err
+            finally:
+                q.task_done()
 
     @property
     def enabled(self) -> bool:
@@ -152,31 +183,48 @@ class TraceWriter:
         if fh is None:
             return
         pending = self._pending
-        pending.append(template % (self._seq, _clock() - self._t0, *values))
+        pending.append((template, self._seq, _clock() - self._t0, values))
         self._seq += 1
-        if self._flush_each or len(pending) >= _BATCH:
+        if self._flush_each:
             self._drain()
+        elif len(pending) >= _BATCH:
+            self._handoff()
+
+    def _handoff(self) -> None:
+        """Give the pending events to the writer thread (no waiting)."""
+        if self._pending and self._queue is not None:
+            self._queue.put(self._pending)
+            self._pending = []
 
     def _drain(self) -> None:
-        """Hand the pending lines to the file and flush it."""
+        """Hand everything to the writer, wait until it is written, flush the file."""
         fh = self._fh
-        if fh is not None:
-            if self._pending:
-                fh.write("".join(self._pending))
-                self._pending.clear()
-            fh.flush()
+        if fh is None:
+            return
+        self._handoff()
+        if self._queue is not None:
+            self._queue.join()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise OSError(f"trace {self.path or '<stream>'}: write failed: {err}") from err
+        fh.flush()
 
     def flush(self) -> None:
         self._drain()
 
     def close(self) -> None:
-        """Flush; close the file when this writer opened it. Safe to call twice."""
-        self._drain()
-        fh, self._fh = self._fh, None
-        if fh is None:
-            return
-        if self._owns:
-            fh.close()
+        """Flush, stop the writer thread, close the file when this writer opened it.
+        Safe to call twice."""
+        try:
+            self._drain()
+        finally:
+            if self._queue is not None and self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._queue = self._thread = None
+            fh, self._fh = self._fh, None
+            if fh is not None and self._owns:
+                fh.close()
 
     def __enter__(self) -> "TraceWriter":
         return self

@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
 # Every GPU check of kvgrant, in one go, on a CUDA host (run on 2 x H200 for the docs).
 #   tools/gpu_checks.sh [OUTDIR]
-# Installs kvgrant editable into a venv that sees the system's cuda-bindings / torch
-# (wheels in .whl/ are installed first when present, for hosts without PyPI), then runs:
-# the GPU-marked tests, the start-up benchmark, and the CLI on a published-scale layout
-# scaled to the GPUs present (trace checked with both conformance engines when Java exists).
+# Installs kvgrant (editable, no dependencies) into the interpreter that holds
+# cuda-bindings and torch -- $PYTHON, default python3: use a venv or a throwaway machine --
+# after the wheels in .whl/ when present (for hosts without PyPI), then runs: the
+# GPU-marked tests, the start-up benchmark, and the CLI on a published-scale layout scaled
+# to the GPUs present, whose traces the Python conformance engine must accept.
 set -uo pipefail
 OUTDIR=${1:-${OUT:-out/gpu}}
 mkdir -p "$OUTDIR"
-VENV=${KVGRANT_GPU_VENV:-/tmp/kvgrant-gpu-venv}
-python3 -m venv --system-site-packages "$VENV" || exit 1
-PY="$VENV/bin/python"
+PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
 fi
 "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUTDIR/install.log" 2>&1 \
     || { tail -20 "$OUTDIR/install.log"; exit 1; }
-KV="$VENV/bin/kvgrant"
+KV="$PY -m kvgrant"
 NGPU=$(nvidia-smi -L | wc -l)
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   "$PY" -c "import sys, cuda.bindings; print('python', sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__)"
