@@ -17,6 +17,8 @@ from typing import Any
 
 from kvgrant.errors import AllocationError, KVGrantError
 
+from kvgrant.commands._args import count
+
 __all__ = ["add_parser", "run"]
 
 
@@ -30,14 +32,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
 
 
 def _memory_limit(text: str) -> str:
@@ -67,7 +61,7 @@ def add_parser(subparsers: Any) -> None:
                    help="write the transition trace (NDJSON) here (or set KVGRANT_TRACE)")
     p.add_argument("--fail-at", type=_positive, default=None, metavar="K",
                    help="inject CUDA_ERROR_OUT_OF_MEMORY at the K-th driver call (1-based)")
-    p.add_argument("--handle-budget", type=_non_negative, default=None, metavar="N",
+    p.add_argument("--handle-budget", type=count, default=None, metavar="N",
                    help="per-process driver-handle budget for the pre-flight check "
                         "(default 523,880, measured on H200 / driver 580)")
     p.add_argument("--no-preflight", action="store_true",
@@ -77,7 +71,7 @@ def add_parser(subparsers: Any) -> None:
                         "16-rank published layout on the 2 GPUs a test host has)")
     p.add_argument("--devices", default=None, metavar="LIST",
                    help="comma-separated CUDA ordinal of each rank (default 0..ranks-1)")
-    p.add_argument("--sim-handle-budget", type=_non_negative, default=None, metavar="N",
+    p.add_argument("--sim-handle-budget", type=count, default=None, metavar="N",
                    help="sim backend only: the simulated driver's handle budget")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

@@ -15,17 +15,11 @@ import json
 import sys
 from typing import Any
 
+from kvgrant.commands._args import count
+
 __all__ = ["add_parser", "run"]
 
 
-def _budget(text: str) -> int:
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--handle-budget {text!r}: not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--handle-budget {value}: must be >= 0")
-    return value
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,7 +29,7 @@ def add_parser(subparsers: Any) -> None:
         "plan", help="compare naive, reference and packed plans; pre-flight handle demand",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("geometry", metavar="GEOMETRY", help="geometry JSON file")
-    p.add_argument("--handle-budget", type=_budget, default=DEFAULT_HANDLE_BUDGET,
+    p.add_argument("--handle-budget", type=count, default=DEFAULT_HANDLE_BUDGET,
                    metavar="N",
                    help=f"driver handles one process may hold (default {DEFAULT_HANDLE_BUDGET:,},"
                         " measured on an H200 with driver 580)")

@@ -211,3 +211,19 @@ def simple_plan(g: Geometry, label: str = "simple") -> PhysicalPlan:
                 allocs.append(Allocation(p.name, cursor, s - cursor))
             cursor = max(cursor, e)
     return PhysicalPlan(label, g, tuple(allocs))
+
+
+def gen_layout():
+    """tools/gen_layout.py as a module (tools/ is not a package), loaded once."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    if "gen_layout" in sys.modules:
+        return sys.modules["gen_layout"]
+    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "gen_layout.py"
+    spec = importlib.util.spec_from_file_location("gen_layout", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_layout"] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -18,20 +18,12 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import parse_geometry, round_up
 from kvgrant.layout.plan import Allocation
 from kvgrant.layout.plans import finish_plan, packed_plan, reference_plan
-from layout_builders import geometries, geometry_dict
+from layout_builders import gen_layout, geometries, geometry_dict
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _gen():
-    """tools/gen_layout.py as a module (tools/ is not a package)."""
-    if "gen_layout" in sys.modules:
-        return sys.modules["gen_layout"]
-    spec = importlib.util.spec_from_file_location("gen_layout", ROOT / "tools" / "gen_layout.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_layout"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+_gen = gen_layout  # tools/gen_layout.py as a module
 
 
 def brute_min(g, limit: int = 3000) -> int | None:

@@ -15,19 +15,13 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import load_geometry
 from kvgrant.layout.plans import naive_plan, packed_plan, reference_plan
 
+from layout_builders import gen_layout
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 
-def _gen():
-    """tools/gen_layout.py as a module (tools/ is not a package)."""
-    if "gen_layout" in sys.modules:
-        return sys.modules["gen_layout"]
-    spec = importlib.util.spec_from_file_location("gen_layout", ROOT / "tools" / "gen_layout.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_layout"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+_gen = gen_layout  # tools/gen_layout.py as a module
 
 
 def test_the_documented_examples_exist():
