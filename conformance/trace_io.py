@@ -9,10 +9,13 @@ shows a traceback. Whether the events are *allowed* is the model's job
 
 from __future__ import annotations
 
+import gc
 import json
+import re
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
 from kvgrant.errors import TraceError
 
@@ -119,11 +122,18 @@ class Event:
 
 @dataclass(frozen=True)
 class Trace:
-    """A parsed trace: constants plus events in order."""
+    """A parsed trace: constants plus events in order.
+
+    ``rows`` is set only by the fast reader (:func:`parse_trace` on writer-format
+    lines): one tuple of the regex's string fields per event, already validated, which
+    :func:`kvgrant.conformance.replay.replay` steps through without building events.
+    ``events`` is then a lazy sequence that builds each :class:`Event` on access.
+    """
 
     header: Header
-    events: tuple[Event, ...]
+    events: Sequence[Event]
     source: str = "<trace>"
+    rows: tuple[tuple[str, ...], ...] | None = field(default=None, compare=False, repr=False)
 
     def to_lines(self) -> list[str]:
         """The trace back as NDJSON lines (events renumbered), for mutants and fixtures."""
@@ -162,7 +172,14 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def parse_trace(text: str, source: str = "<trace>") -> Trace:
-    """Parse NDJSON text (a trailing newline is fine; blank lines are not)."""
+    """Parse NDJSON text (a trailing newline is fine; blank lines are not).
+
+    Fast path first (:func:`_parse_fast`); any line it cannot vouch for sends the
+    whole text to the detailed reader, which names the first bad line.
+    """
+    fast = _parse_fast(text, source)
+    if fast is not None:
+        return fast
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -393,3 +410,136 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
         raise _fail(source, lineno, f"t = {t!r}: must be a number of seconds")
     return Event(index, lineno, seq, rank, action, args, call, result, state, obj,
                  alloc, mapping)
+
+
+# --- fast path -----------------------------------------------------------------------------
+# Why: a published-scale trace is ~2*10^5 lines / ~70 MB; json.loads builds ~3 dicts and a
+# dozen objects per line (>1 s). Lines written by kvgrant.runtime.trace have one fixed
+# shape, so one regex (a strict subset of valid JSON with the right types) checks every
+# line in C and captures only what the checks and the replay need. The remaining rules
+# are checked per distinct combination of fields, not per line. Anything the fast path
+# cannot vouch for -- other key order, spacing, a bad value -- sends the whole text to
+# the detailed reader (parse_trace_lines), which raises the exact error with its line.
+
+_INT = r"(?:0|[1-9][0-9]*)"
+_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+_ALT_ACTIONS = "|".join(sorted(EVENT_ACTIONS, key=lambda a: (-len(a), a)))
+_ALT_PHASES = "|".join(sorted(PHASES, key=lambda a: (-len(a), a)))
+#: Row fields (regex groups), in order. ``has_alloc`` is '"' when args has an alloc;
+#: ``va``/``ready``/``failed`` are "t" or "f" (one-character strings are shared, so a
+#: row costs fewer new objects); the state fields are "" on group events.
+ROW_FIELDS = ("seq", "rank", "action", "has_alloc", "alloc", "mapping", "devices",
+              "failed_rank", "call", "result", "phase", "va", "created", "mapped",
+              "alias_mapped", "grants", "ready", "failed")
+_BOOL = r'((?=true)t|(?=false)f)(?:rue|alse)'
+_FAST_EVENT = re.compile(
+    r'^\{"kind": "event", "seq": (' + _INT + r'), "t": ' + _NUM + r', "rank": (null|' + _INT
+    + r'), "action": "(' + _ALT_ACTIONS + r')", "args": \{(?:(")alloc": (' + _INT
+    + r')(?:, "mapping": "(plane|alias)"(?:, "devices": (\[(?:' + _INT + r'(?:, ' + _INT
+    + r')*)?\]))?)?|"failed_rank": (null|' + _INT + r'))?\}, "call": (null|"[A-Za-z]+"), '
+    r'"result": (null|"[A-Za-z0-9_]+"), "device": (?:null|' + _INT + r'), "va": (?:null|'
+    + _INT + r'), "size": (?:null|' + _INT + r'), "state": \{"phase": "(' + _ALT_PHASES
+    + r')"(?:, "va": ' + _BOOL + r', "created": (' + _INT + r'), "mapped": (' + _INT
+    + r'), "alias_mapped": (' + _INT + r'), "grants": (' + _INT + r'), "ready": ' + _BOOL
+    + r', "failed": ' + _BOOL + r')?\}\}$', re.M)
+_SEQ = itemgetter(0)
+_ALLOC = itemgetter(4)
+#: rank, action, has_alloc, mapping, devices, failed_rank, call, va (state present)
+_COMBO = itemgetter(1, 2, 3, 5, 6, 7, 8, 11)
+
+
+def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
+              devices: str, failed_rank: str, call: str, state: str) -> bool:
+    """The per-event rules of :func:`_parse_event` for one distinct field combination
+    (the regex already fixed every type); False sends the text to the detailed reader."""
+    if action in GROUP_ACTIONS:
+        if rank != "null":
+            return False
+    elif rank == "null" or int(rank) >= h.ranks or not state:
+        return False
+    if action in _NEEDS_ALLOC and not has_alloc:
+        return False
+    if action in _NEEDS_MAPPING and not mapping:
+        return False
+    if action == "Grant":
+        if not devices:
+            return False
+        devs = json.loads(devices)
+        if len(set(devs)) != len(devs):
+            return False
+    if action == "Abort" and failed_rank and failed_rank != "null" \
+            and int(failed_rank) >= h.ranks:
+        return False
+    return call == "null" or call[1:-1] == RANK_ACTIONS.get(action)
+
+
+def _parse_fast(text: str, source: str) -> Trace | None:
+    """The whole trace through the fast path, or None when any line needs the detailed
+    reader (never raises for an event line; a bad header raises as usual)."""
+    nl = text.find("\n")
+    if nl < 0 or nl + 1 == len(text):
+        return None
+    n = text.count("\n", nl + 1) + (0 if text.endswith("\n") else 1)
+    enabled = gc.isenabled()
+    gc.disable()  # ~10^6 new tuples and strings: collections would only rescan them
+    try:
+        rows = _FAST_EVENT.findall(text, nl + 1)
+    finally:
+        if enabled:
+            gc.enable()
+    # each match is one whole line (anchored, no newline inside): n matches = every line
+    if len(rows) != n:
+        return None
+    header = _parse_header(_json_object(text[:nl], 1, source), 1, source)
+    if list(map(_SEQ, rows)) != list(map(str, range(n))):
+        return None
+    if any(a and int(a) >= header.allocs for a in set(map(_ALLOC, rows))):
+        return None
+    if not all(_combo_ok(header, *key) for key in set(map(_COMBO, rows))):
+        return None
+    return Trace(header=header, events=_LazyEvents(text, nl + 1, n, header, source), source=source,
+                 rows=tuple(rows))
+
+
+class _LazyEvents(Sequence[Event]):
+    """The events of a fast-parsed trace, each built (and cached) on first access:
+    the replay reads rows, so an accepted trace never pays for 10^5 Event objects."""
+
+    __slots__ = ("_text", "_start", "_n", "_header", "_source", "_lines", "_cache")
+
+    def __init__(self, text: str, start: int, n: int, header: Header, source: str) -> None:
+        self._text, self._start, self._n = text, start, n
+        self._header, self._source = header, source
+        self._lines: list[str] | None = None
+        self._cache: dict[int, Event] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _get(self, i: int) -> Event:
+        ev = self._cache.get(i)
+        if ev is None:
+            if self._lines is None:
+                self._lines = self._text[self._start:].split("\n")
+            line = self._lines[i]
+            obj = _json_object(line, i + 2, self._source)
+            ev = _parse_event(obj, i + 2, i, self._header, self._source)
+            self._cache[i] = ev
+        return ev
+
+    @overload
+    def __getitem__(self, i: int) -> Event: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(i, slice):
+            return tuple(self._get(k) for k in range(*i.indices(self._n)))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"event index {i} out of range (0..{self._n - 1})")
+        return self._get(i)
+
+    def __iter__(self) -> Iterator[Event]:
+        return (self._get(k) for k in range(self._n))

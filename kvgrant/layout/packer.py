@@ -557,3 +557,299 @@ def _is_eligible(pl: _Planes, comps, x: tuple[int, int]) -> bool:
         if u0 <= u < u1:
             return True
     return False
+
+
+
+@dataclass
+class _Sweep:
+    """Facts the frontier search needs, fixed for one geometry."""
+
+    pl: _Planes
+    rows: list[tuple[str, int, int, int]]  # (region, row, first interior unit, end)
+    elig: list[list[list[tuple[int, int]]]]  # row -> plane -> eligible unit ranges
+    last_use: list[list[int]]  # plane -> unit -> last row (search order) eligible
+    fixed: list[set[int]]  # plane -> units held by straddling region units
+    fixed_pages: dict[tuple[str, int], tuple[tuple[int, int], ...]]
+    want: dict[tuple[str, int], tuple[tuple[int, int], ...]]
+    assign: dict[str, list[tuple[int, int]]]  # straddling units already placed
+    fixed_js: set[tuple[str, int]]
+
+
+def _sweep_facts(g: Geometry) -> _Sweep:
+    G = g.granularity
+    pl = _Planes([p.name for p in g.planes], [p.bytes_per_page for p in g.planes],
+                 [g.plane_bytes(p.name) // G for p in g.planes], g.pages, G)
+    pidx = {n: i for i, n in enumerate(pl.names)}
+    want = conflict_ranges(g, g.aliases)
+    decl: dict[str, list[tuple[int, int]]] = {
+        r.name: [(-1, -1)] * (round_up(r.rows * r.row_bytes, G) // G) for r in g.regions}
+    for a in g.aliases:
+        pi, j0, u0 = pidx[a.plane], a.offset // G, a.plane_offset // G
+        for d in range(a.length // G):
+            if j0 + d < len(decl[a.region]):
+                decl[a.region][j0 + d] = (pi, u0 + d)
+    rows: list[tuple[str, int, int, int]] = []
+    assign: dict[str, list[tuple[int, int]]] = {}
+    fixed: list[set[int]] = [set() for _ in pl.names]
+    fixed_allocs: list[Allocation] = []
+    fixed_js: set[tuple[str, int]] = set()
+    for r in g.regions:
+        R, end = r.row_bytes, r.rows * r.row_bytes
+        units = decl[r.name]
+        assign[r.name] = [(-1, -1)] * len(units)
+        inner: dict[int, list[int]] = {}
+        for j, (pi, u) in enumerate(units):
+            lo, hi = j * G, (j + 1) * G
+            if hi <= end and lo // R == (hi - 1) // R:
+                inner.setdefault(lo // R, []).append(j)
+            else:
+                assign[r.name][j] = (pi, u)
+                fixed[pi].add(u)
+                fixed_js.add((r.name, j))
+                fixed_allocs.append(Allocation(pl.names[pi], u * G, G, r.name, j * G))
+        for k in sorted(inner):
+            rows.append((r.name, k, inner[k][0], inner[k][-1] + 1))
+    # search order: by the first page of the row's conflict set (planes are consumed
+    # front to back), then geometry order
+    rank = {r.name: i for i, r in enumerate(g.regions)}
+    rows.sort(key=lambda t: ((want[t[:2]] or ((0, 0),))[0][0], rank[t[0]], t[1]))
+    elig: list[list[list[tuple[int, int]]]] = []
+    last_use = [[-1] * n for n in pl.units]
+    for rid, (region, k, _, _) in enumerate(rows):
+        per = []
+        for pi in range(len(pl.names)):
+            rs = []
+            for a, b in want[(region, k)]:
+                u0, u1 = pl.eligible(pi, a, b)
+                u1 = min(u1, pl.units[pi])
+                if u0 < u1:
+                    rs.append((u0, u1))
+                    for u in range(u0, u1):
+                        last_use[pi][u] = rid
+            per.append(rs)
+        elig.append(per)
+    return _Sweep(pl, rows, elig, last_use, fixed, conflict_ranges(g, fixed_allocs), want,
+                  assign, fixed_js)
+
+
+def _window(sw: _Sweep, rid: int, pi: int, f: int) -> tuple[int, int, int]:
+    """(start, length, expiring) of the run plane ``pi`` offers row ``rid`` when its
+    units below ``f`` are used up: the first eligible non-straddling unit at or after
+    ``f`` and the eligible non-straddling units that follow it without a break;
+    ``expiring`` counts those no later row can use."""
+    fx = sw.fixed[pi]
+    for u0, u1 in sw.elig[rid][pi]:
+        u = max(u0, f)
+        while u < u1 and u in fx:
+            u += 1
+        if u >= u1:
+            continue
+        n = 0
+        while u + n < u1 and (u + n) not in fx:
+            n += 1
+        lu = sw.last_use[pi]
+        return u, n, sum(1 for d in range(n) if lu[u + d] == rid)
+    return f, 0, 0
+
+
+def _sweep_candidates(sw: _Sweep, rid: int, front: tuple[int, ...]
+                      ) -> list[tuple[tuple[int, ...], int, int]]:
+    """Candidate choices of one row from one frontier: (units per plane, pieces,
+    wasted gaps). Each fills the row's need with whole windows in some plane order and
+    cuts the last one; choices that do not touch exactly the row's pages are dropped."""
+    region, k, s, e = sw.rows[rid]
+    need = e - s
+    pl = sw.pl
+    wins = [_window(sw, rid, pi, f) for pi, f in enumerate(front)]
+    planes = [pi for pi, (_, n, _) in enumerate(wins) if n > 0]
+    if sum(wins[pi][1] for pi in planes) < need:
+        return []
+    total = sum(b - a for a, b in sw.want[(region, k)])
+    base = list(sw.fixed_pages[(region, k)])
+    orders = [
+        sorted(planes, key=lambda p: (-wins[p][1], p)),
+        sorted(planes, key=lambda p: (-wins[p][2], -wins[p][1], p)),
+        sorted(planes, key=lambda p: (wins[p][0] * pl.G // pl.bpp[p], -wins[p][1], p)),
+        sorted(planes, key=lambda p: (-(wins[p][2] > 0), -wins[p][1], p)),
+        sorted(planes, key=lambda p: (-wins[p][2], -wins[p][0] * pl.G // pl.bpp[p],
+                                      -wins[p][1], p)),
+    ]
+    expiring = [0] * len(front)
+    for p in planes:
+        expiring[p] = wins[p][2]
+    out: dict[tuple[int, ...], tuple[int, int]] = {}
+    combos = [(o, fit, False) for o in orders for fit in (False, True)]
+    if 0 < sum(expiring) <= need:
+        combos += [(o, fit, True) for o in orders for fit in (False, True)]
+    top = max((wins[p][1] for p in planes), default=0)
+    combos += [(orders[2], c, None) for c in range(1, top)]
+    for order, fit, keep in combos:
+        take = [0] * len(front)
+        left = need
+        queue = list(order)
+        if keep is None:
+            # balanced: at most ``fit`` units per plane, most lagging planes first
+            for p in order:
+                x = min(wins[p][1], fit, left)
+                take[p] = x
+                left -= x
+            fit, queue = False, list(order)
+        elif keep:
+            # the expiring units are taken first; runs already started are then
+            # extended (free), and only then new planes are opened
+            for p in planes:
+                take[p] = expiring[p]
+            left -= sum(expiring)
+            queue = [p for p in order if take[p]] + [p for p in order if not take[p]]
+        if True:
+            while left > 0 and queue:
+                if fit:
+                    # a window that finishes the row exactly, if one exists
+                    exact = next((p for p in queue if wins[p][1] - take[p] == left), None)
+                    p = exact if exact is not None else queue[0]
+                else:
+                    p = queue[0]
+                queue.remove(p)
+                x = min(wins[p][1] - take[p], left)
+                take[p] += x
+                left -= x
+            if left:
+                continue
+            key = tuple(take)
+            if key in out:
+                continue
+            runs = [(p, wins[p][0], x) for p, x in enumerate(take) if x]
+            if _covered(base + _pages_of(pl, runs)) != total:
+                continue
+            after = tuple(wins[p][0] + x if x else front[p] for p, x in enumerate(take))
+            if not _sweep_ahead(sw, rid, after):
+                continue
+            waste = sum(1 for p, x in enumerate(take) if x and wins[p][0] > front[p]
+                        and any(u not in sw.fixed[p] for u in range(front[p], wins[p][0])))
+            out[key] = (len(runs), waste)
+    return [(k2, c, w) for k2, (c, w) in out.items()]
+
+
+def _sweep_ahead(sw: _Sweep, rid: int, front: tuple[int, ...], depth: int = 6) -> bool:
+    """Can the next ``depth`` rows still be served from the frontier ``front``?
+    Necessary checks only, so the search does not walk into a dead end: together
+    they find enough free eligible units, and each can still touch every page of its
+    conflict set that no straddling unit touches."""
+    pl = sw.pl
+    stop = min(rid + 1 + depth, len(sw.rows))
+    for first in range(rid + 1, stop):
+        pool: set[tuple[int, int]] = set()
+        needed = 0
+        for nxt in range(first, stop):
+            region, k, s, e = sw.rows[nxt]
+            needed += e - s
+            for p, f in enumerate(front):
+                fx = sw.fixed[p]
+                for u0, u1 in sw.elig[nxt][p]:
+                    pool.update((p, u) for u in range(max(u0, f), u1) if u not in fx)
+            if len(pool) < needed:
+                return False
+    for nxt in range(rid + 1, stop):
+        region, k, _, _ = sw.rows[nxt]
+        missing = _minus(sw.want[(region, k)], sw.fixed_pages[(region, k)])
+        if not missing:
+            continue
+        reach: list[tuple[int, int]] = []
+        for p, f in enumerate(front):
+            fx = sw.fixed[p]
+            for u0, u1 in sw.elig[nxt][p]:
+                lo = max(u0, f)
+                while lo < u1 and lo in fx:
+                    lo += 1
+                if lo < u1:
+                    r = pl.run_pages(p, lo, u1 - lo)
+                    if r is not None:
+                        reach.append(r)
+        if _covered(reach + list(missing)) != _covered(reach):
+            return False
+    return True
+
+
+def _minus(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """Page ranges of ``a`` not in ``b`` (both sorted, merged)."""
+    out: list[tuple[int, int]] = []
+    for s, e in a:
+        cur = s
+        for bs, be in b:
+            if be <= cur or bs >= e:
+                continue
+            if bs > cur:
+                out.append((cur, bs))
+            cur = max(cur, be)
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def _sweep_units(g: Geometry, width: int = 24) -> list[Allocation] | None:
+    """Aliased units from a beam search over rows that consumes planes front to back.
+
+    Why: when neighbour rows share half their pages (the published layouts), a row's
+    cheapest choice depends on what earlier rows left in each plane; choosing rows one
+    at a time locks every plane into the same pace, so each row needs a piece from
+    nearly every plane. Here the state is a *frontier* per plane (units below it are
+    used up); a row takes from a plane the run that starts at the first eligible unit
+    at or after the frontier. Per row a few fill orders are tried (longest windows,
+    expiring units, most lagging plane); the ``width`` cheapest states survive, so
+    some planes can lag a row and later give a row a long run. Returns None when
+    every state gets stuck (the other modes still stand).
+    """
+    sw = _sweep_facts(g)
+    start = tuple(0 for _ in sw.pl.names)
+    beam: dict[tuple[int, ...], tuple[int, int, tuple]] = {start: (0, 0, ())}
+    for rid in range(len(sw.rows)):
+        nxt: dict[tuple[int, ...], tuple[int, int, tuple]] = {}
+        for front, (cost, waste, hist) in beam.items():
+            for take, pieces, gaps in _sweep_candidates(sw, rid, front):
+                new = tuple(_window(sw, rid, p, f)[0] + take[p] if take[p] else f
+                            for p, f in enumerate(front))
+                val = (cost + pieces + gaps, waste + gaps, (hist, take))
+                old = nxt.get(new)
+                if old is None or val[:2] < old[:2]:
+                    nxt[new] = val
+        if not nxt:
+            return None
+        beam = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))[:width])
+    _, (_, _, hist) = min(beam.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
+    takes: list[tuple[int, ...]] = []
+    while hist:
+        hist, take = hist
+        takes.append(take)
+    takes.reverse()
+    return _sweep_build(g, sw, takes)
+
+
+def _sweep_build(g: Geometry, sw: _Sweep, takes: list[tuple[int, ...]]) -> list[Allocation]:
+    """Replay the chosen takes and lay each row's runs out over its interior span."""
+    G = g.granularity
+    front = [0] * len(sw.pl.names)
+    chosen: dict[int, list[Run]] = {}
+    for rid, take in enumerate(takes):
+        runs = []
+        for p, x in enumerate(take):
+            if x:
+                u, _, _ = _window(sw, rid, p, front[p])
+                runs.append((p, u, x))
+                front[p] = u + x
+        chosen[rid] = runs
+    assign = {name: list(v) for name, v in sw.assign.items()}
+    by_pos = sorted(range(len(sw.rows)), key=lambda rid: (sw.rows[rid][0], sw.rows[rid][2]))
+    region_rank = {r.name: i for i, r in enumerate(g.regions)}
+    by_pos.sort(key=lambda rid: (region_rank[sw.rows[rid][0]], sw.rows[rid][2]))
+    for rid in by_pos:
+        region, k, s, e = sw.rows[rid]
+        link_start = assign[region][s - 1] if s > 0 else None
+        link_end = assign[region][e] if (region, e) in sw.fixed_js else None
+        order, _ = _arrange(chosen[rid], link_start, link_end)
+        j = s
+        for pi, u, n in order:
+            for d in range(n):
+                assign[region][j] = (pi, u + d)
+                j += 1
+    return [Allocation(sw.pl.names[pi], u * G, G, r.name, j * G)
+            for r in g.regions for j, (pi, u) in enumerate(assign[r.name])]
