@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from kvgrant.layout.bound import allocation_lower_bound
+from kvgrant.layout.bound import allocation_lower_bound, lagrangian_bound
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.plans import PLAN_LABELS, make_plan
@@ -73,14 +73,23 @@ def measure(g: Geometry) -> dict[str, Any]:
 
 
 def _bound_handles(g: Geometry, lb: Any, *, declared: bool) -> int:
-    """Handles any contract-keeping plan needs at least: every allocation has a plane
-    mapping, and each region at least ``pieces`` alias mappings."""
+    """Handles any contract-keeping plan needs at least. The larger of: every
+    allocation has a plane mapping and each region at least ``pieces`` alias mappings;
+    and the Lagrangian bound on the weighted sum (each allocation costs its plane
+    mapping's devices summed over ranks, plus its alias mapping's when aliased)."""
     total = 0
+    devices = 0
+    per_region = {rb.region: 0 for rb in lb.regions}
     for r in range(g.topology.ranks):
         total += lb.total * len(g.granted_devices(r, declared=declared))
+        devices += len(g.granted_devices(r, declared=declared))
         for rb in lb.regions:
-            total += rb.pieces * len(g.granted_devices(r, rb.region, declared=declared))
-    return total
+            n = len(g.granted_devices(r, rb.region, declared=declared))
+            total += rb.pieces * n
+            per_region[rb.region] += n
+    weighted = lagrangian_bound(g, free_cost=devices,
+                                region_cost={k: devices + v for k, v in per_region.items()})
+    return max(total, weighted)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

@@ -228,6 +228,22 @@ def guard(c: Constants, s: ModelState, act: Action) -> bool:
     n = act.name
     if n in DRIVER_STEPS:
         return _driver_guard(c, s, act, n)
+    if n in ("Unmap", "Release", "Free"):
+        if s.phase not in _UNWINDING or act.rank is None:
+            return False
+        rs = s.ranks[act.rank]
+        if n == "Free":
+            return rs.va and not rs.created
+        a = act.alloc
+        if a is None or len(rs.created) > a + 1:
+            return False  # reverse order: no b > a created (created is a prefix 0..n-1)
+        if n == "Release":
+            return a in rs.created and a not in rs.mapped and a not in rs.alias_mapped
+        if act.mapping == "alias":
+            return a in rs.alias_mapped
+        if act.mapping == "plane":
+            return a in rs.mapped and a not in rs.alias_mapped
+        return False
     if n == "Fail":
         # Fail(r, x) == x \in FailSteps /\ StepEnabled(r, x); the trace engines also
         # check the failed call's own arguments (step_guard).
@@ -247,22 +263,6 @@ def guard(c: Constants, s: ModelState, act: Action) -> bool:
         return s.phase == "Allocating" and any(r.failed for r in s.ranks)
     if n == "Unpublish":
         return s.phase == "Published"
-    if n in ("Unmap", "Release", "Free"):
-        if s.phase not in _UNWINDING or act.rank is None:
-            return False
-        rs = s.ranks[act.rank]
-        if n == "Free":
-            return rs.va and not rs.created
-        a = act.alloc
-        if a is None or len(rs.created) > a + 1:
-            return False  # reverse order: no b > a created (created is a prefix 0..n-1)
-        if n == "Release":
-            return a in rs.created and a not in rs.mapped and a not in rs.alias_mapped
-        if act.mapping == "alias":
-            return a in rs.alias_mapped
-        if act.mapping == "plane":
-            return a in rs.mapped and a not in rs.alias_mapped
-        return False
     if n == "AbortComplete":
         return s.phase == "Aborting" and all(r.empty() for r in s.ranks)
     if n == "ShutdownComplete":
@@ -287,6 +287,13 @@ def apply(c: Constants, s: ModelState, act: Action) -> None:
         devs = c.grant_set(act.rank, a, act.mapping)
         rs.access[(a, act.mapping)] = devs
         rs.grants += len(devs)
+    elif n == "Unmap":
+        (rs.alias_mapped if act.mapping == "alias" else rs.mapped).discard(a)
+        devs = rs.access.pop((a, act.mapping), None)
+        if devs:
+            rs.grants -= len(devs)
+    elif n == "Release":
+        rs.created.discard(a)
     elif n == "RankReady":
         rs.ready = True
     elif n == "Fail":
@@ -299,13 +306,6 @@ def apply(c: Constants, s: ModelState, act: Action) -> None:
     elif n == "Unpublish":
         s.published = set()
         s.phase = "ShuttingDown"
-    elif n == "Unmap":
-        (rs.alias_mapped if act.mapping == "alias" else rs.mapped).discard(a)
-        devs = rs.access.pop((a, act.mapping), None)
-        if devs:
-            rs.grants -= len(devs)
-    elif n == "Release":
-        rs.created.discard(a)
     elif n == "Free":
         rs.va = False
         rs.ready = False

@@ -11,6 +11,7 @@ state before it and the actions enabled there; the TLC engine
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,85 @@ def _state_mismatch(s: ModelState, ev: Event) -> str:
     return "recorded state disagrees with the model: " + "; ".join(diffs)
 
 
+_HOT = frozenset({"Reserve", "Create", "Map", "MapAlias", "Grant", "Unmap", "Release",
+                  "Free"})
+_SUCCESS_JSON = '"CUDA_SUCCESS"'
+_TF = {True: "true", False: "false"}
+
+
+class _RowEvent:
+    """The fields of :class:`Event` that the checks read, from a fast-reader row
+    (for the few rows that are not successful driver steps)."""
+
+    __slots__ = ("rank", "action", "alloc", "mapping", "result", "args", "state")
+
+    def __init__(self, row: tuple[str, ...]) -> None:
+        self.rank = None if row[1] == "null" else int(row[1])
+        self.action = row[2]
+        self.alloc = int(row[4]) if row[4] else None
+        self.mapping = row[5] or None
+        self.result = None if row[9] == "null" else row[9][1:-1]
+        self.args = {"devices": json.loads(row[6])} if row[6] else {}
+        self.state: dict[str, object] = json.loads("{" + row[10] + "}")
+
+    @property
+    def ok(self) -> bool:
+        return self.result is None or self.result == "CUDA_SUCCESS"
+
+
+def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
+                 dev_to_rank: dict[int, int]) -> int:
+    """Step the fast reader's rows (trace_io.ROW_FIELDS) through the model; returns the
+    index of the first row it leaves to the detailed loop (len(rows) when none).
+
+    Why: the detailed loop costs an Event per row. Here only successful driver steps
+    are handled, with the same checks in the same order as :func:`_mismatch` and
+    :func:`_state_mismatch` (guard, GrantSet, apply, recorded state); any other row,
+    or any disagreement, stops the loop *before* the row's effect is applied (a state
+    disagreement after apply is reported by the caller from a recomputed state).
+    """
+    ranks = s.ranks
+    grant_cache: dict[str, frozenset[int]] = {}
+    # the reader checked rank < NumRanks and alloc < NumAllocs: decimal text -> int by lookup
+    rank_of = {str(r): r for r in range(c.ranks)}
+    alloc_of = {str(a): a for a in range(c.allocs)}
+    alloc_of[""] = None  # type: ignore[assignment]
+    tf = _TF
+    hot = _HOT
+    for i, row in enumerate(rows):
+        _, rank, action, _, alloc, mapping, devs, _, _, result, state, _ = row
+        if result != _SUCCESS_JSON or action not in hot:  # rare: group, model-only, failed
+            ev = _RowEvent(row)
+            act = event_action(ev)  # type: ignore[arg-type]
+            if _mismatch(c, s, ev, act, dev_to_rank):  # type: ignore[arg-type]
+                return i
+            apply(c, s, act)
+            if _state_mismatch(s, ev):  # type: ignore[arg-type]
+                return -1 - i
+            continue
+        r = rank_of[rank]
+        act = Action(action, r, alloc_of[alloc], mapping or None)
+        if not guard(c, s, act):
+            return i
+        if action == "Grant":
+            got = grant_cache.get(devs)
+            if got is None:
+                got = frozenset(dev_to_rank.get(d, -1 - d) for d in json.loads(devs))
+                grant_cache[devs] = got
+            if got != c.grant_set(r, act.alloc, act.mapping):  # type: ignore[arg-type]
+                return i
+        apply(c, s, act)
+        rs = ranks[r]
+        # the recorded state, written the way the trace writer does (ints and JSON
+        # booleans have one spelling, so equal text is equal values)
+        if state != (f'"phase": "{s.phase}", "va": {tf[rs.va]}, "created": '
+                     f'{len(rs.created)}, "mapped": {len(rs.mapped)}, "alias_mapped": '
+                     f'{len(rs.alias_mapped)}, "grants": {rs.grants}, "ready": '
+                     f'{tf[rs.ready]}, "failed": {tf[rs.failed]}'):
+            return -1 - i  # applied: the caller recomputes the state before it
+    return len(rows)
+
+
 def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     """Replay ``trace`` through the Python model; never raises on a rejected trace."""
     t0 = time.perf_counter()
@@ -140,7 +220,14 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     s = initial_state(c)
     dev_to_rank: dict = trace.header.device_to_rank()  # also caches device lists
     events = trace.events
-    for ev in events:
+    start = 0
+    if trace.rows is not None:
+        start = _replay_rows(c, s, trace.rows, dict(dev_to_rank))
+        if start < 0:
+            start = -1 - start
+            s = state_before(trace, start)
+    for k in range(start, len(events)):
+        ev = events[k]
         act = event_action(ev)
         why = _mismatch(c, s, ev, act, dev_to_rank)
         if not why:
@@ -165,9 +252,23 @@ def state_before(trace: Trace, index: int) -> ModelState:
     """The model state after the first ``index`` events (assumed allowed)."""
     c = Constants.from_header(trace.header)
     s = initial_state(c)
+    if trace.rows is not None:
+        for row in trace.rows[:index]:
+            apply(c, s, _row_action(row))
+        return s
     for ev in trace.events[:index]:
         apply(c, s, event_action(ev))
     return s
+
+
+def _row_action(row: tuple[str, ...]) -> Action:
+    """:func:`event_action` of a fast-reader row (trace_io.ROW_FIELDS)."""
+    rank, action, alloc, mapping, result = row[1], row[2], row[4], row[5], row[9]
+    r = None if rank == "null" else int(rank)
+    a = int(alloc) if alloc else None
+    if result in ("null", _SUCCESS_JSON):
+        return Action(action, r, a, mapping or None)
+    return Action("Fail", r, a, mapping or None, step=action)
 
 
 def replay_file(path: str | Path) -> Verdict:

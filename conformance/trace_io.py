@@ -425,26 +425,26 @@ _INT = r"(?:0|[1-9][0-9]*)"
 _NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
 _ALT_ACTIONS = "|".join(sorted(EVENT_ACTIONS, key=lambda a: (-len(a), a)))
 _ALT_PHASES = "|".join(sorted(PHASES, key=lambda a: (-len(a), a)))
-#: Row fields (regex groups), in order. ``has_alloc`` is '"' when args has an alloc;
-#: ``va``/``ready``/``failed`` are "t" or "f" (one-character strings are shared, so a
-#: row costs fewer new objects); the state fields are "" on group events.
+#: Row fields (regex groups), in order. ``has_alloc`` is '"' when args has an alloc and
+#: ``has_counters`` is "," when the state has the rank counters (one-character strings
+#: are shared, so markers cost no new objects); ``state`` is the text inside the state's
+#: braces (the replay compares it with the model state written the same way).
 ROW_FIELDS = ("seq", "rank", "action", "has_alloc", "alloc", "mapping", "devices",
-              "failed_rank", "call", "result", "phase", "va", "created", "mapped",
-              "alias_mapped", "grants", "ready", "failed")
-_BOOL = r'((?=true)t|(?=false)f)(?:rue|alse)'
+              "failed_rank", "call", "result", "state", "has_counters")
+_BOOL = r'(?:true|false)'
 _FAST_EVENT = re.compile(
     r'^\{"kind": "event", "seq": (' + _INT + r'), "t": ' + _NUM + r', "rank": (null|' + _INT
     + r'), "action": "(' + _ALT_ACTIONS + r')", "args": \{(?:(")alloc": (' + _INT
     + r')(?:, "mapping": "(plane|alias)"(?:, "devices": (\[(?:' + _INT + r'(?:, ' + _INT
     + r')*)?\]))?)?|"failed_rank": (null|' + _INT + r'))?\}, "call": (null|"[A-Za-z]+"), '
     r'"result": (null|"[A-Za-z0-9_]+"), "device": (?:null|' + _INT + r'), "va": (?:null|'
-    + _INT + r'), "size": (?:null|' + _INT + r'), "state": \{"phase": "(' + _ALT_PHASES
-    + r')"(?:, "va": ' + _BOOL + r', "created": (' + _INT + r'), "mapped": (' + _INT
-    + r'), "alias_mapped": (' + _INT + r'), "grants": (' + _INT + r'), "ready": ' + _BOOL
-    + r', "failed": ' + _BOOL + r')?\}\}$', re.M)
+    + _INT + r'), "size": (?:null|' + _INT + r'), "state": \{("phase": "(?:' + _ALT_PHASES
+    + r')"(?:(,) "va": ' + _BOOL + r', "created": ' + _INT + r', "mapped": ' + _INT
+    + r', "alias_mapped": ' + _INT + r', "grants": ' + _INT + r', "ready": ' + _BOOL
+    + r', "failed": ' + _BOOL + r')?)\}\}$', re.M)
 _SEQ = itemgetter(0)
 _ALLOC = itemgetter(4)
-#: rank, action, has_alloc, mapping, devices, failed_rank, call, va (state present)
+#: rank, action, has_alloc, mapping, devices, failed_rank, call, has_counters
 _COMBO = itemgetter(1, 2, 3, 5, 6, 7, 8, 11)
 
 

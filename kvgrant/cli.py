@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
+from kvgrant.commands._args import exit_status
 from kvgrant.errors import KVGrantError
 
 __all__ = ["main"]
@@ -37,9 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except KVGrantError as err:
         print(f"kvgrant {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return exit_status(err)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `kvgrant conform T | head`: the reader went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

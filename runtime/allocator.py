@@ -517,6 +517,8 @@ class Published:
         self.startup_s = startup_s
         self.release_s: float | None = None
         self.released = False
+        #: why this backend was used (``auto`` falls back to sim when GPUs are missing)
+        self.backend_reason = ""
         #: [rank][plane name] -> VA of the plane
         self.plane_va: list[dict[str, int]] = [
             {p: st.base + o for p, o in run.plane_off.items()} for st in run.ranks]
@@ -531,6 +533,12 @@ class Published:
     @property
     def trace_path(self) -> Path | None:
         return self._run.trace.path
+
+    @property
+    def trace_error(self) -> BaseException | None:
+        """Why the trace is incomplete (a write failed), or None. Tracing never
+        aborts the allocation it records; the caller decides what to do."""
+        return self._run.trace.error
 
     def row_va(self, rank: int, region: str, row: int) -> int:
         """VA of ``row`` of ``region`` on ``rank``."""
@@ -566,6 +574,7 @@ class Published:
         return {"geometry": self.geometry.name, "plan": self.plan.label,
                 "backend": getattr(self.driver, "name", "?"), "ranks": self.ranks,
                 "devices": list(self.devices), "capacity": self.capacity.as_dict(),
+                "backend_reason": self.backend_reason,
                 "counts": self.counts.as_dict(), "startup_s": round(self.startup_s, 6),
                 "live": self.driver.live().as_dict()}
 
@@ -716,15 +725,18 @@ def allocate(geometry: "Geometry | str | Path", *,
         return p
 
     the_plan = checked(g)
+    for d in devs:
+        if d < 0:
+            raise PlanError(f"devices = {devs}: CUDA ordinals must be >= 0")
+    tw = open_trace(trace)  # a bad trace path fails here, before any driver exists
 
     # -- driver and capacity ------------------------------------------------------
     owns = driver is None
+    backend_reason = "given" if driver is not None else f"asked for {backend!r}"
     if driver is None:
         opts = dict(driver_options or {})
         if backend == "auto":
-            from kvgrant.runtime.cuda import cuda_available
-
-            backend = "cuda" if cuda_available() else "sim"
+            backend, backend_reason = _auto_backend(max(devs) + 1)
         if backend == "sim":
             opts.setdefault("devices", max(devs) + 1)
         else:
@@ -758,6 +770,7 @@ def allocate(geometry: "Geometry | str | Path", *,
             g = parse_geometry(g.model_dump())
             the_plan = checked(g)
     except DriverError as e:
+        tw.close()
         if owns:
             driver.close()
         raise AllocationError(
@@ -765,6 +778,7 @@ def allocate(geometry: "Geometry | str | Path", *,
             f"created; nothing was published. Cause: {e}", cause=e, device=e.device,
             call=e.call, result_name=e.result_name, live=driver.live().as_dict()) from e
     except BaseException:
+        tw.close()
         if owns:
             driver.close()
         raise
@@ -775,7 +789,6 @@ def allocate(geometry: "Geometry | str | Path", *,
                         memory_limit=limit.text)
 
     # -- the transaction --------------------------------------------------------------
-    tw = open_trace(trace)
     run = _Run(g, the_plan, driver, devs, tw, inject_bug)
     t0 = time.perf_counter()
     txn = Transaction()
@@ -798,7 +811,26 @@ def allocate(geometry: "Geometry | str | Path", *,
         run._group("Publish")
     teardown = txn.commit()
     startup = time.perf_counter() - t0
-    return Published(run, teardown, capacity, fit, startup, owns, run.counts())
+    pub = Published(run, teardown, capacity, fit, startup, owns, run.counts())
+    pub.backend_reason = backend_reason
+    return pub
+
+
+def _auto_backend(needed: int) -> tuple[str, str]:
+    """``auto``: cuda when a usable GPU exists for every rank, else sim (and why)."""
+    from kvgrant.runtime.cuda import cuda_available, CudaDriver
+
+    if not cuda_available():
+        return "sim", "auto: no usable CUDA GPU"
+    probe = CudaDriver()
+    try:
+        have = probe.device_count()
+    finally:
+        probe.close()
+    if have < needed:
+        return "sim", (f"auto: {needed} ranks need {needed} GPUs, this host has {have} "
+                       f"(run the layout on fewer ranks with --ranks {have})")
+    return "cuda", f"auto: {have} CUDA GPU(s)"
 
 
 def _abort(run: _Run, txn: Transaction, f: _StepFailed, free_before: dict[int, int],
@@ -835,6 +867,8 @@ def _abort(run: _Run, txn: Transaction, f: _StepFailed, free_before: dict[int, i
            f"published. Cause: {e}")
     if errors:
         msg += f"; {len(errors)} undo(s) failed, first: {errors[0]}"
+    if run.trace.error is not None:
+        msg += f"; the trace is incomplete: writing it failed: {run.trace.error}"
     raise AllocationError(msg, cause=e, rank=f.rank, device=f.device, call=f.call,
                           result_name=e.result_name, target=f.target, byte_range=f.byte_range,
                           live=live_at_failure, free_before=free_before, free_after=free_after,

@@ -20,8 +20,11 @@ import os
 import queue
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import IO, Any, Mapping
+
+from kvgrant.errors import TraceError
 
 __all__ = ["TRACE_ENV", "TRACE_VERSION", "TraceWriter", "event_template", "open_trace"]
 
@@ -58,6 +61,36 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
+def _write_loop(q: "queue.Queue[list[Any] | None]", fh: IO[str], owns: bool,
+                error: list[BaseException]) -> None:
+    """Writer thread: format each batch and write it, in order; on the stop sentinel,
+    flush and close the file when the writer opened it. A write error is kept in
+    ``error`` (reported by the writer's owner) and later batches are dropped."""
+    while True:
+        batch = q.get()
+        try:
+            if batch is None:
+                try:
+                    fh.flush()
+                    if owns:
+                        fh.close()
+                except BaseException as err:
+                    error.append(err)
+                return
+            if not error:
+                fh.write("".join(item if item.__class__ is str
+                                 else item[0] % (item[1], item[2], *item[3])
+                                 for item in batch))
+        except BaseException as err:
+            error.append(err)
+        finally:
+            q.task_done()
+
+
+def _stop_writer(q: "queue.Queue[list[Any] | None]") -> None:
+    q.put(None)
+
+
 class TraceWriter:
     """Writes one trace; ``TraceWriter(None)`` is a disabled writer that does nothing.
 
@@ -69,63 +102,64 @@ class TraceWriter:
     flush_each
         Flush after every line (for tailing a live run); otherwise lines are
         flushed at group events (Publish, Abort, ...) and on close.
+
+    Notes
+    -----
+    Tracing never aborts the lifecycle it records: a write error switches the writer
+    off and is kept in :attr:`error` for the caller to report once the allocation or
+    its unwinding is complete. A writer that is never closed stops its thread when it
+    is garbage-collected.
     """
 
-    __slots__ = ("_fh", "_owns", "_seq", "_t0", "_flush_each", "_pending", "path",
-                 "header_written", "_queue", "_thread", "_error")
+    __slots__ = ("_fh", "_on", "_seq", "_t0", "_flush_each", "_pending", "path",
+                 "header_written", "_queue", "_thread", "_errors", "_finalizer",
+                 "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
                  flush_each: bool = False) -> None:
         self._seq = 0
         # events not yet handed to the writer: a line (str) or (template, seq, t, values)
         self._pending: list[Any] = []
-        self._queue: "queue.Queue[list[Any] | None] | None" = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
         self._t0 = time.perf_counter()
         self._flush_each = flush_each
+        self._errors: list[BaseException] = []
         self.header_written = False
         self.path: Path | None = None
+        self._queue: "queue.Queue[list[Any] | None] | None" = None
+        self._thread: threading.Thread | None = None
+        self._finalizer: weakref.finalize | None = None
+        owns = False
         if target is None:
             self._fh: IO[str] | None = None
-            self._owns = False
         elif isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
-            if self.path.parent and not self.path.parent.exists():
+            try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "w", encoding="ascii", buffering=1 << 20)
-            self._owns = True
+                self._fh = open(self.path, "w", encoding="ascii", buffering=1 << 20)
+            except OSError as err:
+                raise TraceError(f"trace = {str(self.path)!r}: cannot open for writing: "
+                                 f"{err.strerror or err}") from None
+            owns = True
         else:
             self._fh = target
-            self._owns = False
+        self._on = self._fh is not None
         if self._fh is not None:
             self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._write_loop, name="kvgrant-trace",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=_write_loop, args=(self._queue, self._fh, owns, self._errors),
+                name="kvgrant-trace", daemon=True)
             self._thread.start()
-
-    def _write_loop(self) -> None:
-        """Writer thread: format each batch and write it, in order."""
-        q, fh = self._queue, self._fh
-        assert q is not None and fh is not None
-        while True:
-            batch = q.get()
-            try:
-                if batch is None:
-                    return
-                if self._error is None:
-                    fh.write("".join(item if item.__class__ is str
-                                     else item[0] % (item[1], item[2], *item[3])
-                                     for item in batch))
-            except BaseException as err:  # reported by flush()/close() on the caller's thread
-                self._error = err
-            finally:
-                q.task_done()
+            self._finalizer = weakref.finalize(self, _stop_writer, self._queue)
 
     @property
     def enabled(self) -> bool:
         """True while lines are written; test this before building an event."""
-        return self._fh is not None
+        return self._on
+
+    @property
+    def error(self) -> BaseException | None:
+        """The first write error, if any (the writer is then switched off)."""
+        return self._errors[0] if self._errors else None
 
     @property
     def events(self) -> int:
@@ -134,13 +168,14 @@ class TraceWriter:
 
     def header(self, **constants: Any) -> None:
         """Write the header line (must come first, once)."""
-        if self._fh is None:
+        if not self._on:
             return
         if self.header_written or self._seq:
             raise RuntimeError("trace header must be the first line and written once")
         line = {"kind": "header", "version": TRACE_VERSION}
         line.update(constants)
-        self._fh.write(_encode(line) + "\n")
+        self._pending.append(_encode(line) + "\n")
+        self._drain()
         self.header_written = True
         self._t0 = time.perf_counter()
 
@@ -149,7 +184,7 @@ class TraceWriter:
               device: int | None = None, va: int | None = None,
               size: int | None = None) -> None:
         """Write one transition; ``seq`` is assigned here, without gaps."""
-        if self._fh is None:
+        if not self._on:
             return
         self.event_json(rank, action, _encode(args), call, result, _encode(state),
                         device=device, va=va, size=size)
@@ -157,12 +192,11 @@ class TraceWriter:
     def event_json(self, rank: int | None, action: str, args_json: str, call: str | None,
                    result: str | None, state_json: str, *, device: int | None = None,
                    va: int | None = None, size: int | None = None) -> None:
-        """:meth:`event` with ``args`` and ``state`` already JSON-encoded (the hot path).
+        """:meth:`event` with ``args`` and ``state`` already JSON-encoded.
 
         ``action``, ``call`` and ``result`` are identifiers (no quoting needed).
         """
-        fh = self._fh
-        if fh is None:
+        if not self._on:
             return
         self._pending.append(_EVENT % (
             self._seq, _clock() - self._t0, "null" if rank is None else rank, action, args_json,
@@ -175,12 +209,12 @@ class TraceWriter:
             self._drain()
 
     def event_line(self, template: str, *values: object) -> None:
-        """Write one rank event from an :func:`event_template` (the cheapest path).
+        """Write one rank event from an :func:`event_template` (the hot path: it only
+        records the values; the writer thread formats them).
 
         ``values`` fill the template's placeholders after ``seq`` and ``t``.
         """
-        fh = self._fh
-        if fh is None:
+        if not self._on:
             return
         pending = self._pending
         pending.append((template, self._seq, _clock() - self._t0, values))
@@ -188,43 +222,41 @@ class TraceWriter:
         if self._flush_each:
             self._drain()
         elif len(pending) >= _BATCH:
-            self._handoff()
-
-    def _handoff(self) -> None:
-        """Give the pending events to the writer thread (no waiting)."""
-        if self._pending and self._queue is not None:
-            self._queue.put(self._pending)
+            self._queue.put(pending)  # type: ignore[union-attr]
             self._pending = []
 
     def _drain(self) -> None:
-        """Hand everything to the writer, wait until it is written, flush the file."""
-        fh = self._fh
-        if fh is None:
+        """Hand everything to the writer, wait until it is written, flush the file.
+        Never raises: a write error switches the writer off (see :attr:`error`)."""
+        q, fh = self._queue, self._fh
+        if q is None or fh is None or not self._on:
             return
-        self._handoff()
-        if self._queue is not None:
-            self._queue.join()
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise OSError(f"trace {self.path or '<stream>'}: write failed: {err}") from err
-        fh.flush()
+        if self._pending:
+            q.put(self._pending)
+            self._pending = []
+        q.join()
+        if not self._errors:
+            try:
+                fh.flush()
+            except BaseException as err:
+                self._errors.append(err)
+        if self._errors:
+            self._on = False
 
     def flush(self) -> None:
         self._drain()
 
     def close(self) -> None:
         """Flush, stop the writer thread, close the file when this writer opened it.
-        Safe to call twice."""
-        try:
-            self._drain()
-        finally:
-            if self._queue is not None and self._thread is not None:
-                self._queue.put(None)
-                self._thread.join()
-                self._queue = self._thread = None
-            fh, self._fh = self._fh, None
-            if fh is not None and self._owns:
-                fh.close()
+        Safe to call twice; never raises (see :attr:`error`)."""
+        self._drain()
+        self._on = False
+        if self._finalizer is not None and self._thread is not None:
+            self._finalizer()  # puts the stop sentinel, once
+            self._thread.join()
+            self._finalizer = None
+            self._thread = self._queue = None
+        self._fh = None
 
     def __enter__(self) -> "TraceWriter":
         return self

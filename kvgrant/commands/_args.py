@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["count"]
+from kvgrant.errors import GeometryError, KVGrantError, TraceError
+
+__all__ = ["count", "exit_status"]
 
 
 def count(text: str) -> int:
@@ -16,3 +18,9 @@ def count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value}: must be >= 0")
     return value
+
+
+def exit_status(err: KVGrantError) -> int:
+    """2 for bad input (a geometry or trace file that breaks a rule), 1 for a request
+    that was refused or failed (pre-flight, contract, capacity, driver, allocation)."""
+    return 2 if isinstance(err, (GeometryError, TraceError)) else 1

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvgrant.errors import AllocationError, KVGrantError
 
-from kvgrant.commands._args import count
+from kvgrant.commands._args import count, exit_status
 
 __all__ = ["add_parser", "run"]
 
@@ -93,6 +93,8 @@ def _print_text(s: dict[str, Any], release_s: float | None, live_after: dict[str
     cap, c = s["capacity"], s["counts"]
     print(f"kvgrant alloc: {s['geometry']} ({s['plan']} plan) on {s['backend']}, "
           f"{s['ranks']} ranks on devices {s['devices']}")
+    if s.get("backend_reason", "").startswith("auto:"):
+        print(f"  backend {s['backend_reason']}")
     reduced = "" if cap["pages"] == cap["requested_pages"] else \
         f" (fitted from {cap['requested_pages']} under --memory-limit={cap['memory_limit']})"
     print(f"  published: {cap['pages']} KV pages{reduced} = {cap['kv_tokens']:,} KV tokens "
@@ -123,32 +125,41 @@ def run(args: argparse.Namespace) -> int:
                   "integers", file=sys.stderr)
             return 2
     geometry = args.geometry
-    if args.ranks is not None:
-        from kvgrant.layout.geometry import load_geometry, on_ranks
-
-        geometry = on_ranks(load_geometry(args.geometry), args.ranks)
     try:
+        if args.ranks is not None:
+            from kvgrant.layout.geometry import load_geometry, on_ranks
+
+            geometry = on_ranks(load_geometry(args.geometry), args.ranks)
         pub = allocate(geometry, plan=args.plan, backend=args.backend, devices=devices,
                        memory_limit=args.memory_limit, handle_budget=args.handle_budget,
                        preflight=not args.no_preflight, trace=args.trace,
                        driver_options=_driver_options(args))
-    except AllocationError as err:
+    except KVGrantError as err:
         if args.json:
-            print(json.dumps({"ok": False, "error": str(err), "call": err.call,
-                              "rank": err.rank, "device": err.device,
-                              "result": err.result_name, "target": err.target,
-                              "byte_range": err.byte_range, "live": err.live,
-                              "free_before": err.free_before, "free_after": err.free_after}))
+            out: dict[str, object] = {"ok": False, "kind": type(err).__name__,
+                                      "error": str(err)}
+            if isinstance(err, AllocationError):
+                out.update({"call": err.call, "rank": err.rank, "device": err.device,
+                            "result": err.result_name, "target": err.target,
+                            "byte_range": err.byte_range, "live": err.live,
+                            "free_before": err.free_before, "free_after": err.free_after})
+            print(json.dumps(out))
         print(f"kvgrant alloc: error: {err}", file=sys.stderr)
-        return 1
+        return exit_status(err)
     summary = pub.summary()
     trace = str(pub.trace_path) if pub.trace_path else None
     pub.release()
     live_after = pub.driver.live().as_dict()
+    trace_error = pub.trace_error
     if args.json:
-        summary.update({"ok": True, "release_s": round(pub.release_s or 0.0, 6),
-                        "live_after_release": live_after, "trace": trace})
+        summary.update({"ok": trace_error is None, "release_s": round(pub.release_s or 0.0, 6),
+                        "live_after_release": live_after, "trace": trace,
+                        "trace_error": None if trace_error is None else str(trace_error)})
         print(json.dumps(summary))
     else:
         _print_text(summary, pub.release_s, live_after, trace)
+    if trace_error is not None:
+        print(f"kvgrant alloc: error: the trace {trace} is incomplete: writing it failed: "
+              f"{trace_error}", file=sys.stderr)
+        return 1
     return 0

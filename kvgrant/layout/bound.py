@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from kvgrant.layout.conflicts import conflict_ranges
 from kvgrant.layout.geometry import Geometry, round_up
 
-__all__ = ["LowerBound", "RegionBound", "allocation_lower_bound"]
+__all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "lagrangian_bound"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,9 @@ class RegionBound:
 class LowerBound:
     """Allocations per rank that any contract-keeping plan needs at least.
 
-    ``total = max(aliased + unaliased, planes)``.
+    ``total = max(aliased + unaliased, planes, relaxation)``: ``aliased`` and
+    ``unaliased`` are the combinatorial bounds (A)-(C), ``relaxation`` the
+    Lagrangian bound (D) on all allocations together.
     """
 
     total: int
@@ -59,10 +61,12 @@ class LowerBound:
     planes: int
     free_pages: int
     regions: tuple[RegionBound, ...]
+    relaxation: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {"total": self.total, "aliased": self.aliased, "unaliased": self.unaliased,
                 "planes": self.planes, "free_pages": self.free_pages,
+                "relaxation": self.relaxation,
                 "regions": {r.region: {"pieces": r.pieces, "incidences": r.incidences,
                                        "crossable": r.crossable} for r in self.regions}}
 
@@ -438,5 +442,198 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
         left -= size
         by_bytes += 1
     unaliased = max(forced, by_bytes, _gap_bound(g, _dead_units(g, conflicts)))
-    total = max(aliased + unaliased, len(g.planes))
-    return LowerBound(total, aliased, unaliased, len(g.planes), free_pages, tuple(regions))
+    relaxation = lagrangian_bound(g)
+    total = max(aliased + unaliased, len(g.planes), relaxation)
+    return LowerBound(total, aliased, unaliased, len(g.planes), free_pages, tuple(regions),
+                      relaxation)
+
+
+# --- (D) Lagrangian relaxation of the granule assignment -------------------------------
+
+
+def _unit_ranges(units: int, G: int, bpp: int, pages: int, o1: int, o2: int,
+                 comps: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """Plane granules u of one plane whose bytes [u G + o1, u G + o2) touch only pages
+    inside one component of ``comps`` (or no page at all: bytes past the last page),
+    as sorted, merged half-open ranges of u."""
+    end = pages * bpp
+    out = [(max(0, -(-(end - o1) // G)), units)]  # bytes past the pages: no page
+    for a, b in comps:
+        lo = max(0, -(-(a * bpp - o1) // G))
+        hi = units if b >= pages else min(units, (b * bpp - o2) // G + 1)
+        out.append((lo, hi))
+    out = sorted((lo, hi) for lo, hi in out if lo < hi)
+    merged: list[tuple[int, int]] = []
+    for lo, hi in out:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for lo1, hi1 in a:
+        for lo2, hi2 in b:
+            lo, hi = max(lo1, lo2), min(hi1, hi2)
+            if lo < hi:
+                out.append((lo, hi))
+    return sorted(out)
+
+
+def _labels(g: Geometry) -> tuple[list[int], list[int], list[list[tuple[str, int, int, int]]]]:
+    """The relaxation's labels: each row's interior granules (one label, need = their
+    number) and each straddling region granule (one label, need 1), in region order.
+
+    Returns (need per label, predecessor label or -1 per label, and per label the
+    byte parts as (region, row, offset in the granule, end in the granule))."""
+    G = g.granularity
+    need: list[int] = []
+    pred: list[int] = []
+    parts: list[list[tuple[str, int, int, int]]] = []
+    for r in g.regions:
+        R, end = r.row_bytes, r.rows * r.row_bytes
+        prev = -1
+        interior = None  # label of the row whose interior is being collected
+        for j in range(round_up(end, G) // G):
+            lo, hi = j * G, (j + 1) * G
+            if hi <= end and lo // R == (hi - 1) // R:
+                k = lo // R
+                if interior is not None and parts[interior][0][1] == k:
+                    need[interior] += 1
+                    continue
+                interior = len(need)
+                need.append(1)
+                parts.append([(r.name, k, 0, G)])
+            else:
+                interior = None
+                ps = []
+                b = lo
+                while b < min(hi, end):
+                    k = b // R
+                    e = min(hi, end, (k + 1) * R)
+                    ps.append((r.name, k, b - lo, e - lo))
+                    b = e
+                need.append(1)
+                parts.append(ps)
+            pred.append(prev)
+            prev = len(need) - 1
+    return need, pred, parts
+
+
+def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
+                     region_cost: dict[str, int] | None = None) -> int:
+    """A lower bound on allocations from a Lagrangian relaxation (proof in
+    docs/layout.md, "(D) Lagrangian relaxation").
+
+    Every plan assigns each aliased plane granule to the region granule it backs.
+    Group region granules into *labels* (a row's interior granules; each straddling
+    granule alone). A granule may take a label only if its pages lie in the rows'
+    conflict sets. Along each plane, count one allocation at the start of each run
+    of one label, of each label that continues the previous one in region order
+    (only then can they be one allocation), and of each non-aliased stretch: this
+    never exceeds the plan's allocations. Relaxing "label l gets exactly need_l
+    granules" with prices lambda_l makes the planes independent; a shortest-path pass
+    per plane solves each exactly, and any prices give a bound. Prices are improved by
+    subgradient steps and the best bound is kept.
+
+    With ``free_cost`` and ``region_cost`` (default 1 each) the bound is on the
+    weighted sum: ``free_cost`` per non-aliased allocation and ``region_cost[R]`` per
+    allocation aliased into region R (e.g. driver handles: mappings x devices).
+    """
+    G = g.granularity
+    conflicts = conflict_ranges(g, g.aliases)
+    need, pred, parts = _labels(g)
+    if not need:
+        return 0
+    nl = len(need)
+    # per plane class (bytes per page, granules): per granule the eligible labels
+    classes: dict[tuple[int, int], int] = {}
+    for p in g.planes:
+        key = (p.bytes_per_page, g.plane_bytes(p.name) // G)
+        classes[key] = classes.get(key, 0) + 1
+    elig_by_class = []
+    for (bpp, units), mult in classes.items():
+        per_unit: list[list[int]] = [[] for _ in range(units)]
+        for lab in range(nl):
+            rng = [(0, units)]
+            for region, ri, o1, o2 in parts[lab]:
+                comps = conflicts[(region, ri)]
+                rng = _intersect(rng, _unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
+                if not rng:
+                    break
+            for lo, hi in rng:
+                for u in range(lo, hi):
+                    per_unit[u].append(lab)
+        elig_by_class.append((mult, per_unit))
+
+    costs = region_cost or {}
+    start = [float(costs.get(parts[i][0][0], 1)) for i in range(nl)]
+    scale = max(start + [float(free_cost)])
+    lam = [0.5 * c for c in start]
+    best = 0.0
+    theta = 1.0
+    stall = 0
+    upper = float(len(g.aliases) + len(g.planes)) * scale
+    for _ in range(iterations):
+        total = sum(lam[i] * need[i] for i in range(nl))
+        count = [0] * nl
+        for mult, per_unit in elig_by_class:
+            val, used = _plane_pass(per_unit, lam, pred, start, float(free_cost))
+            total += mult * val
+            for lab, n in used.items():
+                count[lab] += mult * n
+        if total > best + 1e-9:
+            best, stall = total, 0
+        else:
+            stall += 1
+            if stall >= 12:
+                theta, stall = theta / 2, 0
+        grad = [need[i] - count[i] for i in range(nl)]
+        norm = sum(x * x for x in grad)
+        if norm == 0:
+            break
+        step = theta * max(upper - total, scale) / norm
+        lam = [lam[i] + step * grad[i] for i in range(nl)]
+    return max(0, int(-(-(best - 1e-6) // 1)))
+
+
+def _plane_pass(per_unit: list[list[int]], lam: list[float], pred: list[int],
+                start: list[float], free_cost: float) -> tuple[float, dict[int, int]]:
+    """Cheapest labelling of one plane's granules under prices ``lam``: a new run of
+    label s costs ``start[s]`` (a non-aliased stretch ``free_cost``) unless it
+    continues the same label or the label's predecessor; each labelled granule earns
+    its price; -1 is the non-aliased state. Returns (cost, granules per label)."""
+    FREE = -1
+    prev: dict[int, float] = {}
+    gmin, gbest = 0.0, None
+    back: list[dict[int, int | None]] = []
+    for labs in per_unit:
+        cur: dict[int, float] = {}
+        bk: dict[int, int | None] = {}
+        for s in [FREE] + labs:
+            v, b = gmin + (free_cost if s == FREE else start[s]), gbest
+            same = prev.get(s)
+            if same is not None and same <= v:
+                v, b = same, s
+            if s != FREE:
+                p = pred[s]
+                if p >= 0:
+                    m = prev.get(p)
+                    if m is not None and m < v:
+                        v, b = m, p
+                v -= lam[s]
+            cur[s] = v
+            bk[s] = b
+        back.append(bk)
+        prev = cur
+        gbest = min(prev, key=prev.__getitem__)
+        gmin = prev[gbest]
+    used: dict[int, int] = {}
+    s: int | None = gbest
+    for bk in reversed(back):
+        if s is not None and s != FREE:
+            used[s] = used.get(s, 0) + 1
+        s = bk[s] if s is not None else None
+    return gmin, used

@@ -270,15 +270,19 @@ def _decode_json(text: str, where: str) -> Any:
                             field="<file>", value=where) from None
 
 
+#: on_ranks builds ranks x ranks reader lists; beyond one host's GPUs it is a typo.
+MAX_ALL_TO_ALL_RANKS = 1024
+
+
 def on_ranks(g: Geometry, ranks: int) -> Geometry:
     """The same layout on ``ranks`` ranks that all import each other.
 
     Why: a published-scale layout declared for 16 ranks can then run on the GPUs a
     test host really has (e.g. 2), with the same per-rank plan and one import group.
     """
-    if type(ranks) is not int or ranks < 1:
-        raise GeometryError(f"ranks = {ranks!r}: must be an integer >= 1", field="ranks",
-                            value=ranks)
+    if type(ranks) is not int or not 1 <= ranks <= MAX_ALL_TO_ALL_RANKS:
+        raise GeometryError(f"ranks = {ranks!r}: must be an integer in 1..{MAX_ALL_TO_ALL_RANKS} "
+                            "(every rank imports every other)", field="ranks", value=ranks)
     doc = g.model_dump()
     group = list(range(ranks))
     doc["topology"] = {"ranks": ranks, "import_groups": [group] if ranks > 1 else [],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvgrant.conformance.mutants import reference_trace
-from kvgrant.conformance.trace_io import load_trace, parse_trace
+from kvgrant.conformance.trace_io import load_trace, parse_trace, parse_trace_lines
 from kvgrant.errors import TraceError
 
 
@@ -115,3 +115,118 @@ def test_blank_line_and_bad_json_in_the_middle(header) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot read trace"):
         load_trace(tmp_path / "nope.ndjson")
+
+
+# --- the fast reader (writer-format lines) --------------------------------------------------
+
+_STATE_KEYS = ("phase", "va", "created", "mapped", "alias_mapped", "grants", "ready",
+               "failed")
+
+
+def writer_line(o: dict) -> str:
+    """One event dict in the exact shape kvgrant.runtime.trace writes (key order,
+    separators), so parse_trace takes its fast path."""
+    args = o.get("args") or {}
+    out = {"kind": o["kind"], "seq": o["seq"], "t": o.get("t", 0.0), "rank": o["rank"],
+           "action": o["action"],
+           "args": {k: args[k] for k in ("alloc", "mapping", "devices", "failed_rank")
+                    if k in args},
+           "call": o["call"], "result": o["result"], "device": o.get("device"),
+           "va": o.get("va"), "size": o.get("size"),
+           "state": {k: o["state"][k] for k in _STATE_KEYS if k in o["state"]}}
+    return json.dumps(out)
+
+
+def writer_text(trace) -> str:
+    lines = trace.to_lines()
+    return "\n".join(lines[:1] + [writer_line(json.loads(x)) for x in lines[1:]]) + "\n"
+
+
+def _both(text: str):
+    """(fast reader result or error, detailed reader result or error)."""
+    out = []
+    for fn in (lambda: parse_trace(text, source="x.ndjson"),
+               lambda: parse_trace_lines(text.split("\n")[:-1] if text.endswith("\n")
+                                         else text.split("\n"), source="x.ndjson")):
+        try:
+            out.append(fn())
+        except TraceError as err:
+            out.append(err)
+    return out
+
+
+def test_writer_format_takes_the_fast_path_and_matches_the_detailed_reader(header) -> None:
+    for t in (reference_trace(header), reference_trace(header, fail_at=7),
+              reference_trace(header, fail_at=0)):
+        fast, slow = _both(writer_text(t))
+        assert fast.rows is not None and slow.rows is None
+        assert fast.header == slow.header and len(fast.events) == len(slow.events)
+        key = [(e.index, e.line, e.seq, e.rank, e.action, e.alloc, e.mapping, e.devices,
+                e.call, e.result, dict(e.state), dict(e.raw)) for e in slow.events]
+        assert [(e.index, e.line, e.seq, e.rank, e.action, e.alloc, e.mapping, e.devices,
+                 e.call, e.result, dict(e.state), dict(e.raw)) for e in fast.events] == key
+        assert [e.describe() for e in fast.events[-3:]] == [e.describe()
+                                                            for e in slow.events[-3:]]
+
+
+def _edit(header, fail_at: int | None, pick, change) -> tuple[str, int]:
+    """Writer-format text with ``change`` applied to the first event ``pick`` selects;
+    returns the text and that event's line."""
+    objs = [json.loads(x) for x in reference_trace(header, fail_at=fail_at).to_lines()]
+    i = next(k for k, o in enumerate(objs) if k and pick(o))
+    change(objs[i])
+    lines = [json.dumps(objs[0])] + [writer_line(o) for o in objs[1:]]
+    return "\n".join(lines) + "\n", i + 1
+
+
+def _is(action):
+    return lambda o: o["action"] == action
+
+
+@pytest.mark.parametrize("fail_at, pick, change, words", [
+    (None, _is("Map"), lambda o: o.update(seq=9), "seq"),
+    (None, _is("Map"), lambda o: o.update(rank=3), "rank"),
+    (None, _is("Map"), lambda o: o.update(rank=None), "rank"),
+    (None, _is("Publish"), lambda o: o.update(rank=0), "group action Publish"),
+    (None, _is("Create"), lambda o: o.update(args={}), "args.alloc"),
+    (None, _is("Release"), lambda o: o["args"].update(alloc=4), "args.alloc"),
+    (None, _is("Grant"), lambda o: o["args"].pop("mapping"), "args.mapping"),
+    (None, _is("Unmap"), lambda o: o["args"].pop("mapping"), "args.mapping"),
+    (None, _is("Grant"), lambda o: o["args"].pop("devices"), "args.devices"),
+    (None, _is("Grant"), lambda o: o["args"].update(devices=[1, 1]), "duplicate device"),
+    (None, _is("MapAlias"), lambda o: o.update(call="cuMemCreate"), "call"),
+    (None, _is("Free"), lambda o: o.update(state={"phase": "ShuttingDown"}), "state.va"),
+    (3, _is("Abort"), lambda o: o["args"].update(failed_rank=3), "args.failed_rank"),
+])
+def test_writer_format_errors_match_the_detailed_reader(header, fail_at, pick, change,
+                                                        words) -> None:
+    text, line = _edit(header, fail_at, pick, change)
+    fast, slow = _both(text)
+    assert isinstance(slow, TraceError) and isinstance(fast, TraceError)
+    assert fast.line == slow.line == line
+    assert str(fast) == str(slow) and words in str(fast)
+
+
+@pytest.mark.parametrize("edit, line", [
+    (lambda ls: ls[:-1] + [ls[-1][:-2]], -1),          # truncated last line
+    (lambda ls: ls[:5] + ["# note"] + ls[5:], 6),        # junk line in the middle
+    (lambda ls: ls[:5] + [""] + ls[5:], 6),              # blank line
+    (lambda ls: ls[:4] + [ls[4].replace('"kind": "event"', '"kind": "evnt"')] + ls[5:], 5),
+])
+def test_writer_format_text_errors_name_their_line(header, edit, line) -> None:
+    lines = writer_text(reference_trace(header)).split("\n")[:-1]
+    new = edit(lines)
+    fast, slow = _both("\n".join(new) + "\n")
+    want = len(new) if line == -1 else line
+    assert isinstance(fast, TraceError) and fast.line == slow.line == want
+    assert str(fast) == str(slow)
+
+
+def test_other_json_spellings_still_parse(header) -> None:
+    """CRLF line ends and no final newline leave the fast path but stay valid."""
+    text = writer_text(reference_trace(header))
+    for variant in (text.replace("\n", "\r\n"), text.rstrip("\n")):
+        t = parse_trace(variant)
+        assert len(t.events) == len(reference_trace(header).events)
+    assert parse_trace(text.rstrip("\n")).rows is not None
+    assert parse_trace(text.replace("\n", "\r\n")).rows is None

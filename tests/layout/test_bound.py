@@ -50,7 +50,8 @@ def brute_min(g, limit: int = 3000) -> int | None:
 
 
 def test_all_is_pinned():
-    assert bound.__all__ == sorted(["LowerBound", "RegionBound", "allocation_lower_bound"])
+    assert bound.__all__ == sorted(["LowerBound", "RegionBound", "allocation_lower_bound",
+                                    "lagrangian_bound"])
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))

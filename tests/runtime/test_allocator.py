@@ -9,6 +9,7 @@ import pytest
 
 from kvgrant.conformance.replay import replay_file
 from kvgrant.errors import AllocationError, ContractError, HandleBudgetError, PlanError
+from kvgrant.layout.geometry import load_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.allocator import INJECT_BUGS, Published, allocate
 from kvgrant.runtime.faults import Fault
@@ -350,9 +351,38 @@ def test_cli_alloc_fail_at_exits_nonzero_with_the_error(small_file: Path,
     assert "failed with CUDA_ERROR_OUT_OF_MEMORY" in err and "nothing was published" in err
 
 
-def test_cli_handle_budget_refusal(small_file: Path) -> None:
-    with pytest.raises(HandleBudgetError):
-        _cli(["alloc", str(small_file), "--backend", "sim", "--handle-budget", "5"])
+def test_cli_handle_budget_refusal(small_file: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    rc = _cli(["alloc", str(small_file), "--backend", "sim", "--handle-budget", "5", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert out["ok"] is False and out["kind"] == "HandleBudgetError"
+    assert "budget is 5" in out["error"]
+
+
+def test_cli_trace_write_failure_still_releases_everything(
+        small_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace that cannot be written never aborts the lifecycle it records."""
+    import io
+
+    class Full(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    from kvgrant.runtime.sim import SimDriver
+
+    drv = SimDriver(devices=3)
+    pub = allocate(load_geometry(small_file), driver=drv, trace=Full())
+    assert pub.trace_error is not None
+    pub.release()
+    assert drv.live().is_empty()
+    # and on the abort path the AllocationError (not the OSError) reaches the caller
+    from kvgrant.runtime.faults import Fault
+
+    drv = SimDriver(devices=3, faults=[Fault(nth=20)])
+    with pytest.raises(AllocationError, match="trace is incomplete"):
+        allocate(load_geometry(small_file), driver=drv, trace=Full())
+    assert drv.live().is_empty()
 
 
 def test_cli_rejects_a_bad_memory_limit(small_file: Path,

@@ -125,3 +125,26 @@ def test_flush_each_writes_every_line_at_once() -> None:
     tw.header(ranks=1)
     tw.event(0, "Reserve", {}, "cuMemAddressReserve", "CUDA_SUCCESS", STATE, device=0)
     assert buf.getvalue().count("\n") == 2
+
+
+def test_an_unclosed_writer_stops_its_thread_when_collected(tmp_path) -> None:
+    import gc
+    import threading
+    import time
+
+    def writers() -> int:
+        return sum(t.name == "kvgrant-trace" for t in threading.enumerate())
+
+    before = writers()
+    for i in range(5):
+        tw = TraceWriter(tmp_path / f"t{i}.ndjson")
+        tw.header(ranks=1)
+    assert writers() >= before + 1
+    del tw
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while writers() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writers() == before
+    # the collected writer still closed its file with the header in it
+    assert (tmp_path / "t4.ndjson").read_text().startswith('{"kind": "header"')
