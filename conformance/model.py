@@ -16,7 +16,7 @@ Kept as in the spec: ``created[r]`` is always a prefix ``0..n-1`` of the plan or
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Header
 
@@ -25,6 +25,7 @@ __all__ = [
     "Action",
     "Constants",
     "ModelState",
+    "RANK_STEPS",
     "RankState",
     "TERMINAL_PHASES",
     "apply",
@@ -164,36 +165,103 @@ def initial_state(c: Constants) -> ModelState:
 
 # --- guards ------------------------------------------------------------------------------
 
+# Why per-action functions of (c, s, r, a, m): the replay of a published-scale trace calls
+# a guard and an effect per event; looking them up once per action name (RANK_STEPS)
+# spares the Action tuple and the if-chains. guard() and apply() call the same functions,
+# so the drift guard checks exactly the code the replay runs.
+
+def _can_drive(s: ModelState, r: int | None) -> RankState | None:
+    """The rank's state when a driver step of r may run at all (Allocating, not failed)."""
+    if s.phase != "Allocating" or r is None:
+        return None
+    rs = s.ranks[r]
+    return None if rs.failed else rs
+
+
+def _g_reserve(c: Constants, s: ModelState, r: int | None, a: int | None,
+               m: str | None) -> bool:
+    rs = _can_drive(s, r)
+    return rs is not None and not rs.va
+
+
+def _g_create(c: Constants, s: ModelState, r: int | None, a: int | None,
+              m: str | None) -> bool:
+    rs = _can_drive(s, r)
+    # a not created, all b < a created (prefix invariant: exactly a are created)
+    return (rs is not None and a is not None and rs.va and a not in rs.created
+            and len(rs.created) == a)
+
+
+def _g_map(c: Constants, s: ModelState, r: int | None, a: int | None,
+           m: str | None) -> bool:
+    rs = _can_drive(s, r)
+    return rs is not None and a is not None and a in rs.created and a not in rs.mapped
+
+
+def _g_map_alias(c: Constants, s: ModelState, r: int | None, a: int | None,
+                 m: str | None) -> bool:
+    rs = _can_drive(s, r)
+    return (rs is not None and a is not None and a in c.aliased and a in rs.mapped
+            and a in rs.created and a not in rs.alias_mapped)
+
+
+def _g_grant(c: Constants, s: ModelState, r: int | None, a: int | None,
+             m: str | None) -> bool:
+    rs = _can_drive(s, r)
+    if rs is None or a is None:
+        return False
+    if m == "plane":
+        exists = a in rs.mapped
+    elif m == "alias":
+        exists = a in rs.alias_mapped
+    else:
+        return False
+    return exists and (a, m) not in rs.access
+
+
+_DRIVER_GUARDS = {"Reserve": _g_reserve, "Create": _g_create, "Map": _g_map,
+                  "MapAlias": _g_map_alias, "Grant": _g_grant}
+
+
 def _driver_guard(c: Constants, s: ModelState, act: Action, name: str) -> bool:
     """CanReserve / CanCreate / CanMap / CanMapAlias / CanGrant of the spec."""
-    if s.phase != "Allocating" or act.rank is None:
-        return False
-    rs = s.ranks[act.rank]
-    if rs.failed:
-        return False
-    a = act.alloc
-    if name == "Reserve":
-        return not rs.va
-    if a is None:
-        return False
-    if name == "Create":
-        # a not created, all b < a created (prefix invariant: exactly a are created)
-        return rs.va and a not in rs.created and len(rs.created) == a
-    if name == "Map":
-        return a in rs.created and a not in rs.mapped
-    if name == "MapAlias":
-        return (a in c.aliased and a in rs.mapped and a in rs.created
-                and a not in rs.alias_mapped)
-    if name == "Grant":
-        m = act.mapping
-        if m == "plane":
-            exists = a in rs.mapped
-        elif m == "alias":
-            exists = a in rs.alias_mapped
-        else:
-            return False
-        return exists and (a, m) not in rs.access
+    g = _DRIVER_GUARDS.get(name)
+    return g is not None and bool(g(c, s, act.rank, act.alloc, act.mapping))
+
+
+def _unwinding(s: ModelState, r: int | None) -> RankState | None:
+    if s.phase not in _UNWINDING or r is None:
+        return None
+    return s.ranks[r]
+
+
+def _g_free(c: Constants, s: ModelState, r: int | None, a: int | None,
+            m: str | None) -> bool:
+    rs = _unwinding(s, r)
+    return rs is not None and rs.va and not rs.created
+
+
+def _g_release(c: Constants, s: ModelState, r: int | None, a: int | None,
+               m: str | None) -> bool:
+    rs = _unwinding(s, r)
+    if rs is None or a is None or len(rs.created) > a + 1:
+        return False  # reverse order: no b > a created (created is a prefix 0..n-1)
+    return a in rs.created and a not in rs.mapped and a not in rs.alias_mapped
+
+
+def _g_unmap(c: Constants, s: ModelState, r: int | None, a: int | None,
+             m: str | None) -> bool:
+    rs = _unwinding(s, r)
+    if rs is None or a is None or len(rs.created) > a + 1:
+        return False  # LIFO: no b > a still created
+    if m == "alias":
+        return a in rs.alias_mapped
+    if m == "plane":
+        return a in rs.mapped and a not in rs.alias_mapped
     return False
+
+
+_UNWIND_GUARDS = {"Unmap": _g_unmap, "Release": _g_release, "Free": _g_free}
 
 
 def step_enabled(c: Constants, s: ModelState, r: int, x: str) -> bool:
@@ -228,22 +296,8 @@ def guard(c: Constants, s: ModelState, act: Action) -> bool:
     n = act.name
     if n in DRIVER_STEPS:
         return _driver_guard(c, s, act, n)
-    if n in ("Unmap", "Release", "Free"):
-        if s.phase not in _UNWINDING or act.rank is None:
-            return False
-        rs = s.ranks[act.rank]
-        if n == "Free":
-            return rs.va and not rs.created
-        a = act.alloc
-        if a is None or len(rs.created) > a + 1:
-            return False  # reverse order: no b > a created (created is a prefix 0..n-1)
-        if n == "Release":
-            return a in rs.created and a not in rs.mapped and a not in rs.alias_mapped
-        if act.mapping == "alias":
-            return a in rs.alias_mapped
-        if act.mapping == "plane":
-            return a in rs.mapped and a not in rs.alias_mapped
-        return False
+    if n in _UNWIND_GUARDS:
+        return bool(_UNWIND_GUARDS[n](c, s, act.rank, act.alloc, act.mapping))
     if n == "Fail":
         # Fail(r, x) == x \in FailSteps /\ StepEnabled(r, x); the trace engines also
         # check the failed call's own arguments (step_guard).
@@ -270,34 +324,69 @@ def guard(c: Constants, s: ModelState, act: Action) -> bool:
     return False
 
 
+def _a_reserve(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    s.ranks[r].va = True
+
+
+def _a_create(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    s.ranks[r].created.add(a)  # type: ignore[arg-type]
+
+
+def _a_map(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    s.ranks[r].mapped.add(a)  # type: ignore[arg-type]
+
+
+def _a_map_alias(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    s.ranks[r].alias_mapped.add(a)  # type: ignore[arg-type]
+
+
+def _a_grant(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    rs = s.ranks[r]
+    devs = c.grant_set(r, a, m)  # type: ignore[arg-type]
+    rs.access[(a, m)] = devs  # type: ignore[index]
+    rs.grants += len(devs)
+
+
+def _a_unmap(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    rs = s.ranks[r]
+    (rs.alias_mapped if m == "alias" else rs.mapped).discard(a)  # type: ignore[arg-type]
+    devs = rs.access.pop((a, m), None)  # type: ignore[arg-type]
+    if devs:
+        rs.grants -= len(devs)
+
+
+def _a_release(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    s.ranks[r].created.discard(a)  # type: ignore[arg-type]
+
+
+def _a_free(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
+    rs = s.ranks[r]
+    rs.va = False
+    rs.ready = False
+
+
+_RANK_APPLY = {"Reserve": _a_reserve, "Create": _a_create, "Map": _a_map,
+               "MapAlias": _a_map_alias, "Grant": _a_grant, "Unmap": _a_unmap,
+               "Release": _a_release, "Free": _a_free}
+
+#: name -> (guard, effect) of the rank steps that call the driver, each taking
+#: (c, s, rank, alloc, mapping): what guard() and apply() run for these actions.
+RANK_STEPS: dict[str, tuple[Callable[..., Any], Callable[..., None]]] = {
+    n: ({**_DRIVER_GUARDS, **_UNWIND_GUARDS}[n], f) for n, f in _RANK_APPLY.items()}
+
+
 def apply(c: Constants, s: ModelState, act: Action) -> None:
     """The action's effect, in place. Call only when :func:`guard` holds."""
     n = act.name
+    f = _RANK_APPLY.get(n)
+    if f is not None:
+        f(c, s, act.rank, act.alloc, act.mapping)  # type: ignore[arg-type]
+        return
     rs = s.ranks[act.rank] if act.rank is not None else None
-    a = act.alloc
-    if n == "Reserve":
-        rs.va = True
-    elif n == "Create":
-        rs.created.add(a)
-    elif n == "Map":
-        rs.mapped.add(a)
-    elif n == "MapAlias":
-        rs.alias_mapped.add(a)
-    elif n == "Grant":
-        devs = c.grant_set(act.rank, a, act.mapping)
-        rs.access[(a, act.mapping)] = devs
-        rs.grants += len(devs)
-    elif n == "Unmap":
-        (rs.alias_mapped if act.mapping == "alias" else rs.mapped).discard(a)
-        devs = rs.access.pop((a, act.mapping), None)
-        if devs:
-            rs.grants -= len(devs)
-    elif n == "Release":
-        rs.created.discard(a)
-    elif n == "RankReady":
-        rs.ready = True
+    if n == "RankReady":
+        rs.ready = True  # type: ignore[union-attr]
     elif n == "Fail":
-        rs.failed = True
+        rs.failed = True  # type: ignore[union-attr]
     elif n == "Publish":
         s.published = set(range(c.ranks))
         s.phase = "Published"
@@ -306,9 +395,6 @@ def apply(c: Constants, s: ModelState, act: Action) -> None:
     elif n == "Unpublish":
         s.published = set()
         s.phase = "ShuttingDown"
-    elif n == "Free":
-        rs.va = False
-        rs.ready = False
     elif n == "AbortComplete":
         s.phase = "Aborted"
     elif n == "ShutdownComplete":

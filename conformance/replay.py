@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgrant.conformance.model import (TERMINAL_PHASES, Action, Constants, ModelState,
-                                       apply, enabled, guard, initial_state,
+from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, Action, Constants,
+                                       ModelState, apply, enabled, guard, initial_state,
                                        step_guard)
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace
 
@@ -134,8 +134,6 @@ def _state_mismatch(s: ModelState, ev: Event) -> str:
     return "recorded state disagrees with the model: " + "; ".join(diffs)
 
 
-_HOT = frozenset({"Reserve", "Create", "Map", "MapAlias", "Grant", "Unmap", "Release",
-                  "Free"})
 _SUCCESS_JSON = '"CUDA_SUCCESS"'
 _TF = {True: "true", False: "false"}
 
@@ -178,10 +176,11 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
     alloc_of = {str(a): a for a in range(c.allocs)}
     alloc_of[""] = None  # type: ignore[assignment]
     tf = _TF
-    hot = _HOT
+    steps = RANK_STEPS  # the successful driver steps: guard and effect, as guard()/apply()
     for i, row in enumerate(rows):
         _, rank, action, _, alloc, mapping, devs, _, _, result, state, _ = row
-        if result != _SUCCESS_JSON or action not in hot:  # rare: group, model-only, failed
+        step = steps.get(action)
+        if result != _SUCCESS_JSON or step is None:  # rare: group, model-only, failed
             ev = _RowEvent(row)
             act = event_action(ev)  # type: ignore[arg-type]
             if _mismatch(c, s, ev, act, dev_to_rank):  # type: ignore[arg-type]
@@ -191,17 +190,18 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
                 return -1 - i
             continue
         r = rank_of[rank]
-        act = Action(action, r, alloc_of[alloc], mapping or None)
-        if not guard(c, s, act):
+        a = alloc_of[alloc]
+        m = mapping or None
+        if not step[0](c, s, r, a, m):  # = guard(c, s, Action(action, r, a, m))
             return i
         if action == "Grant":
             got = grant_cache.get(devs)
             if got is None:
                 got = frozenset(dev_to_rank.get(d, -1 - d) for d in json.loads(devs))
                 grant_cache[devs] = got
-            if got != c.grant_set(r, act.alloc, act.mapping):  # type: ignore[arg-type]
+            if got != c.grant_set(r, a, m):  # type: ignore[arg-type]
                 return i
-        apply(c, s, act)
+        step[1](c, s, r, a, m)  # = apply(c, s, Action(action, r, a, m))
         rs = ranks[r]
         # the recorded state, written the way the trace writer does (ints and JSON
         # booleans have one spelling, so equal text is equal values)

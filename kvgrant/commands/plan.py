@@ -39,11 +39,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _lower_bound(g: Any) -> Any:
-    """The lower bound, or None when kvgrant.layout.bound is not installed."""
-    try:
-        from kvgrant.layout.bound import allocation_lower_bound
-    except ImportError:
-        return None
+    """The allocation lower bound (kvgrant.layout.bound), independent of the packer."""
+    from kvgrant.layout.bound import allocation_lower_bound
+
     return allocation_lower_bound(g)
 
 

