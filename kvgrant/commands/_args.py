@@ -6,7 +6,7 @@ import argparse
 
 from kvgrant.errors import GeometryError, KVGrantError, TraceError
 
-__all__ = ["count", "exit_status"]
+__all__ = ["count", "exit_status", "positive_int", "positive_seconds"]
 
 
 def count(text: str) -> int:
@@ -24,3 +24,22 @@ def exit_status(err: KVGrantError) -> int:
     """2 for bad input (a geometry or trace file that breaks a rule), 1 for a request
     that was refused or failed (pre-flight, contract, capacity, driver, allocation)."""
     return 2 if isinstance(err, (GeometryError, TraceError)) else 1
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (worker counts)."""
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """A number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be > 0")
+    return value

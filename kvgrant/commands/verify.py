@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvgrant.commands._args import positive_int, positive_seconds
 from kvgrant.conformance.spec_mutants import MUTANTS, run_mutant
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 from kvgrant.errors import ToolError
@@ -33,9 +34,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("specdir", nargs="?", default=None, metavar="SPECDIR",
                    help="folder of specs (default: ./specs, else the repository's specs/)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+    p.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="S",
                    help="seconds allowed per config (default 600)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                    help="TLC worker threads (default: CPU count)")
     p.add_argument("--mutants", action="store_true",
                    help="also check that each guard-removal mutant is caught")

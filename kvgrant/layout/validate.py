@@ -15,7 +15,10 @@ from kvgrant.errors import GeometryError
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
 
-__all__ = ["check_geometry_rules"]
+#: 2**22 granules: 8 TiB per rank at G = 2 MiB.
+MAX_RANK_GRANULES = 1 << 22
+
+__all__ = ["MAX_RANK_GRANULES", "check_geometry_rules"]
 
 _VA_LIMIT = 1 << 64
 
@@ -43,22 +46,25 @@ def _check_names(g: "Geometry") -> None:
 
 
 def _check_sizes(g: "Geometry") -> None:
-    """The rank's one VA reservation (all planes, then all regions) fits in 64 bits."""
+    """The rank's one VA reservation (all planes, then all regions) stays within
+    MAX_RANK_GRANULES granules: far above any GPU, and small enough that planning
+    (which works per granule) stays fast and bounded."""
+    limit = min(_VA_LIMIT, MAX_RANK_GRANULES * g.granularity)
+    rule = (f"all planes and regions of a rank must fit one reservation of at most "
+            f"{MAX_RANK_GRANULES:,} granules ({limit:,} bytes at G = {g.granularity})")
     total = 0
     for i, p in enumerate(g.planes):
         total += g.plane_bytes(p.name)
-        if total >= _VA_LIMIT:
+        if total > limit:
             _fail(f"planes[{i}].bytes_per_page", p.bytes_per_page,
                   f"plane '{p.name}' reserves pages ({g.pages}) * bytes_per_page = "
-                  f"{g.plane_bytes(p.name)} bytes; all planes and regions of a rank must fit "
-                  "one 64-bit virtual-address reservation")
+                  f"{g.plane_bytes(p.name)} bytes; {rule}")
     for i, r in enumerate(g.regions):
         total += g.region_bytes(r.name)
-        if total >= _VA_LIMIT:
+        if total > limit:
             _fail(f"regions[{i}].row_bytes", r.row_bytes,
                   f"region '{r.name}' reserves rows ({r.rows}) * row_bytes = "
-                  f"{g.region_bytes(r.name)} bytes; all planes and regions of a rank must fit "
-                  "one 64-bit virtual-address reservation")
+                  f"{g.region_bytes(r.name)} bytes; {rule}")
 
 
 def _check_aliases(g: "Geometry") -> None:

@@ -230,3 +230,26 @@ def test_other_json_spellings_still_parse(header) -> None:
         assert len(t.events) == len(reference_trace(header).events)
     assert parse_trace(text.rstrip("\n")).rows is not None
     assert parse_trace(text.replace("\n", "\r\n")).rows is None
+
+
+def test_runtime_writer_lines_take_the_fast_path(tmp_path: Path) -> None:
+    """The regex follows kvgrant.runtime.trace's line format: a recorded sim trace (with
+    a failed step, Abort and unwinding) is read by the fast path, same as in detail."""
+    from kvgrant.errors import AllocationError
+    from kvgrant.runtime.allocator import allocate
+    from kvgrant.runtime.faults import Fault
+    from kvgrant.runtime.sim import SimDriver
+
+    small = Path(__file__).resolve().parents[2] / "examples/small.json"
+    ranks = int(json.loads(small.read_text())["topology"]["ranks"])
+    for i, faults in enumerate(([], [Fault(call="cuMemMap", nth=3)])):
+        p = tmp_path / f"t{i}.ndjson"
+        try:
+            allocate(small, driver=SimDriver(devices=ranks, faults=faults), trace=p).release()
+        except AllocationError:
+            pass
+        fast = load_trace(p)
+        slow = parse_trace_lines(p.read_text().split("\n")[:-1])
+        assert fast.rows is not None, "writer format changed: update trace_io._FAST_EVENT"
+        assert [e.raw for e in fast.events] == [e.raw for e in slow.events]
+        assert any(not e.ok for e in fast.events) == bool(faults)

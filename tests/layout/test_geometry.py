@@ -117,7 +117,10 @@ def test_region_tail_past_rows_may_stay_unbacked() -> None:
      "zero", "decimal"),
     (lambda d: d["topology"].update(declared_readers={"0": [0, 1], "00": [0, 1]}),
      "topology.declared_readers", "00", "listed twice"),
-    (lambda d: d.update(pages=1 << 62), "planes[0].bytes_per_page", 6, "64-bit"),
+    (lambda d: d.update(pages=1 << 62), "planes[0].bytes_per_page", 6,
+     "at most 4,194,304 granules"),
+    (lambda d: d.update(pages=10 ** 8), "planes[0].bytes_per_page", 6,
+     "at most 4,194,304 granules"),
 ])
 def test_each_rule_names_field_value_and_rule(mutate: Any, field: str, value: Any,
                                               rule: str) -> None:
