@@ -211,7 +211,10 @@ def _format_pydantic(err: ValidationError) -> str:
     lines = []
     for e in err.errors(include_url=False):
         loc = ".".join(str(x) for x in e["loc"]) or "<root>"
-        lines.append(f"{loc} = {show_value(e.get('input'))}: {e['msg']}")
+        if e["type"] == "missing":
+            lines.append(f"{loc}: missing (the field is required)")
+        else:
+            lines.append(f"{loc} = {show_value(e.get('input'))}: {e['msg']}")
     return "; ".join(lines[:10]) + (f"; and {len(lines) - 10} more" if len(lines) > 10 else "")
 
 
