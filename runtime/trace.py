@@ -9,8 +9,9 @@ Why a writer thread: tracing must be cheap when on and free when off (callers te
 :attr:`TraceWriter.enabled` before building an event). The hot path only appends the
 event's values to a list; every 64 events the batch goes to a writer thread that formats
 and writes the lines while the allocator waits in the next driver calls (cuda-python
-releases the GIL around driver calls), so formatting stays off the start-up path. Tracing is switched on by a path, an open text file, or the
-``KVGRANT_TRACE`` environment variable.
+releases the GIL inside driver calls; ``benchmarks/probe_gil.py`` shows it). Every group
+event (Publish, Abort, ...) waits until all earlier lines are on file. Tracing is switched
+on by a path, an open text stream, or the ``KVGRANT_TRACE`` environment variable.
 """
 
 from __future__ import annotations
