@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from kvgrant.conformance.mutants import mutants, mutation_score
 from kvgrant.conformance.replay import replay
@@ -66,14 +67,15 @@ def bench_python(tmp: Path, repeat: int = 3) -> list[dict[str, object]]:
         for _ in range(repeat):
             runs.append(_check_once(path))
             gc.collect()  # free the previous trace outside the timed region
-        load_s, replay_s, total_s, cpu_s, best = min(runs, key=lambda r: r[2])
-        rows.append({"trace": label, "ranks": best.ranks, "events": best.events,  # type: ignore[attr-defined]
+        load_s, replay_s, total_s, cpu_s, v = min(runs, key=lambda r: r[2])
+        best: Any = v
+        rows.append({"trace": label, "ranks": best.ranks, "events": best.events,
                      "bytes": path.stat().st_size,
-                     "verdict": "accepted" if best.accepted else "rejected",  # type: ignore[attr-defined]
-                     "final_phase": best.final_phase,  # type: ignore[attr-defined]
+                     "verdict": "accepted" if best.accepted else "rejected",
+                     "final_phase": best.final_phase,
                      "load_s": round(load_s, 3), "replay_s": round(replay_s, 3),
                      "total_s": round(total_s, 3), "total_cpu_s": round(cpu_s, 3),
-                     "events_per_s": int(best.events / total_s),  # type: ignore[attr-defined]
+                     "events_per_s": int(best.events / total_s),
                      "under_1_s": total_s < 1.0,
                      "load_average": round(os.getloadavg()[0], 2)})
     return rows

@@ -27,6 +27,7 @@ __all__ = [
     "Header",
     "PHASES",
     "RANK_COUNTERS",
+    "ROW_FIELDS",
     "Trace",
     "load_trace",
     "parse_trace",
@@ -449,13 +450,13 @@ _COMBO = itemgetter(1, 2, 3, 5, 6, 7, 8, 11)
 
 
 def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
-              devices: str, failed_rank: str, call: str, state: str) -> bool:
+              devices: str, failed_rank: str, call: str, has_counters: str) -> bool:
     """The per-event rules of :func:`_parse_event` for one distinct field combination
     (the regex already fixed every type); False sends the text to the detailed reader."""
     if action in GROUP_ACTIONS:
         if rank != "null":
             return False
-    elif rank == "null" or int(rank) >= h.ranks or not state:
+    elif rank == "null" or int(rank) >= h.ranks or not has_counters:
         return False
     if action in _NEEDS_ALLOC and not has_alloc:
         return False
@@ -481,24 +482,24 @@ def _parse_fast(text: str, source: str) -> Trace | None:
         return None
     n = text.count("\n", nl + 1) + (0 if text.endswith("\n") else 1)
     enabled = gc.isenabled()
-    gc.disable()  # ~10^6 new tuples and strings: collections would only rescan them
+    gc.disable()  # ~10^6 new tuples and strings, no cycles: collections would only rescan
     try:
         rows = _FAST_EVENT.findall(text, nl + 1)
+        # each match is one whole line (anchored, no newline inside): n matches = every line
+        if len(rows) != n:
+            return None
+        header = _parse_header(_json_object(text[:nl], 1, source), 1, source)
+        if list(map(_SEQ, rows)) != list(map(str, range(n))):
+            return None
+        if any(a and int(a) >= header.allocs for a in set(map(_ALLOC, rows))):
+            return None
+        if not all(_combo_ok(header, *key) for key in set(map(_COMBO, rows))):
+            return None
+        return Trace(header=header, events=_LazyEvents(text, nl + 1, n, header, source),
+                     source=source, rows=tuple(rows))
     finally:
         if enabled:
             gc.enable()
-    # each match is one whole line (anchored, no newline inside): n matches = every line
-    if len(rows) != n:
-        return None
-    header = _parse_header(_json_object(text[:nl], 1, source), 1, source)
-    if list(map(_SEQ, rows)) != list(map(str, range(n))):
-        return None
-    if any(a and int(a) >= header.allocs for a in set(map(_ALLOC, rows))):
-        return None
-    if not all(_combo_ok(header, *key) for key in set(map(_COMBO, rows))):
-        return None
-    return Trace(header=header, events=_LazyEvents(text, nl + 1, n, header, source), source=source,
-                 rows=tuple(rows))
 
 
 class _LazyEvents(Sequence[Event]):

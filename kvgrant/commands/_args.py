@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvgrant.errors import GeometryError, KVGrantError, TraceError
+from kvgrant.errors import GeometryError, KVGrantError, ToolError, TraceError
 
 __all__ = ["count", "exit_status", "positive_int", "positive_seconds"]
 
@@ -21,9 +21,10 @@ def count(text: str) -> int:
 
 
 def exit_status(err: KVGrantError) -> int:
-    """2 for bad input (a geometry or trace file that breaks a rule), 1 for a request
-    that was refused or failed (pre-flight, contract, capacity, driver, allocation)."""
-    return 2 if isinstance(err, (GeometryError, TraceError)) else 1
+    """2 when the command could not do its job: bad input (a geometry or trace file that
+    breaks a rule) or a missing tool (Java, TLC, specs); 1 when the request was refused
+    or failed (pre-flight, contract, capacity, driver, allocation)."""
+    return 2 if isinstance(err, (GeometryError, TraceError, ToolError)) else 1
 
 
 def positive_int(text: str) -> int:

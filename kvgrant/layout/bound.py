@@ -18,6 +18,11 @@ The proofs are in ``docs/layout.md`` ("Lower bound"); in short:
 * (C) Non-aliased allocations: one per plane holding pages in no conflict set; enough
   planes to hold the non-aliased bytes; and one per run of *dead* granules (granules
   no plan can alias), less the separations the spare non-aliased granules can fill.
+* (D) A Lagrangian relaxation of the granule assignment: along each plane, count the
+  starts of label runs (a row's interior, or one straddling granule) that cannot be
+  one allocation, and of non-aliased stretches; price the "each label gets exactly its
+  granules" constraints, so the planes separate into shortest paths. Any prices give
+  a bound on all allocations together (or on a weighted sum, such as driver handles).
 """
 
 from __future__ import annotations
@@ -523,7 +528,7 @@ def _labels(g: Geometry) -> tuple[list[int], list[int], list[list[tuple[str, int
 
 
 def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
-                     region_cost: dict[str, int] | None = None) -> int:
+                     region_cost: dict[str, int] | None = None, patience: int = 12) -> int:
     """A lower bound on allocations from a Lagrangian relaxation (proof in
     docs/layout.md, "(D) Lagrangian relaxation").
 
@@ -541,6 +546,8 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     With ``free_cost`` and ``region_cost`` (default 1 each) the bound is on the
     weighted sum: ``free_cost`` per non-aliased allocation and ``region_cost[R]`` per
     allocation aliased into region R (e.g. driver handles: mappings x devices).
+    ``iterations`` and ``patience`` (steps without progress before the step halves)
+    trade time for tightness only; every value gives a valid bound.
     """
     G = g.granularity
     conflicts = conflict_ranges(g, g.aliases)
@@ -588,7 +595,7 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
             best, stall = total, 0
         else:
             stall += 1
-            if stall >= 12:
+            if stall >= patience:
                 theta, stall = theta / 2, 0
         grad = [need[i] - count[i] for i in range(nl)]
         norm = sum(x * x for x in grad)

@@ -32,6 +32,11 @@ Method, in granules of G bytes (``unit`` below):
   still touch exactly their conflict sets.
 * Three modes run (declared start with stealing, reference start with and without);
   the result with the fewest allocations is kept.
+* Last, :func:`_exchange` swaps equal numbers of granules between two rows (or a
+  row and the non-aliased pool) where that joins runs: each row keeps its granule
+  count, so an exchange is always feasible; it is kept only when both rows still
+  touch exactly their conflict sets. It is seeded and bounded by a count of tries,
+  so the plan is the same on every machine.
 
 The result is checked with :func:`kvgrant.layout.contract.check_contract`; if it is
 not valid, or needs more allocations than the reference rule, the reference plan's
@@ -214,6 +219,10 @@ def pack(g: Geometry) -> PhysicalPlan:
     if plan is None:  # pragma: no cover - defensive
         return PhysicalPlan("packed", g, reference.allocations,
                             ("packer gave up; reference arrangement used",))
+    swapped = finish_plan(g, "packed", _exchange(g, [a for a in plan.allocations if a.aliased]),
+                          notes=plan.notes + ("then granules exchanged between rows",))
+    if len(swapped.allocations) < len(plan.allocations) and not check_contract(g, swapped):
+        plan = swapped
     if check_contract(g, plan):  # pragma: no cover - defensive
         return PhysicalPlan("packed", g, reference.allocations,
                             ("packer result broke the contract; reference arrangement used",))
@@ -561,21 +570,21 @@ def _is_eligible(pl: _Planes, comps, x: tuple[int, int]) -> bool:
 
 
 @dataclass
-class _Sweep:
-    """Facts the frontier search needs, fixed for one geometry."""
+class _Facts:
+    """Facts :func:`_exchange` needs, fixed for one geometry."""
 
     pl: _Planes
     rows: list[tuple[str, int, int, int]]  # (region, row, first interior unit, end)
     elig: list[list[list[tuple[int, int]]]]  # row -> plane -> eligible unit ranges
-    last_use: list[list[int]]  # plane -> unit -> last row (search order) eligible
     fixed: list[set[int]]  # plane -> units held by straddling region units
     fixed_pages: dict[tuple[str, int], tuple[tuple[int, int], ...]]
-    want: dict[tuple[str, int], tuple[tuple[int, int], ...]]
     assign: dict[str, list[tuple[int, int]]]  # straddling units already placed
     fixed_js: set[tuple[str, int]]
 
 
-def _sweep_facts(g: Geometry) -> _Sweep:
+def _facts(g: Geometry) -> _Facts:
+    """Rows' interior spans, eligible granules and the straddling units (kept as
+    declared, as in :func:`_pack_units`)."""
     G = g.granularity
     pl = _Planes([p.name for p in g.planes], [p.bytes_per_page for p in g.planes],
                  [g.plane_bytes(p.name) // G for p in g.planes], g.pages, G)
@@ -609,12 +618,7 @@ def _sweep_facts(g: Geometry) -> _Sweep:
                 fixed_allocs.append(Allocation(pl.names[pi], u * G, G, r.name, j * G))
         for k in sorted(inner):
             rows.append((r.name, k, inner[k][0], inner[k][-1] + 1))
-    # search order: by the first page of the row's conflict set (planes are consumed
-    # front to back), then geometry order
-    rank = {r.name: i for i, r in enumerate(g.regions)}
-    rows.sort(key=lambda t: ((want[t[:2]] or ((0, 0),))[0][0], rank[t[0]], t[1]))
     elig: list[list[list[tuple[int, int]]]] = []
-    last_use = [[-1] * n for n in pl.units]
     for rid, (region, k, _, _) in enumerate(rows):
         per = []
         for pi in range(len(pl.names)):
@@ -624,232 +628,211 @@ def _sweep_facts(g: Geometry) -> _Sweep:
                 u1 = min(u1, pl.units[pi])
                 if u0 < u1:
                     rs.append((u0, u1))
-                    for u in range(u0, u1):
-                        last_use[pi][u] = rid
             per.append(rs)
         elig.append(per)
-    return _Sweep(pl, rows, elig, last_use, fixed, conflict_ranges(g, fixed_allocs), want,
-                  assign, fixed_js)
+    return _Facts(pl, rows, elig, fixed, conflict_ranges(g, fixed_allocs), assign, fixed_js)
 
 
-def _window(sw: _Sweep, rid: int, pi: int, f: int) -> tuple[int, int, int]:
-    """(start, length, expiring) of the run plane ``pi`` offers row ``rid`` when its
-    units below ``f`` are used up: the first eligible non-straddling unit at or after
-    ``f`` and the eligible non-straddling units that follow it without a break;
-    ``expiring`` counts those no later row can use."""
-    fx = sw.fixed[pi]
-    for u0, u1 in sw.elig[rid][pi]:
-        u = max(u0, f)
-        while u < u1 and u in fx:
-            u += 1
-        if u >= u1:
-            continue
-        n = 0
-        while u + n < u1 and (u + n) not in fx:
-            n += 1
-        lu = sw.last_use[pi]
-        return u, n, sum(1 for d in range(n) if lu[u + d] == rid)
-    return f, 0, 0
+def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
+              ) -> list[Allocation]:
+    """Improve a packed arrangement by exchanging granules between rows.
 
-
-def _sweep_candidates(sw: _Sweep, rid: int, front: tuple[int, ...]
-                      ) -> list[tuple[tuple[int, ...], int, int]]:
-    """Candidate choices of one row from one frontier: (units per plane, pieces,
-    wasted gaps). Each fills the row's need with whole windows in some plane order and
-    cuts the last one; choices that do not touch exactly the row's pages are dropped."""
-    region, k, s, e = sw.rows[rid]
-    need = e - s
-    pl = sw.pl
-    wins = [_window(sw, rid, pi, f) for pi, f in enumerate(front)]
-    planes = [pi for pi, (_, n, _) in enumerate(wins) if n > 0]
-    if sum(wins[pi][1] for pi in planes) < need:
-        return []
-    total = sum(b - a for a, b in sw.want[(region, k)])
-    base = list(sw.fixed_pages[(region, k)])
-    orders = [
-        sorted(planes, key=lambda p: (-wins[p][1], p)),
-        sorted(planes, key=lambda p: (-wins[p][2], -wins[p][1], p)),
-        sorted(planes, key=lambda p: (wins[p][0] * pl.G // pl.bpp[p], -wins[p][1], p)),
-        sorted(planes, key=lambda p: (-(wins[p][2] > 0), -wins[p][1], p)),
-        sorted(planes, key=lambda p: (-wins[p][2], -wins[p][0] * pl.G // pl.bpp[p],
-                                      -wins[p][1], p)),
-    ]
-    expiring = [0] * len(front)
-    for p in planes:
-        expiring[p] = wins[p][2]
-    out: dict[tuple[int, ...], tuple[int, int]] = {}
-    combos = [(o, fit, False) for o in orders for fit in (False, True)]
-    if 0 < sum(expiring) <= need:
-        combos += [(o, fit, True) for o in orders for fit in (False, True)]
-    top = max((wins[p][1] for p in planes), default=0)
-    combos += [(orders[2], c, None) for c in range(1, top)]
-    for order, fit, keep in combos:
-        take = [0] * len(front)
-        left = need
-        queue = list(order)
-        if keep is None:
-            # balanced: at most ``fit`` units per plane, most lagging planes first
-            for p in order:
-                x = min(wins[p][1], fit, left)
-                take[p] = x
-                left -= x
-            fit, queue = False, list(order)
-        elif keep:
-            # the expiring units are taken first; runs already started are then
-            # extended (free), and only then new planes are opened
-            for p in planes:
-                take[p] = expiring[p]
-            left -= sum(expiring)
-            queue = [p for p in order if take[p]] + [p for p in order if not take[p]]
-        if True:
-            while left > 0 and queue:
-                if fit:
-                    # a window that finishes the row exactly, if one exists
-                    exact = next((p for p in queue if wins[p][1] - take[p] == left), None)
-                    p = exact if exact is not None else queue[0]
-                else:
-                    p = queue[0]
-                queue.remove(p)
-                x = min(wins[p][1] - take[p], left)
-                take[p] += x
-                left -= x
-            if left:
-                continue
-            key = tuple(take)
-            if key in out:
-                continue
-            runs = [(p, wins[p][0], x) for p, x in enumerate(take) if x]
-            if _covered(base + _pages_of(pl, runs)) != total:
-                continue
-            after = tuple(wins[p][0] + x if x else front[p] for p, x in enumerate(take))
-            if not _sweep_ahead(sw, rid, after):
-                continue
-            waste = sum(1 for p, x in enumerate(take) if x and wins[p][0] > front[p]
-                        and any(u not in sw.fixed[p] for u in range(front[p], wins[p][0])))
-            out[key] = (len(runs), waste)
-    return [(k2, c, w) for k2, (c, w) in out.items()]
-
-
-def _sweep_ahead(sw: _Sweep, rid: int, front: tuple[int, ...], depth: int = 6) -> bool:
-    """Can the next ``depth`` rows still be served from the frontier ``front``?
-    Necessary checks only, so the search does not walk into a dead end: together
-    they find enough free eligible units, and each can still touch every page of its
-    conflict set that no straddling unit touches."""
-    pl = sw.pl
-    stop = min(rid + 1 + depth, len(sw.rows))
-    for first in range(rid + 1, stop):
-        pool: set[tuple[int, int]] = set()
-        needed = 0
-        for nxt in range(first, stop):
-            region, k, s, e = sw.rows[nxt]
-            needed += e - s
-            for p, f in enumerate(front):
-                fx = sw.fixed[p]
-                for u0, u1 in sw.elig[nxt][p]:
-                    pool.update((p, u) for u in range(max(u0, f), u1) if u not in fx)
-            if len(pool) < needed:
-                return False
-    for nxt in range(rid + 1, stop):
-        region, k, _, _ = sw.rows[nxt]
-        missing = _minus(sw.want[(region, k)], sw.fixed_pages[(region, k)])
-        if not missing:
-            continue
-        reach: list[tuple[int, int]] = []
-        for p, f in enumerate(front):
-            fx = sw.fixed[p]
-            for u0, u1 in sw.elig[nxt][p]:
-                lo = max(u0, f)
-                while lo < u1 and lo in fx:
-                    lo += 1
-                if lo < u1:
-                    r = pl.run_pages(p, lo, u1 - lo)
-                    if r is not None:
-                        reach.append(r)
-        if _covered(reach + list(missing)) != _covered(reach):
-            return False
-    return True
-
-
-def _minus(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
-    """Page ranges of ``a`` not in ``b`` (both sorted, merged)."""
-    out: list[tuple[int, int]] = []
-    for s, e in a:
-        cur = s
-        for bs, be in b:
-            if be <= cur or bs >= e:
-                continue
-            if bs > cur:
-                out.append((cur, bs))
-            cur = max(cur, be)
-        if cur < e:
-            out.append((cur, e))
-    return out
-
-
-def _sweep_units(g: Geometry, width: int = 24) -> list[Allocation] | None:
-    """Aliased units from a beam search over rows that consumes planes front to back.
-
-    Why: when neighbour rows share half their pages (the published layouts), a row's
-    cheapest choice depends on what earlier rows left in each plane; choosing rows one
-    at a time locks every plane into the same pace, so each row needs a piece from
-    nearly every plane. Here the state is a *frontier* per plane (units below it are
-    used up); a row takes from a plane the run that starts at the first eligible unit
-    at or after the frontier. Per row a few fill orders are tried (longest windows,
-    expiring units, most lagging plane); the ``width`` cheapest states survive, so
-    some planes can lag a row and later give a row a long run. Returns None when
-    every state gets stuck (the other modes still stand).
+    Why: the row-by-row packer decides each row with only its neighbours in view, so
+    two rows often each hold a stray granule that would extend the other's run. An
+    exchange gives granule y (which extends one of row a's runs) to row a, and one of
+    row a's granules x to y's owner b (a row, or the non-aliased pool). Both rows keep
+    their granule counts, so the exchange is always feasible; it is made only when x
+    and y are eligible for their new rows, both rows still touch every page of their
+    conflict sets, and the number of runs (pieces plus non-aliased gaps, counted along
+    each plane) does not grow; exchanges that keep it are taken at random (seeded), to
+    walk across plateaus, and the best arrangement seen is kept. Rounds repeat until one
+    finds no improvement (after the fourth) or ``max_tries`` exchanges were tried: a
+    count, not a clock, so every rank computes the same plan.
     """
-    sw = _sweep_facts(g)
-    start = tuple(0 for _ in sw.pl.names)
-    beam: dict[tuple[int, ...], tuple[int, int, tuple]] = {start: (0, 0, ())}
-    for rid in range(len(sw.rows)):
-        nxt: dict[tuple[int, ...], tuple[int, int, tuple]] = {}
-        for front, (cost, waste, hist) in beam.items():
-            for take, pieces, gaps in _sweep_candidates(sw, rid, front):
-                new = tuple(_window(sw, rid, p, f)[0] + take[p] if take[p] else f
-                            for p, f in enumerate(front))
-                val = (cost + pieces + gaps, waste + gaps, (hist, take))
-                old = nxt.get(new)
-                if old is None or val[:2] < old[:2]:
-                    nxt[new] = val
-        if not nxt:
-            return None
-        beam = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))[:width])
-    _, (_, _, hist) = min(beam.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
-    takes: list[tuple[int, ...]] = []
-    while hist:
-        hist, take = hist
-        takes.append(take)
-    takes.reverse()
-    return _sweep_build(g, sw, takes)
+    import random
 
-
-def _sweep_build(g: Geometry, sw: _Sweep, takes: list[tuple[int, ...]]) -> list[Allocation]:
-    """Replay the chosen takes and lay each row's runs out over its interior span."""
+    sw = _facts(g)
+    pl = sw.pl
     G = g.granularity
-    front = [0] * len(sw.pl.names)
-    chosen: dict[int, list[Run]] = {}
-    for rid, take in enumerate(takes):
-        runs = []
-        for p, x in enumerate(take):
-            if x:
-                u, _, _ = _window(sw, rid, p, front[p])
-                runs.append((p, u, x))
-                front[p] = u + x
-        chosen[rid] = runs
+    nplanes = len(pl.names)
+    pidx = {n: i for i, n in enumerate(pl.names)}
+    FIXED = -2
+    owner = [[_FREE] * n for n in pl.units]
+    for p in range(nplanes):
+        for u in sw.fixed[p]:
+            owner[p][u] = FIXED
+    where: dict[str, list[tuple[int, int]]] = {r.name: [] for r in g.regions}
+    for r in g.regions:
+        where[r.name] = [(-1, -1)] * (round_up(r.rows * r.row_bytes, G) // G)
+    for a in allocs:
+        if a.region is None:
+            continue
+        for d in range(a.length // G):
+            where[a.region][a.region_offset // G + d] = (pidx[a.plane], a.plane_offset // G + d)
+    for rid, (region, k, s, e) in enumerate(sw.rows):
+        for j in range(s, e):
+            p, u = where[region][j]
+            if p < 0 or owner[p][u] != _FREE:  # pragma: no cover - not a valid plan
+                return list(allocs)
+            owner[p][u] = rid
+    elig_sets = [[set() for _ in range(nplanes)] for _ in sw.rows]
+    for rid in range(len(sw.rows)):
+        for p in range(nplanes):
+            for u0, u1 in sw.elig[rid][p]:
+                elig_sets[rid][p].update(range(u0, u1))
+    pages_of = [[pl.run_pages(p, u, 1) for u in range(pl.units[p])] for p in range(nplanes)]
+    touch: list[dict[int, int]] = []
+    for rid, (region, k, _, _) in enumerate(sw.rows):
+        cnt: dict[int, int] = {}
+        for a, b in sw.fixed_pages[(region, k)]:
+            for q in range(a, b):
+                cnt[q] = cnt.get(q, 0) + (1 << 20)  # straddling pages never go away
+        touch.append(cnt)
+    for p in range(nplanes):
+        for u, o in enumerate(owner[p]):
+            if o >= 0 and pages_of[p][u] is not None:
+                for q in range(*pages_of[p][u]):
+                    touch[o][q] = touch[o].get(q, 0) + 1
+
+    def delta(p: int, u: int, old: int, new: int) -> int:
+        """Change in runs when unit (p, u) passes from ``old`` to ``new``."""
+        row = owner[p]
+        lo = row[u - 1] if u > 0 else None
+        hi = row[u + 1] if u + 1 < len(row) else None
+        d = 0
+        # old loses u
+        d += (lo == old and hi == old) - (lo != old and hi != old)
+        # new gains u
+        d += (lo != new and hi != new) - (lo == new and hi == new)
+        return d
+
+    def can_lose(o: int, p: int, u: int) -> bool:
+        if o < 0 or pages_of[p][u] is None:
+            return True
+        t = touch[o]
+        return all(t.get(q, 0) > 1 for q in range(*pages_of[p][u]))
+
+    def move(p: int, u: int, new: int) -> None:
+        old = owner[p][u]
+        rng = pages_of[p][u]
+        if rng is not None:
+            for q in range(*rng):
+                if old >= 0:
+                    touch[old][q] -= 1
+                if new >= 0:
+                    touch[new][q] = touch[new].get(q, 0) + 1
+        owner[p][u] = new
+
+    def eligible(o: int, p: int, u: int) -> bool:
+        return o < 0 or u in elig_sets[o][p]
+
+    def apply(moves: list[tuple[int, int, int]]) -> int | None:
+        """Make the moves (plane, unit, new owner) in turn; return the change in runs,
+        or undo them all and return None when one is not allowed."""
+        done: list[tuple[int, int, int]] = []
+        total = 0
+        for p, u, new in moves:
+            old = owner[p][u] if 0 <= u < len(owner[p]) else FIXED
+            if old == FIXED or old == new or not eligible(new, p, u) or not can_lose(old, p, u):
+                for q, v, o in reversed(done):
+                    move(q, v, o)
+                return None
+            total += delta(p, u, old, new)
+            move(p, u, new)
+            done.append((p, u, old))
+        return total
+
+    def undo(moves: list[tuple[int, int, int]], olds: list[int]) -> None:
+        for (p, u, _), o in zip(reversed(moves), reversed(olds)):
+            move(p, u, o)
+
+    def exchanges() -> list[list[tuple[int, int, int]]]:
+        """Candidate exchanges from the current arrangement: owner a hands the end
+        of one run to b where it joins b's run, and takes as many units from the end
+        of a b run that touches an a run (plane by plane, runs in plane order)."""
+        gives: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+        for p in range(nplanes):
+            runs_p: list[list[int]] = []
+            for u, o in enumerate(owner[p]):
+                if runs_p and runs_p[-1][0] == o:
+                    runs_p[-1][2] += 1
+                else:
+                    runs_p.append([o, u, 1])
+            for (o1, _, n1), (o2, s2, n2) in zip(runs_p, runs_p[1:]):
+                if FIXED in (o1, o2):
+                    continue
+                gives.setdefault((o1, o2), []).append((p, s2 - 1, -1, n1))
+                gives.setdefault((o2, o1), []).append((p, s2, 1, n2))
+        out = []
+        for (a, b), mine in gives.items():
+            if a < 0:
+                continue
+            for p, u, step, n in mine:
+                for q, v, step2, m in gives.get((b, a), []):
+                    if (q, v) == (p, u):
+                        continue
+                    for size in sorted({min(n, m), n, m}):
+                        if size <= n and size <= m:
+                            out.append([(p, u + step * d, b) for d in range(size)]
+                                       + [(q, v + step2 * d, a) for d in range(size)])
+        return out
+
+    rng = random.Random(0)
+    best_owner = [list(r) for r in owner]
+    score = best = 0
+    rounds = tries = 0
+    while tries < max_tries:
+        rounds += 1
+        cands = exchanges()
+        rng.shuffle(cands)
+        changed = False
+        for moves in cands:
+            tries += 1
+            if tries > max_tries:
+                break
+            if not all(0 <= y < len(owner[x]) for x, y, _ in moves):
+                continue
+            olds = [owner[x][y] for x, y, _ in moves]
+            half = len(moves) // 2
+            # stale candidates (an earlier exchange moved one of its units) are skipped
+            a, b = moves[half][2], moves[0][2]
+            if any(o != a for o in olds[:half]) or any(o != b for o in olds[half:]):
+                continue
+            d = apply(moves)
+            if d is None:
+                continue
+            if d < 0 or (d == 0 and rng.random() < 0.5):
+                score += d
+                changed = changed or d < 0
+                if score < best:
+                    best = score
+                    best_owner = [list(r) for r in owner]
+            else:
+                undo(moves, olds)
+        if not changed and rounds > 3:
+            break
+    for p in range(nplanes):
+        for u, o in enumerate(best_owner[p]):
+            if owner[p][u] != o:
+                move(p, u, o)
+
+    # lay each row's granules out again, in region order, linking to straddling units
+    chosen: dict[int, list[tuple[int, int]]] = {rid: [] for rid in range(len(sw.rows))}
+    for p in range(nplanes):
+        for u, o in enumerate(owner[p]):
+            if o >= 0:
+                chosen[o].append((p, u))
     assign = {name: list(v) for name, v in sw.assign.items()}
-    by_pos = sorted(range(len(sw.rows)), key=lambda rid: (sw.rows[rid][0], sw.rows[rid][2]))
-    region_rank = {r.name: i for i, r in enumerate(g.regions)}
-    by_pos.sort(key=lambda rid: (region_rank[sw.rows[rid][0]], sw.rows[rid][2]))
-    for rid in by_pos:
+    rank = {r.name: i for i, r in enumerate(g.regions)}
+    for rid in sorted(range(len(sw.rows)), key=lambda i: (rank[sw.rows[i][0]], sw.rows[i][2])):
         region, k, s, e = sw.rows[rid]
         link_start = assign[region][s - 1] if s > 0 else None
         link_end = assign[region][e] if (region, e) in sw.fixed_js else None
-        order, _ = _arrange(chosen[rid], link_start, link_end)
+        order, _ = _arrange(_runs(chosen[rid]), link_start, link_end)
         j = s
-        for pi, u, n in order:
+        for p, u, n in order:
             for d in range(n):
-                assign[region][j] = (pi, u + d)
+                assign[region][j] = (p, u + d)
                 j += 1
-    return [Allocation(sw.pl.names[pi], u * G, G, r.name, j * G)
-            for r in g.regions for j, (pi, u) in enumerate(assign[r.name])]
+    return [Allocation(pl.names[p], u * G, G, r.name, j * G)
+            for r in g.regions for j, (p, u) in enumerate(assign[r.name])]
