@@ -7,7 +7,9 @@ layouts (``tools/gen_layout.py``'s exporter model): allocations and mappings per
 for the naive plan, the reference rule and the packed plan; the lower bound and
 packed / bound; driver handles for the whole host in one process (sum over ranks of
 mappings x granted devices) with access granted to owner + importers and to every
-declared reader; and the wall and CPU time of packed planning.
+declared reader, and the least any contract-keeping plan needs (the bound's counts, or
+the relaxation weighted by handles, whichever is larger); and the wall and CPU time of
+packed planning.
 
 Usage::
 

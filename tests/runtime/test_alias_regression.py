@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import pytest
 

@@ -10,13 +10,13 @@ import pytest
 from kvgrant.conformance.replay import replay_file
 from kvgrant.errors import AllocationError, ContractError, HandleBudgetError, PlanError
 from kvgrant.layout.geometry import load_geometry
-from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.allocator import INJECT_BUGS, Published, allocate
 from kvgrant.runtime.faults import Fault
 from kvgrant.runtime.sim import SimDriver
 from kvgrant.runtime.trace import TRACE_ENV
 
-from tests.runtime._small import G, MIB, chunk_plan, small_geometry
+from tests.runtime._small import G, chunk_plan, small_geometry
 
 GIB = 1 << 30
 

@@ -3,7 +3,6 @@ exact memory accounting, fault plans, the lazy byte store and argument errors.""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from hypothesis import given, settings

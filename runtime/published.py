@@ -1,0 +1,206 @@
+"""What a successful allocation returns: capacities, VAs, views, and release.
+
+Kept apart from the allocator engine (:mod:`kvgrant.runtime.allocator`) because this is
+the object users hold for the life of the cache; the engine is only its start-up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvgrant.layout.geometry import Geometry
+from kvgrant.layout.plan import PhysicalPlan
+from kvgrant.runtime.capacity import PageFit
+from kvgrant.runtime.driver import Driver, LiveCounts
+from kvgrant.runtime.transaction import Teardown, attach_cleanup_errors
+from kvgrant.runtime.views import DeviceBuffer
+
+if TYPE_CHECKING:
+    from kvgrant.runtime.allocator import _Run
+
+__all__ = ["Capacity", "Counts", "Published"]
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the published cache holds (the same on every rank)."""
+
+    pages: int                  # KV pages created (all planes share the page index)
+    page_tokens: int
+    rows: dict[str, int]        # region name -> rows (snapshot slots, execution rows)
+    bytes_per_rank: int         # physical bytes created per rank
+    requested_pages: int        # the geometry's pages before fitting
+    memory_limit: str
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV tokens = pages x page_tokens."""
+        return self.pages * self.page_tokens
+
+    @property
+    def snapshot_slots(self) -> int:
+        """Rows of the region named ``snapshot`` (else of the first region, else 0)."""
+        if "snapshot" in self.rows:
+            return self.rows["snapshot"]
+        return next(iter(self.rows.values()), 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pages": self.pages, "page_tokens": self.page_tokens,
+                "kv_tokens": self.kv_tokens, "snapshot_slots": self.snapshot_slots,
+                "rows": dict(self.rows), "bytes_per_rank": self.bytes_per_rank,
+                "requested_pages": self.requested_pages, "memory_limit": self.memory_limit}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Driver objects and calls of one start-up, summed over ranks."""
+
+    ranks: int
+    reservations: int
+    allocations: int
+    mappings: int               # plane + alias mappings
+    alias_mappings: int
+    set_access_calls: int       # one per mapping
+    grants: int                 # (mapping, device) pairs: the driver-handle demand
+
+    @property
+    def objects(self) -> int:
+        """Driver objects: reservations + allocations + mappings."""
+        return self.reservations + self.allocations + self.mappings
+
+    @property
+    def driver_calls(self) -> int:
+        """Start-up driver calls: reserve + create + map + set-access."""
+        return self.reservations + self.allocations + self.mappings + self.set_access_calls
+
+    def as_dict(self) -> dict[str, int]:
+        return {"ranks": self.ranks, "reservations": self.reservations,
+                "allocations": self.allocations, "mappings": self.mappings,
+                "alias_mappings": self.alias_mappings,
+                "set_access_calls": self.set_access_calls, "grants": self.grants,
+                "objects": self.objects, "driver_calls": self.driver_calls}
+
+
+class Published:
+    """A published KV cache: capacities, VAs of every plane and row, and its release.
+
+    Release is explicit (:meth:`release`) and also happens on context exit; it emits
+    ``Unpublish``, unwinds every rank LIFO (aliases before backing) and ends with
+    ``ShutdownComplete``.
+    """
+
+    def __init__(self, run: _Run, teardown: Teardown, capacity: Capacity, fit: PageFit,
+                 startup_s: float, owns_driver: bool, counts: Counts) -> None:
+        self._run = run
+        self._teardown = teardown
+        self._owns_driver = owns_driver
+        self.geometry: Geometry = run.g
+        self.plan: PhysicalPlan = run.plan
+        self.driver: Driver = run.driver
+        self.devices: tuple[int, ...] = tuple(run.devices)
+        self.capacity = capacity
+        self.fit = fit
+        self.counts = counts
+        self.startup_s = startup_s
+        self.release_s: float | None = None
+        self.released = False
+        #: why this backend was used (``auto`` falls back to sim when GPUs are missing)
+        self.backend_reason = ""
+        #: [rank][plane name] -> VA of the plane
+        self.plane_va: list[dict[str, int]] = [
+            {p: st.base + o for p, o in run.plane_off.items()} for st in run.ranks]
+        #: [rank][region name] -> VA of row 0 (row i is at + i * row_bytes)
+        self.region_va: list[dict[str, int]] = [
+            {reg: st.base + o for reg, o in run.region_off.items()} for st in run.ranks]
+
+    @property
+    def ranks(self) -> int:
+        return len(self.devices)
+
+    @property
+    def trace_path(self) -> Path | None:
+        return self._run.trace.path
+
+    @property
+    def trace_error(self) -> BaseException | None:
+        """Why the trace is incomplete (a write failed), or None. Tracing never
+        aborts the allocation it records; the caller decides what to do."""
+        return self._run.trace.error
+
+    def row_va(self, rank: int, region: str, row: int) -> int:
+        """VA of ``row`` of ``region`` on ``rank``."""
+        reg = self.geometry.region_by_name[region]
+        if not 0 <= row < reg.rows:
+            raise IndexError(f"row = {row}: region {region!r} has rows 0..{reg.rows - 1}")
+        return self.region_va[rank][region] + row * reg.row_bytes
+
+    def plane(self, rank: int, plane: str) -> DeviceBuffer:
+        """The whole plane (``pages * bytes_per_page`` bytes) of ``rank``."""
+        nbytes = self.capacity.pages * self.geometry.plane_by_name[plane].bytes_per_page
+        return DeviceBuffer(self.plane_va[rank][plane], nbytes, self.devices[rank],
+                            getattr(self.driver, "name", "cuda"))
+
+    def page(self, rank: int, plane: str, page: int) -> DeviceBuffer:
+        """KV page ``page`` of ``plane`` on ``rank``."""
+        if not 0 <= page < self.capacity.pages:
+            raise IndexError(f"page = {page}: pages are 0..{self.capacity.pages - 1}")
+        bpp = self.geometry.plane_by_name[plane].bytes_per_page
+        return self.plane(rank, plane).slice(page * bpp, bpp)
+
+    def row(self, rank: int, region: str, row: int) -> DeviceBuffer:
+        """Row ``row`` of ``region`` on ``rank`` (``row_bytes`` bytes)."""
+        reg = self.geometry.region_by_name[region]
+        return DeviceBuffer(self.row_va(rank, region, row), reg.row_bytes, self.devices[rank],
+                            getattr(self.driver, "name", "cuda"))
+
+    def live(self) -> LiveCounts:
+        return self.driver.live()
+
+    def summary(self) -> dict[str, Any]:
+        """Capacities and object counts, JSON-ready (what ``kvgrant alloc`` prints)."""
+        return {"geometry": self.geometry.name, "plan": self.plan.label,
+                "backend": getattr(self.driver, "name", "?"), "ranks": self.ranks,
+                "devices": list(self.devices), "capacity": self.capacity.as_dict(),
+                "backend_reason": self.backend_reason,
+                "counts": self.counts.as_dict(), "startup_s": round(self.startup_s, 6),
+                "live": self.driver.live().as_dict()}
+
+    def release(self) -> None:
+        """Unpublish and tear everything down, LIFO; a second call does nothing.
+
+        Raises
+        ------
+        DriverError
+            An undo failed; the remaining undos still ran and every further failure
+            is attached (``cleanup_errors``).
+        """
+        if self.released:
+            return
+        self.released = True
+        run = self._run
+        t0 = time.perf_counter()
+        try:
+            run.phase = "ShuttingDown"
+            run._group("Unpublish")
+            errors = self._teardown.run()
+            if not errors:
+                run.phase = "Shutdown"
+                run._group("ShutdownComplete")
+        finally:
+            run.trace.close()
+            self.release_s = time.perf_counter() - t0
+        if self._owns_driver:
+            self.driver.close()
+        if errors:
+            first = errors[0]
+            attach_cleanup_errors(first, errors[1:])
+            raise first
+
+    def __enter__(self) -> "Published":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
