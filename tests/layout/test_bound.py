@@ -3,10 +3,8 @@ above the packed plan, computed without the packer."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import pathlib
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings

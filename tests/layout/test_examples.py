@@ -3,10 +3,8 @@ and every plan of every example keeps the contract."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 

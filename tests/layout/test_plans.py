@@ -3,9 +3,7 @@ needs more allocations than the reference rule; order is deterministic."""
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
