@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvgrant.layout.conflicts import conflict_ranges
-from kvgrant.layout.geometry import Geometry, round_up
+from kvgrant.layout.geometry import Geometry, Region, round_up
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 
 __all__ = ["pack"]
@@ -84,6 +84,17 @@ class _Planes:
         lo = a * bpp
         hi = self.units[pi] * G if b >= self.pages else b * bpp
         return -(-lo // G), hi // G
+
+
+def _granule_rows(r: Region, n: int, G: int) -> list[int | None]:
+    """Per region granule: the row it lies wholly inside, or None when it holds a row
+    boundary or bytes past the last row (such granules keep their declared backing)."""
+    R, end = r.row_bytes, r.rows * r.row_bytes
+    out: list[int | None] = []
+    for j in range(n):
+        lo, hi = j * G, (j + 1) * G
+        out.append(lo // R if hi <= end and lo // R == (hi - 1) // R else None)
+    return out
 
 
 def _runs(units: list[tuple[int, int]]) -> list[Run]:
@@ -271,14 +282,13 @@ def _pack_units(g: Geometry, start: list, steal: bool = False) -> list[Allocatio
     res: list[set[tuple[int, int]]] = []
     fixed_js: set[tuple[str, int]] = set()  # region granules holding row boundaries
     for r in g.regions:
-        R, end = r.row_bytes, r.rows * r.row_bytes
         units = decl[r.name]
         assign[r.name] = [(-1, -1)] * len(units)
         inner: dict[int, list[int]] = {}
-        for j, (pi, u) in enumerate(units):
-            lo, hi = j * G, (j + 1) * G
-            if hi <= end and lo // R == (hi - 1) // R:
-                inner.setdefault(lo // R, []).append(j)
+        for j, row in enumerate(_granule_rows(r, len(units), G)):
+            pi, u = units[j]
+            if row is not None:
+                inner.setdefault(row, []).append(j)
             else:
                 assign[r.name][j] = (pi, u)
                 owner[pi][u] = _TAKEN
@@ -603,14 +613,13 @@ def _facts(g: Geometry) -> _Facts:
     fixed_allocs: list[Allocation] = []
     fixed_js: set[tuple[str, int]] = set()
     for r in g.regions:
-        R, end = r.row_bytes, r.rows * r.row_bytes
         units = decl[r.name]
         assign[r.name] = [(-1, -1)] * len(units)
         inner: dict[int, list[int]] = {}
-        for j, (pi, u) in enumerate(units):
-            lo, hi = j * G, (j + 1) * G
-            if hi <= end and lo // R == (hi - 1) // R:
-                inner.setdefault(lo // R, []).append(j)
+        for j, row in enumerate(_granule_rows(r, len(units), G)):
+            pi, u = units[j]
+            if row is not None:
+                inner.setdefault(row, []).append(j)
             else:
                 assign[r.name][j] = (pi, u)
                 fixed[pi].add(u)
