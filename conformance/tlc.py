@@ -264,7 +264,7 @@ def tlc_command(spec: str | Path, config: str | Path | None = None, *,
                 library: Sequence[str | Path] = (), deadlock: bool = True,
                 simulate: bool = False, depth: int | None = None,
                 java: str | None = None, jar: str | None = None,
-                extra: Sequence[str] = ()) -> list[str]:
+                extra: Sequence[str] = (), tmpdir: str | Path | None = None) -> list[str]:
     """The ``java ... tlc2.TLC -tool ...`` command line for one run.
 
     ``spec`` and ``config`` are used as given (``run_tlc`` passes bare names
@@ -272,6 +272,10 @@ def tlc_command(spec: str | Path, config: str | Path | None = None, *,
     EXTENDed modules.  ``deadlock=False`` turns deadlock checking off.
     """
     cmd = [java or find_java(), "-XX:+UseParallelGC"]
+    if tmpdir is not None:
+        # TLC unpacks its standard modules (FiniteSets, ...) into java.io.tmpdir; runs
+        # that share it race ("Cannot find source file", "Module-Table lookup failure").
+        cmd.append(f"-Djava.io.tmpdir={tmpdir}")
     if library:
         cmd.append("-DTLA-Library=" + os.pathsep.join(str(p) for p in library))
     cmd += ["-cp", jar or find_jar(), "tlc2.TLC", "-tool", "-workers", str(workers),
@@ -326,10 +330,11 @@ def run_tlc(spec: str | Path, config: str | Path | None = None, *,
         shutil.copy2(spec_path, workdir / spec_path.name)
         shutil.copy2(cfg_path, workdir / "model.cfg")
         libs = [spec_path.parent, *(Path(p).resolve() for p in library)]
+        (workdir / "tmp").mkdir()
         cmd = tlc_command(spec_path.name, "model.cfg", workers=workers,
                           metadir=workdir / "meta", library=libs, deadlock=deadlock,
                           simulate=simulate, depth=depth, java=java, jar=jar,
-                          extra=extra)
+                          extra=extra, tmpdir=workdir / "tmp")
         started = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,

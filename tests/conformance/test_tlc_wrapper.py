@@ -189,6 +189,13 @@ def test_parallel_runs_do_not_share_a_metadir(tmp_path: Path, toy: Path) -> None
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda _: run_tlc(toy, c), range(3)))
     assert [r.violated for r in results] == ["Small"] * 3
+    # TLC unpacks its standard modules into java.io.tmpdir: each run must use its own,
+    # or concurrent runs overwrite each other's Naturals.tla mid-parse.
+    std_dirs = [{line.rsplit("/", 1)[0] for line in r.output.splitlines()
+                 if line.startswith("Parsing file") and line.endswith("/Naturals.tla")}
+                for r in results]
+    assert all(len(d) == 1 for d in std_dirs), std_dirs
+    assert len(set.union(*std_dirs)) == 3
 
 
 # ---------------------------------------------------------------------------
