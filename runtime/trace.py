@@ -17,11 +17,8 @@ on by a path, an open text stream, or the ``KVGRANT_TRACE`` environment variable
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -65,115 +62,34 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
-def _render(items: list[Any], templates: dict[int, str]) -> str:
-    """The lines of one batch (the same item protocol as runtime/trace_render.py)."""
-    lines = []
-    for item in items:
-        if item.__class__ is str:
-            lines.append(item)
-        elif item is None:
-            continue
-        elif item[0] == -1:
-            templates[item[1]] = item[2]
-        else:
-            lines.append(templates[item[0]] % (item[1], item[2], *item[3]))
-    return "".join(lines)
-
-
-class _ThreadSink:
-    """Formats and writes on a thread (for stream targets, e.g. an open text file)."""
-
-    def __init__(self, fh: IO[str], owns: bool) -> None:
-        self.errors: list[BaseException] = []
-        self._q: "queue.Queue[list[Any] | None]" = queue.Queue()
-        self._fh = fh
-        self._thread = threading.Thread(target=self._loop, args=(self._q, fh, owns, self.errors),
-                                        name="kvgrant-trace", daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def _loop(q: "queue.Queue[list[Any] | None]", fh: IO[str], owns: bool,
-              errors: list[BaseException]) -> None:
-        templates: dict[int, str] = {}
-        while True:
-            batch = q.get()
-            try:
-                if batch is None:
-                    try:
-                        fh.flush()
-                        if owns:
-                            fh.close()
-                    except BaseException as err:
-                        errors.append(err)
-                    return
-                if not errors:
-                    fh.write(_render(batch, templates))
-            except BaseException as err:
-                errors.append(err)
-            finally:
-                q.task_done()
-
-    def submit(self, batch: list[Any]) -> None:
-        self._q.put(batch)
-
-    def sync(self) -> None:
-        """Wait until everything submitted is on file."""
-        self._q.join()
-        if not self.errors:
-            try:
-                self._fh.flush()
-            except BaseException as err:
-                self.errors.append(err)
-
-    def stop(self) -> None:
-        self._q.put(None)
-        self._thread.join()
-
-
-class _ProcessSink:
-    """Sends marshalled records to runtime/trace_render.py, which formats and writes
-    them in its own process (for path targets: no formatting, no GIL hand-overs in the
-    allocating process)."""
-
-    def __init__(self, fd: int) -> None:
-        self.errors: list[BaseException] = []
-        script = Path(__file__).with_name("trace_render.py")
-        self._proc = subprocess.Popen([sys.executable, "-I", str(script), str(fd)],
-                                      stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      pass_fds=(fd,), bufsize=1 << 16)
-
-    def submit(self, batch: list[Any]) -> None:
-        if self.errors:
-            return
-        data = marshal.dumps(batch)
+def _write_loop(q: "queue.Queue[list[Any] | None]", fh: IO[str], owns: bool,
+                error: list[BaseException]) -> None:
+    """Writer thread: format each batch and write it, in order; on the stop sentinel,
+    flush and close the file when the writer opened it. A write error is kept in
+    ``error`` (reported by the writer's owner) and later batches are dropped."""
+    while True:
+        batch = q.get()
         try:
-            self._proc.stdin.write(len(data).to_bytes(4, "little") + data)  # type: ignore[union-attr]
-        except OSError as err:
-            self.errors.append(err)
-
-    def sync(self) -> None:
-        """Hand everything to the renderer now and ask it to flush its file."""
-        self.submit([None])
-        try:
-            self._proc.stdin.flush()  # type: ignore[union-attr]
-        except OSError as err:
-            self.errors.append(err)
-
-    def stop(self) -> None:
-        try:
-            self._proc.stdin.close()  # type: ignore[union-attr]
-        except OSError as err:
-            self.errors.append(err)
-        err_text = self._proc.stderr.read()  # type: ignore[union-attr]
-        self._proc.stderr.close()  # type: ignore[union-attr]
-        self._proc.wait()
-        if self._proc.returncode != 0 and not self.errors:
-            why = err_text.decode("ascii", "replace").strip() or f"status {self._proc.returncode}"
-            self.errors.append(OSError(f"trace renderer failed: {why}"))
+            if batch is None:
+                try:
+                    fh.flush()
+                    if owns:
+                        fh.close()
+                except BaseException as err:
+                    error.append(err)
+                return
+            if not error:
+                fh.write("".join(item if item.__class__ is str
+                                 else item[0] % (item[1], item[2], *item[3])
+                                 for item in batch))
+        except BaseException as err:
+            error.append(err)
+        finally:
+            q.task_done()
 
 
-def _stop_sink(sink: "_ThreadSink | _ProcessSink") -> None:
-    sink.stop()
+def _stop_writer(q: "queue.Queue[list[Any] | None]") -> None:
+    q.put(None)
 
 
 class TraceWriter:
@@ -182,55 +98,59 @@ class TraceWriter:
     Parameters
     ----------
     target
-        A path (the file is created or truncated, and a renderer process writes it),
-        an open text stream (written by a thread, left open on :meth:`close`), or None
-        (tracing off).
+        A path (the file is created or truncated), an open text stream (left open
+        on :meth:`close`), or None (tracing off).
     flush_each
-        Hand over every line at once (for tailing a live run); otherwise lines go in
-        batches and at every group event (Publish, Abort, ...).
+        Flush after every line (for tailing a live run); otherwise lines are
+        flushed at group events (Publish, Abort, ...) and on close.
 
     Notes
     -----
     Tracing never aborts the lifecycle it records: a write error switches the writer
     off and is kept in :attr:`error` for the caller to report once the allocation or
-    its unwinding is complete. :meth:`close` returns once every line is on file. A
-    writer that is never closed stops its thread or renderer when garbage-collected;
-    the lines it still held (fewer than one batch) are then lost.
+    its unwinding is complete. A writer that is never closed stops its thread when it
+    is garbage-collected.
     """
 
-    __slots__ = ("_on", "_seq", "_t0", "_flush_each", "_pending", "path", "header_written",
-                 "_sink", "_finalizer", "_tids", "__weakref__")
+    __slots__ = ("_fh", "_on", "_seq", "_t0", "_flush_each", "_pending", "path",
+                 "header_written", "_queue", "_thread", "_errors", "_finalizer",
+                 "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
                  flush_each: bool = False) -> None:
         self._seq = 0
-        # items not yet handed to the sink: a line (str), a template registration
-        # (-1, tid, template) or an event (tid, seq, t, values)
+        # events not yet handed to the writer: a line (str) or (template, seq, t, values)
         self._pending: list[Any] = []
         self._t0 = time.perf_counter()
         self._flush_each = flush_each
-        self._tids: dict[str, int] = {}
+        self._errors: list[BaseException] = []
         self.header_written = False
         self.path: Path | None = None
-        self._sink: _ThreadSink | _ProcessSink | None = None
+        self._queue: "queue.Queue[list[Any] | None] | None" = None
+        self._thread: threading.Thread | None = None
         self._finalizer: weakref.finalize | None = None
-        if isinstance(target, (str, os.PathLike)):
+        owns = False
+        if target is None:
+            self._fh: IO[str] | None = None
+        elif isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                self._fh = open(self.path, "w", encoding="ascii", buffering=1 << 20)
             except OSError as err:
                 raise TraceError(f"trace = {str(self.path)!r}: cannot open for writing: "
                                  f"{err.strerror or err}") from None
-            try:
-                self._sink = _ProcessSink(fd)
-            finally:
-                os.close(fd)  # the renderer holds its own copy
-        elif target is not None:
-            self._sink = _ThreadSink(target, owns=False)
-        self._on = self._sink is not None
-        if self._sink is not None:
-            self._finalizer = weakref.finalize(self, _stop_sink, self._sink)
+            owns = True
+        else:
+            self._fh = target
+        self._on = self._fh is not None
+        if self._fh is not None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(
+                target=_write_loop, args=(self._queue, self._fh, owns, self._errors),
+                name="kvgrant-trace", daemon=True)
+            self._thread.start()
+            self._finalizer = weakref.finalize(self, _stop_writer, self._queue)
 
     @property
     def enabled(self) -> bool:
@@ -240,7 +160,7 @@ class TraceWriter:
     @property
     def error(self) -> BaseException | None:
         """The first write error, if any (the writer is then switched off)."""
-        return self._sink.errors[0] if self._sink is not None and self._sink.errors else None
+        return self._errors[0] if self._errors else None
 
     @property
     def events(self) -> int:
@@ -291,49 +211,53 @@ class TraceWriter:
 
     def event_line(self, template: str, *values: object) -> None:
         """Write one rank event from an :func:`event_template` (the hot path: it only
-        records the values; the sink formats them).
+        records the values; the writer thread formats them).
 
         ``values`` fill the template's placeholders after ``seq`` and ``t``.
         """
         if not self._on:
             return
         pending = self._pending
-        tid = self._tids.get(template)
-        if tid is None:
-            tid = self._tids[template] = len(self._tids)
-            pending.append((-1, tid, template))
-        pending.append((tid, self._seq, _clock() - self._t0, values))
+        pending.append((template, self._seq, _clock() - self._t0, values))
         self._seq += 1
         if self._flush_each:
             self._drain()
         elif len(pending) >= _BATCH:
-            self._sink.submit(pending)  # type: ignore[union-attr]
+            self._queue.put(pending)  # type: ignore[union-attr]
             self._pending = []
 
     def _drain(self) -> None:
-        """Hand everything to the sink now (a stream sink also waits until it is on
-        file). Never raises: a write error switches the writer off (see :attr:`error`)."""
-        sink = self._sink
-        if sink is None or not self._on:
+        """Hand everything to the writer, wait until it is written, flush the file.
+        Never raises: a write error switches the writer off (see :attr:`error`)."""
+        q, fh = self._queue, self._fh
+        if q is None or fh is None or not self._on:
             return
         if self._pending:
-            sink.submit(self._pending)
+            q.put(self._pending)
             self._pending = []
-        sink.sync()
-        if sink.errors:
+        q.join()
+        if not self._errors:
+            try:
+                fh.flush()
+            except BaseException as err:
+                self._errors.append(err)
+        if self._errors:
             self._on = False
 
     def flush(self) -> None:
         self._drain()
 
     def close(self) -> None:
-        """Hand everything over, stop the sink and wait until every line is on file.
+        """Flush, stop the writer thread, close the file when this writer opened it.
         Safe to call twice; never raises (see :attr:`error`)."""
         self._drain()
         self._on = False
-        if self._finalizer is not None:
-            self._finalizer()  # stops the sink, once
+        if self._finalizer is not None and self._thread is not None:
+            self._finalizer()  # puts the stop sentinel, once
+            self._thread.join()
             self._finalizer = None
+            self._thread = self._queue = None
+        self._fh = None
 
     def __enter__(self) -> "TraceWriter":
         return self

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, event_template, open_trace
+from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, open_trace
 
 STATE = {"phase": "Allocating", "va": True, "created": 1, "mapped": 0, "alias_mapped": 0,
          "grants": 0, "ready": False, "failed": False}
@@ -127,9 +127,8 @@ def test_flush_each_writes_every_line_at_once() -> None:
     assert buf.getvalue().count("\n") == 2
 
 
-def test_an_unclosed_writer_stops_its_thread_when_collected() -> None:
+def test_an_unclosed_writer_stops_its_thread_when_collected(tmp_path) -> None:
     import gc
-    import io
     import threading
     import time
 
@@ -137,9 +136,8 @@ def test_an_unclosed_writer_stops_its_thread_when_collected() -> None:
         return sum(t.name == "kvgrant-trace" for t in threading.enumerate())
 
     before = writers()
-    bufs = [io.StringIO() for _ in range(5)]
-    for buf in bufs:
-        tw = TraceWriter(buf)
+    for i in range(5):
+        tw = TraceWriter(tmp_path / f"t{i}.ndjson")
         tw.header(ranks=1)
     assert writers() >= before + 1
     del tw
@@ -148,34 +146,5 @@ def test_an_unclosed_writer_stops_its_thread_when_collected() -> None:
     while writers() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert writers() == before
-    assert all(b.getvalue().startswith('{"kind": "header"') for b in bufs)
-
-
-def test_an_unclosed_path_writer_finishes_its_file_when_collected(tmp_path) -> None:
-    import gc
-
-    tw = TraceWriter(tmp_path / "t.ndjson")
-    tw.header(ranks=1)
-    tpl = event_template(0, "Create", '{"alloc": %d}', "cuMemCreate", "CUDA_SUCCESS", 0,
-                         "null", "%d", '{"phase": "Allocating"}')
-    for i in range(100):
-        tw.event_line(tpl, i, 4096)
-    del tw
-    gc.collect()  # stops the renderer, which writes what it was given before it exits
-    lines = (tmp_path / "t.ndjson").read_text().splitlines()
-    events = [json.loads(line) for line in lines[1:]]  # every line is whole JSON
-    assert json.loads(lines[0])["kind"] == "header"
-    assert events and [e["seq"] for e in events] == list(range(len(events)))
-
-
-def test_renderer_failure_is_reported_not_raised(tmp_path) -> None:
-    import os
-
-    if not os.path.exists("/dev/full"):
-        pytest.skip("needs /dev/full")
-    tw = TraceWriter("/dev/full")
-    tw.header(ranks=1)
-    tw.event(None, "Publish", {}, None, None, {"phase": "Published"})
-    tw.close()
-    assert tw.error is not None and "No space left" in str(tw.error)
-    assert not tw.enabled
+    # the collected writer still closed its file with the header in it
+    assert (tmp_path / "t4.ndjson").read_text().startswith('{"kind": "header"')
