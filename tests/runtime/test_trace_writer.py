@@ -132,19 +132,17 @@ def test_an_unclosed_writer_stops_its_thread_when_collected(tmp_path) -> None:
     import threading
     import time
 
-    def writers() -> int:
-        return sum(t.name == "kvgrant-trace" for t in threading.enumerate())
-
-    before = writers()
-    for i in range(5):
-        tw = TraceWriter(tmp_path / f"t{i}.ndjson")
+    before = set(threading.enumerate())
+    tws = [TraceWriter(tmp_path / f"t{i}.ndjson") for i in range(5)]
+    for tw in tws:
         tw.header(ranks=1)
-    assert writers() >= before + 1
-    del tw
+    ours = [t for t in threading.enumerate() if t not in before and t.name == "kvgrant-trace"]
+    assert len(ours) == 5
+    del tw, tws
     gc.collect()
     deadline = time.monotonic() + 5
-    while writers() > before and time.monotonic() < deadline:
+    while any(t.is_alive() for t in ours) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert writers() == before
+    assert not any(t.is_alive() for t in ours)
     # the collected writer still closed its file with the header in it
     assert (tmp_path / "t4.ndjson").read_text().startswith('{"kind": "header"')
