@@ -635,15 +635,11 @@ def allocate(geometry: "Geometry | str | Path", *,
 
 def _auto_backend(needed: int) -> tuple[str, str]:
     """``auto``: cuda when a usable GPU exists for every rank, else sim (and why)."""
-    from kvgrant.runtime.cuda import cuda_available, CudaDriver
+    from kvgrant.runtime.cuda import usable_device_count
 
-    if not cuda_available():
+    have = usable_device_count()
+    if have == 0:
         return "sim", "auto: no usable CUDA GPU"
-    probe = CudaDriver()
-    try:
-        have = probe.device_count()
-    finally:
-        probe.close()
     if have < needed:
         return "sim", (f"auto: {needed} ranks need {needed} GPUs, this host has {have} "
                        f"(run the layout on fewer ranks with --ranks {have})")

@@ -24,7 +24,7 @@ from kvgrant.runtime.cuda_errors import driver_error, result_name
 from kvgrant.runtime.driver import LiveCounts
 from kvgrant.runtime.faults import Fault, FaultPlan, FaultState
 
-__all__ = ["CudaDriver", "cuda_available", "driver_version"]
+__all__ = ["CudaDriver", "cuda_available", "driver_version", "usable_device_count"]
 
 
 def _bindings() -> Any:
@@ -68,17 +68,23 @@ def _vmm_supported(drv: Any, ordinal: int) -> bool:
     return int(res) == 0 and bool(value)
 
 
-def cuda_available() -> bool:
-    """True only if cuda.bindings imports, cuInit succeeds and some device supports VMM.
+def usable_device_count() -> int:
+    """How many devices support VMM (0 when cuda.bindings or the driver is missing).
 
-    Never raises: any failure means "not available".
+    Never raises: any failure means "none". Creates no context, so ``auto`` can ask
+    before it opens a backend.
     """
     try:
         drv = _bindings()
         count = _init(drv)
-        return any(_vmm_supported(drv, i) for i in range(count))
+        return sum(1 for i in range(count) if _vmm_supported(drv, i))
     except Exception:  # noqa: BLE001 - documented: never raises
-        return False
+        return 0
+
+
+def cuda_available() -> bool:
+    """True only if cuda.bindings imports, cuInit succeeds and some device supports VMM."""
+    return usable_device_count() > 0
 
 
 def driver_version() -> int | None:

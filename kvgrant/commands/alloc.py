@@ -17,21 +17,9 @@ from typing import Any
 
 from kvgrant.errors import AllocationError, KVGrantError
 
-from kvgrant.commands._args import count, exit_status
+from kvgrant.commands._args import count, exit_status, positive_int
 
 __all__ = ["add_parser", "run"]
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
 
 
 def _memory_limit(text: str) -> str:
@@ -59,7 +47,7 @@ def add_parser(subparsers: Any) -> None:
                         "40G uses at most 40 GiB per GPU (write --memory-limit=-1G)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="write the transition trace (NDJSON) here (or set KVGRANT_TRACE)")
-    p.add_argument("--fail-at", type=_positive, default=None, metavar="K",
+    p.add_argument("--fail-at", type=positive_int, default=None, metavar="K",
                    help="inject CUDA_ERROR_OUT_OF_MEMORY at the K-th driver call (1-based)")
     p.add_argument("--handle-budget", type=count, default=None, metavar="N",
                    help="per-process driver-handle budget for the pre-flight check "

@@ -20,8 +20,6 @@ from kvgrant.commands._args import count
 __all__ = ["add_parser", "run"]
 
 
-
-
 def add_parser(subparsers: Any) -> None:
     from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET
 

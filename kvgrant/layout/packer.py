@@ -97,6 +97,50 @@ def _granule_rows(r: Region, n: int, G: int) -> list[int | None]:
     return out
 
 
+@dataclass
+class _Layout:
+    """The declared arrangement at granule level, split the way both searches need it."""
+
+    decl: dict[str, list[tuple[int, int]]]  # region granule -> (plane index, plane granule)
+    rows: list[tuple[str, int, int, int]]  # (region, row, first interior granule, end)
+    assign: dict[str, list[tuple[int, int]]]  # straddling granules placed, others (-1, -1)
+    fixed: list[tuple[int, int]]  # (plane index, plane granule) behind straddling granules
+    fixed_js: set[tuple[str, int]]  # region granules holding row boundaries
+    fixed_allocs: list[Allocation]  # the straddling granules as one-granule allocations
+
+
+def _layout(g: Geometry, pl: "_Planes", chunks: list) -> _Layout:
+    """Map every region granule to the plane granule ``chunks`` put behind it (declared
+    aliases, or aliased allocations), keep straddling granules where they are, and list
+    each row's interior span."""
+    G = g.granularity
+    pidx = {n: i for i, n in enumerate(pl.names)}
+    decl = {r.name: [(-1, -1)] * (round_up(r.rows * r.row_bytes, G) // G) for r in g.regions}
+    for a in chunks:
+        off = a.region_offset if isinstance(a, Allocation) else a.offset
+        pi, j0, u0 = pidx[a.plane], off // G, a.plane_offset // G
+        for d in range(a.length // G):
+            if j0 + d < len(decl[a.region]):
+                decl[a.region][j0 + d] = (pi, u0 + d)
+    out = _Layout(decl, [], {}, [], set(), [])
+    for r in g.regions:
+        units = decl[r.name]
+        out.assign[r.name] = [(-1, -1)] * len(units)
+        inner: dict[int, list[int]] = {}
+        for j, row in enumerate(_granule_rows(r, len(units), G)):
+            pi, u = units[j]
+            if row is not None:
+                inner.setdefault(row, []).append(j)
+            else:
+                out.assign[r.name][j] = (pi, u)
+                out.fixed.append((pi, u))
+                out.fixed_js.add((r.name, j))
+                out.fixed_allocs.append(Allocation(pl.names[pi], u * G, G, r.name, j * G))
+        for k in sorted(inner):
+            out.rows.append((r.name, k, inner[k][0], inner[k][-1] + 1))
+    return out
+
+
 def _runs(units: list[tuple[int, int]]) -> list[Run]:
     """Group (plane, unit) pairs into maximal runs of consecutive units."""
     out: list[list[int]] = []
@@ -260,48 +304,22 @@ def _pack_units(g: Geometry, start: list, steal: bool = False) -> list[Allocatio
     G = g.granularity
     pl = _Planes([p.name for p in g.planes], [p.bytes_per_page for p in g.planes],
                  [g.plane_bytes(p.name) // G for p in g.planes], g.pages, G)
-    pidx = {n: i for i, n in enumerate(pl.names)}
     owner = [[_FREE] * n for n in pl.units]
     want = conflict_ranges(g, g.aliases)
 
-    # starting map: region unit -> plane unit
-    decl: dict[str, list[tuple[int, int]]] = {}
-    for r in g.regions:
-        decl[r.name] = [(-1, -1)] * (round_up(r.rows * r.row_bytes, G) // G)
-    for a in start:
-        off = a.region_offset if isinstance(a, Allocation) else a.offset
-        pi, j0, u0 = pidx[a.plane], off // G, a.plane_offset // G
-        for d in range(a.length // G):
-            if j0 + d < len(decl[a.region]):
-                decl[a.region][j0 + d] = (pi, u0 + d)
-
-    # rows: interior spans; fixed units; reservations
-    rows: list[tuple[str, int, int, int]] = []  # (region, row, first interior unit, end)
-    fixed_allocs: list[Allocation] = []
-    assign: dict[str, list[tuple[int, int]]] = {}
+    # starting map, interior spans of rows, straddling granules; then reservations
+    lay = _layout(g, pl, start)
+    rows, assign, fixed_js = lay.rows, lay.assign, lay.fixed_js
+    fixed_allocs = lay.fixed_allocs
+    for pi, u in lay.fixed:
+        owner[pi][u] = _TAKEN
     res: list[set[tuple[int, int]]] = []
-    fixed_js: set[tuple[str, int]] = set()  # region granules holding row boundaries
-    for r in g.regions:
-        units = decl[r.name]
-        assign[r.name] = [(-1, -1)] * len(units)
-        inner: dict[int, list[int]] = {}
-        for j, row in enumerate(_granule_rows(r, len(units), G)):
+    for rid, (region, _, js, je) in enumerate(rows):
+        units = lay.decl[region]
+        res.append({units[j] for j in range(js, je)})
+        for j in range(js, je):
             pi, u = units[j]
-            if row is not None:
-                inner.setdefault(row, []).append(j)
-            else:
-                assign[r.name][j] = (pi, u)
-                owner[pi][u] = _TAKEN
-                fixed_js.add((r.name, j))
-                fixed_allocs.append(Allocation(pl.names[pi], u * G, G, r.name, j * G))
-        for k in sorted(inner):
-            js = inner[k]
-            rid = len(rows)
-            rows.append((r.name, k, js[0], js[-1] + 1))
-            res.append({units[j] for j in js})
-            for j in js:
-                pi, u = units[j]
-                owner[pi][u] = rid
+            owner[pi][u] = rid
     fixed_pages = conflict_ranges(g, fixed_allocs)
 
     def eligible_runs(rid: int, usable) -> list[Run]:
@@ -598,35 +616,12 @@ def _facts(g: Geometry) -> _Facts:
     G = g.granularity
     pl = _Planes([p.name for p in g.planes], [p.bytes_per_page for p in g.planes],
                  [g.plane_bytes(p.name) // G for p in g.planes], g.pages, G)
-    pidx = {n: i for i, n in enumerate(pl.names)}
     want = conflict_ranges(g, g.aliases)
-    decl: dict[str, list[tuple[int, int]]] = {
-        r.name: [(-1, -1)] * (round_up(r.rows * r.row_bytes, G) // G) for r in g.regions}
-    for a in g.aliases:
-        pi, j0, u0 = pidx[a.plane], a.offset // G, a.plane_offset // G
-        for d in range(a.length // G):
-            if j0 + d < len(decl[a.region]):
-                decl[a.region][j0 + d] = (pi, u0 + d)
-    rows: list[tuple[str, int, int, int]] = []
-    assign: dict[str, list[tuple[int, int]]] = {}
+    lay = _layout(g, pl, list(g.aliases))
+    rows, assign, fixed_js, fixed_allocs = lay.rows, lay.assign, lay.fixed_js, lay.fixed_allocs
     fixed: list[set[int]] = [set() for _ in pl.names]
-    fixed_allocs: list[Allocation] = []
-    fixed_js: set[tuple[str, int]] = set()
-    for r in g.regions:
-        units = decl[r.name]
-        assign[r.name] = [(-1, -1)] * len(units)
-        inner: dict[int, list[int]] = {}
-        for j, row in enumerate(_granule_rows(r, len(units), G)):
-            pi, u = units[j]
-            if row is not None:
-                inner.setdefault(row, []).append(j)
-            else:
-                assign[r.name][j] = (pi, u)
-                fixed[pi].add(u)
-                fixed_js.add((r.name, j))
-                fixed_allocs.append(Allocation(pl.names[pi], u * G, G, r.name, j * G))
-        for k in sorted(inner):
-            rows.append((r.name, k, inner[k][0], inner[k][-1] + 1))
+    for pi, u in lay.fixed:
+        fixed[pi].add(u)
     elig: list[list[list[tuple[int, int]]]] = []
     for rid, (region, k, _, _) in enumerate(rows):
         per = []
