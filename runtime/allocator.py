@@ -32,7 +32,7 @@ from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
-from kvgrant.runtime.trace import TraceWriter, event_template, open_trace
+from kvgrant.runtime.trace import TraceWriter, clock, event_template, open_trace
 from kvgrant.runtime.transaction import Transaction, attach_cleanup_errors
 from kvgrant.runtime.published import Capacity, Counts, Published
 
@@ -154,6 +154,8 @@ class _Run:
         self.driver = driver
         self.devices = list(devices)
         self.trace = trace
+        # the trace's hot path: one tuple per event (see TraceWriter.recorder)
+        self._record = trace.recorder() if trace.enabled else None
         self.bug = inject_bug
         self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
         self._phase = "Allocating"
@@ -249,7 +251,8 @@ class _Run:
     def _ok(self, st: _Rank, key: str, *values: int) -> None:
         """Trace a successful rank event: ``values`` are its alloc, va, size (as shaped)."""
         tpl = st.tpls.get(key) or self._tpl(st, key)
-        self.trace.event_line(tpl, *values, st.created, st.mapped, st.alias_mapped, st.grants)
+        self._record((tpl, clock(), *values, st.created, st.mapped,  # type: ignore[misc]
+                      st.alias_mapped, st.grants))
 
     def _group(self, action: str, args: dict[str, Any] | None = None) -> None:
         if self.trace.enabled:

@@ -5,29 +5,34 @@ constants, then one ``event`` line per transition with ``seq``, ``rank``, ``acti
 (spec name), ``args``, driver ``call`` and ``result``, ``device``, ``va``, ``size``,
 time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc format.
 
-Why a writer thread: tracing must be cheap when on and free when off (callers test
-:attr:`TraceWriter.enabled` before building an event). The hot path only appends the
-event's values to a list; every 64 events the batch goes to a writer thread that formats
-and writes the lines while the allocator waits in the next driver calls (cuda-python
-releases the GIL inside driver calls; ``benchmarks/probe_gil.py`` shows it). Every group
-event (Publish, Abort, ...) waits until all earlier lines are on file. Tracing is switched
-on by a path, an open text stream, or the ``KVGRANT_TRACE`` environment variable.
+Why this shape: tracing must be cheap when on (under 5% of a start-up whose driver
+calls take ~40 us each) and free when off (callers test :attr:`TraceWriter.enabled`
+before building an event). The allocating thread only appends one tuple per event to a
+list (:meth:`TraceWriter.recorder`: no lock, no queue, no formatting, no ``seq``
+bookkeeping). A writer thread polls that list about every millisecond, numbers and
+formats what it finds, and writes it to the OS in small chunks: each write is a
+syscall that lets go of the GIL, so the allocating thread, coming back from a driver
+call (cuda-python releases the GIL inside them, ``benchmarks/probe_gil.py``), waits at
+most one chunk for it. Lines therefore reach the file within about a millisecond of the
+transition; every group event (Publish, Abort, ...) waits until all earlier lines are on
+file. docs/allocator.md has the designs measured before this one and why they cost more.
+Tracing is switched on by a path, an open text stream, or ``KVGRANT_TRACE``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import threading
 import time
 import weakref
 from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any, Callable, Mapping
 
 from kvgrant.errors import TraceError
 
-__all__ = ["TRACE_ENV", "TRACE_VERSION", "TraceWriter", "event_template", "open_trace"]
+__all__ = ["TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock", "event_template",
+           "open_trace"]
 
 TRACE_ENV = "KVGRANT_TRACE"
 TRACE_VERSION = 1
@@ -39,14 +44,17 @@ _encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
 _EVENT = ('{"kind": "event", "seq": %d, "t": %.6f, "rank": %s, "action": "%s", "args": %s, '
           '"call": %s, "result": %s, "device": %s, "va": %s, "size": %s, "state": %s}\n')
 
+#: The clock of a record's time stamp (the writer subtracts the trace's start).
+clock: Callable[[], float] = time.perf_counter
 
-_clock = time.perf_counter
-_BATCH = 64  # events handed to the writer thread at once (and at every group event)
+_POLL_S = 0.001   # how often the writer looks for new records while they come
+_IDLE_S = 0.1     # ... and once none came for a while (flushes and group events wake it)
+_CHUNK = 16       # records formatted between two writes (each write frees the GIL)
 
 
 def event_template(rank: int, action: str, args: str, call: str | None, result: str | None,
                    device: int | None, va: str, size: str, state: str) -> str:
-    """A %-template for one kind of rank event, for :meth:`TraceWriter.event_line`.
+    """A %-template for one kind of rank event, for :meth:`TraceWriter.recorder`.
 
     ``args``, ``va``, ``size`` and ``state`` are JSON fragments that may hold ``%d``
     placeholders (in that order); the template adds ``seq`` and ``t`` in front. Why:
@@ -62,34 +70,113 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
-def _write_loop(q: "queue.Queue[list[Any] | None]", fh: IO[str], owns: bool,
-                error: list[BaseException]) -> None:
-    """Writer thread: format each batch and write it, in order; on the stop sentinel,
-    flush and close the file when the writer opened it. A write error is kept in
-    ``error`` (reported by the writer's owner) and later batches are dropped."""
-    while True:
-        batch = q.get()
+class _Header:
+    """Control record: the header line, and the clock value ``t`` counts from."""
+
+    __slots__ = ("line", "t0")
+
+    def __init__(self, line: str, t0: float) -> None:
+        self.line = line
+        self.t0 = t0
+
+
+class _Flush:
+    """Control record: flush everything before me, then set ``done``."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+_STOP = object()  # control record: flush, close an owned file, end the thread
+
+
+class _Output:
+    """The writer thread's side: numbers, formats and writes records in order.
+
+    A write error is kept in ``errors`` (reported by the writer's owner) and later
+    records are dropped; control records are still honoured, so nobody waits forever.
+    """
+
+    def __init__(self, fh: IO[str], owns: bool, errors: list[BaseException]) -> None:
+        self.fh = fh
+        self.owns = owns
+        self.errors = errors
+        self.seq = 0
+        self.t0 = clock()
+
+    def _write(self, lines: list[str], flush: bool) -> None:
+        if self.errors or not lines:
+            return
         try:
-            if batch is None:
-                try:
-                    fh.flush()
-                    if owns:
-                        fh.close()
-                except BaseException as err:
-                    error.append(err)
-                return
-            if not error:
-                fh.write("".join(item if item.__class__ is str
-                                 else item[0] % (item[1], item[2], *item[3])
-                                 for item in batch))
+            self.fh.write("".join(lines))
+            if flush:
+                self.fh.flush()
         except BaseException as err:
-            error.append(err)
-        finally:
-            q.task_done()
+            self.errors.append(err)
+
+    def run(self, buf: list[Any], kick: threading.Event) -> None:
+        wait = _POLL_S
+        while True:
+            kick.clear()
+            n = len(buf)
+            if not n:
+                # idle (e.g. while the published cache lives): back off to _IDLE_S
+                kick.wait(wait)
+                wait = min(wait * 2, _IDLE_S)
+                continue
+            wait = _POLL_S
+            items = buf[:n]
+            del buf[:n]  # the allocating thread only appends, so these n are ours
+            if self.handle(items):
+                return
+
+    def handle(self, items: list[Any]) -> bool:
+        """Write ``items``; True once the stop record was seen."""
+        lines: list[str] = []
+        seq, t0 = self.seq, self.t0
+        for item in items:
+            if item.__class__ is tuple:
+                if not self.errors:
+                    try:
+                        lines.append(item[0] % (seq, item[1] - t0, *item[2:]))
+                    except BaseException as err:  # a malformed record: report, go on
+                        self.errors.append(err)
+                seq += 1
+                if len(lines) >= _CHUNK:
+                    self._write(lines, True)
+                    lines = []
+                continue
+            self.seq = seq
+            if item.__class__ is str:
+                lines.append(item)
+            elif item.__class__ is _Header:
+                lines.append(item.line)
+                self.t0 = t0 = item.t0
+            elif item.__class__ is _Flush:
+                self._write(lines, True)
+                lines = []
+                item.done.set()
+            elif item is _STOP:
+                self._write(lines, True)
+                if self.owns:
+                    try:
+                        self.fh.close()
+                    except BaseException as err:
+                        self.errors.append(err)
+                return True
+        self.seq = seq
+        self._write(lines, True)
+        return False
 
 
-def _stop_writer(q: "queue.Queue[list[Any] | None]") -> None:
-    q.put(None)
+def _stop_writer(buf: list[Any], kick: threading.Event, thread: threading.Thread) -> None:
+    """Finaliser of a writer nobody closed: let its thread finish the file and end."""
+    buf.append(_STOP)
+    kick.set()
+    if thread is not threading.current_thread():
+        thread.join(timeout=10)
 
 
 class TraceWriter:
@@ -101,32 +188,33 @@ class TraceWriter:
         A path (the file is created or truncated), an open text stream (left open
         on :meth:`close`), or None (tracing off).
     flush_each
-        Flush after every line (for tailing a live run); otherwise lines are
-        flushed at group events (Publish, Abort, ...) and on close.
+        Wait until every line is on file before going on (for tailing a live run, or
+        a process that may be killed); otherwise rank events reach the file within
+        about a millisecond, and group events (Publish, Abort, ...) wait for all
+        earlier lines.
 
     Notes
     -----
     Tracing never aborts the lifecycle it records: a write error switches the writer
     off and is kept in :attr:`error` for the caller to report once the allocation or
-    its unwinding is complete. A writer that is never closed stops its thread when it
-    is garbage-collected.
+    its unwinding is complete. A writer that is never closed finishes its file when it
+    is garbage-collected or at interpreter exit.
     """
 
-    __slots__ = ("_fh", "_on", "_seq", "_t0", "_flush_each", "_pending", "path",
-                 "header_written", "_queue", "_thread", "_errors", "_finalizer",
-                 "__weakref__")
+    __slots__ = ("_fh", "_on", "_buf", "_kick", "_flush_each", "path", "header_written",
+                 "_out", "_thread", "_errors", "_finalizer", "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
                  flush_each: bool = False) -> None:
-        self._seq = 0
-        # events not yet handed to the writer: a line (str) or (template, seq, t, values)
-        self._pending: list[Any] = []
-        self._t0 = time.perf_counter()
+        # records not yet taken by the writer thread: a tuple (template, clock(), *values)
+        # per event, or a control record
+        self._buf: list[Any] = []
+        self._kick = threading.Event()
         self._flush_each = flush_each
         self._errors: list[BaseException] = []
         self.header_written = False
         self.path: Path | None = None
-        self._queue: "queue.Queue[list[Any] | None] | None" = None
+        self._out: _Output | None = None
         self._thread: threading.Thread | None = None
         self._finalizer: weakref.finalize | None = None
         owns = False
@@ -136,7 +224,7 @@ class TraceWriter:
             self.path = Path(target)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.path, "w", encoding="ascii", buffering=1 << 20)
+                self._fh = open(self.path, "w", encoding="ascii", buffering=1 << 16)
             except OSError as err:
                 raise TraceError(f"trace = {str(self.path)!r}: cannot open for writing: "
                                  f"{err.strerror or err}") from None
@@ -145,12 +233,12 @@ class TraceWriter:
             self._fh = target
         self._on = self._fh is not None
         if self._fh is not None:
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(
-                target=_write_loop, args=(self._queue, self._fh, owns, self._errors),
-                name="kvgrant-trace", daemon=True)
+            self._out = _Output(self._fh, owns, self._errors)
+            self._thread = threading.Thread(target=self._out.run, args=(self._buf, self._kick),
+                                            name="kvgrant-trace", daemon=True)
             self._thread.start()
-            self._finalizer = weakref.finalize(self, _stop_writer, self._queue)
+            self._finalizer = weakref.finalize(self, _stop_writer, self._buf, self._kick,
+                                               self._thread)
 
     @property
     def enabled(self) -> bool:
@@ -164,27 +252,42 @@ class TraceWriter:
 
     @property
     def events(self) -> int:
-        """Events written so far (the next ``seq``)."""
-        return self._seq
+        """Events written so far (the next ``seq``); waits for the writer."""
+        self._drain()
+        return self._out.seq if self._out is not None else 0
+
+    def recorder(self) -> Callable[[tuple[Any, ...]], None]:
+        """The hot path: a callable taking ``(template, clock(), *values)`` for one event.
+
+        ``template`` comes from :func:`event_template` (or is any %-template whose first
+        two placeholders are ``seq`` and ``t``); ``values`` fill the rest; ``seq`` is
+        assigned by the writer, without gaps, in call order. Only for an enabled writer.
+        """
+        if not self._flush_each:
+            return self._buf.append
+
+        def record_and_wait(rec: tuple[Any, ...]) -> None:
+            self._buf.append(rec)
+            self._drain()
+        return record_and_wait
 
     def header(self, **constants: Any) -> None:
-        """Write the header line (must come first, once)."""
+        """Write the header line (must come first, once); ``t`` counts from here."""
         if not self._on:
             return
-        if self.header_written or self._seq:
+        if self.header_written or self._buf or (self._out is not None and self._out.seq):
             raise RuntimeError("trace header must be the first line and written once")
         line = {"kind": "header", "version": TRACE_VERSION}
         line.update(constants)
-        self._pending.append(_encode(line) + "\n")
+        self._buf.append(_Header(_encode(line) + "\n", clock()))
         self._drain()
         self.header_written = True
-        self._t0 = time.perf_counter()
 
     def event(self, rank: int | None, action: str, args: Mapping[str, Any],
               call: str | None, result: str | None, state: Mapping[str, Any], *,
               device: int | None = None, va: int | None = None,
               size: int | None = None) -> None:
-        """Write one transition; ``seq`` is assigned here, without gaps."""
+        """Write one transition; ``seq`` is assigned in call order, without gaps."""
         if not self._on:
             return
         self.event_json(rank, action, _encode(args), call, result, _encode(state),
@@ -195,52 +298,38 @@ class TraceWriter:
                    va: int | None = None, size: int | None = None) -> None:
         """:meth:`event` with ``args`` and ``state`` already JSON-encoded.
 
-        ``action``, ``call`` and ``result`` are identifiers (no quoting needed).
+        ``action``, ``call`` and ``result`` are identifiers (no quoting needed). A
+        group event (``rank`` None) returns once it and every earlier line is on file.
         """
         if not self._on:
             return
-        self._pending.append(_EVENT % (
-            self._seq, _clock() - self._t0, "null" if rank is None else rank, action, args_json,
+        self._buf.append((
+            _EVENT, clock(), "null" if rank is None else rank, action, args_json,
             "null" if call is None else '"' + call + '"',
             "null" if result is None else '"' + result + '"',
             "null" if device is None else device, "null" if va is None else va,
             "null" if size is None else size, state_json))
-        self._seq += 1
         if self._flush_each or rank is None:
             self._drain()
 
     def event_line(self, template: str, *values: object) -> None:
-        """Write one rank event from an :func:`event_template` (the hot path: it only
-        records the values; the writer thread formats them).
-
-        ``values`` fill the template's placeholders after ``seq`` and ``t``.
-        """
-        if not self._on:
-            return
-        pending = self._pending
-        pending.append((template, self._seq, _clock() - self._t0, values))
-        self._seq += 1
-        if self._flush_each:
-            self._drain()
-        elif len(pending) >= _BATCH:
-            self._queue.put(pending)  # type: ignore[union-attr]
-            self._pending = []
+        """One event from an :func:`event_template`; ``values`` fill the placeholders
+        after ``seq`` and ``t`` (what :meth:`recorder` does, as a method)."""
+        if self._on:
+            self.recorder()((template, clock(), *values))
 
     def _drain(self) -> None:
-        """Hand everything to the writer, wait until it is written, flush the file.
+        """Wait until everything recorded is on file (flushed to the OS).
         Never raises: a write error switches the writer off (see :attr:`error`)."""
-        q, fh = self._queue, self._fh
-        if q is None or fh is None or not self._on:
+        thread = self._thread
+        if thread is None or not self._on:
             return
-        if self._pending:
-            q.put(self._pending)
-            self._pending = []
-        q.join()
-        if not self._errors:
-            try:
-                fh.flush()
-            except BaseException as err:
-                self._errors.append(err)
+        req = _Flush()
+        self._buf.append(req)
+        self._kick.set()
+        while not req.done.wait(0.5):
+            if not thread.is_alive():
+                break
         if self._errors:
             self._on = False
 
@@ -252,11 +341,10 @@ class TraceWriter:
         Safe to call twice; never raises (see :attr:`error`)."""
         self._drain()
         self._on = False
-        if self._finalizer is not None and self._thread is not None:
-            self._finalizer()  # puts the stop sentinel, once
-            self._thread.join()
+        if self._finalizer is not None:
+            self._finalizer()  # stop record, once; joins the thread
             self._finalizer = None
-            self._thread = self._queue = None
+            self._thread = None
         self._fh = None
 
     def __enter__(self) -> "TraceWriter":

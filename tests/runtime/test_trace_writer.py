@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, open_trace
+from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, clock, event_template, open_trace
 
 STATE = {"phase": "Allocating", "va": True, "created": 1, "mapped": 0, "alias_mapped": 0,
          "grants": 0, "ready": False, "failed": False}
@@ -125,6 +125,70 @@ def test_flush_each_writes_every_line_at_once() -> None:
     tw.header(ranks=1)
     tw.event(0, "Reserve", {}, "cuMemAddressReserve", "CUDA_SUCCESS", STATE, device=0)
     assert buf.getvalue().count("\n") == 2
+    tw.recorder()((TPL, clock(), 7, 4096, 4096, 1, 1, 0, 0))
+    assert buf.getvalue().count("\n") == 3
+    tw.close()
+
+
+TPL = event_template(0, "Map", '{"alloc": %d}', "cuMemMap", "CUDA_SUCCESS", 0, "%d", "%d",
+                     '{"phase": "Allocating", "va": true, "created": %d, "mapped": %d, '
+                     '"alias_mapped": %d, "grants": %d, "ready": false, "failed": false}')
+
+
+def test_recorded_events_reach_the_file_without_a_flush(tmp_path: Path) -> None:
+    """As it happens: the writer thread picks records up by itself (no group event)."""
+    import time
+
+    path = tmp_path / "live.ndjson"
+    tw = TraceWriter(path)
+    tw.header(ranks=1)
+    record = tw.recorder()
+    for k in range(3):
+        record((TPL, clock(), k, 4096 * k, 4096, k + 1, k + 1, 0, 0))
+    deadline = time.monotonic() + 10
+    while path.read_text().count("\n") < 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [o.get("seq") for o in lines] == [None, 0, 1, 2]
+    assert [o["args"]["alloc"] for o in lines[1:]] == [0, 1, 2]
+    tw.close()
+
+
+def test_seq_follows_call_order_across_recorded_and_group_events() -> None:
+    buf = io.StringIO()
+    tw = TraceWriter(buf)
+    tw.header(ranks=1)
+    record = tw.recorder()
+    for k in range(100):
+        record((TPL, clock(), k, 0, 4096, k + 1, k + 1, 0, 0))
+        if k % 30 == 29:
+            tw.event(None, "Abort", {"failed_rank": 0}, None, None, {"phase": "Aborting"})
+    tw.close()
+    objs = [json.loads(x) for x in buf.getvalue().splitlines()[1:]]
+    assert [o["seq"] for o in objs] == list(range(103))
+    assert [o["args"].get("alloc") for o in objs if o["rank"] is not None] == list(range(100))
+    assert [i for i, o in enumerate(objs) if o["rank"] is None] == [30, 61, 92]
+    ts = [o["t"] for o in objs]
+    assert ts == sorted(ts) and ts[0] >= 0
+
+
+def test_a_failing_stream_switches_the_writer_off_without_raising() -> None:
+    class Broken(io.StringIO):
+        def write(self, s: str) -> int:
+            if '"kind": "event"' in s:
+                raise OSError(28, "No space left on device")
+            return super().write(s)
+
+    buf = Broken()
+    tw = TraceWriter(buf)
+    tw.header(ranks=1)
+    tw.recorder()((TPL, clock(), 0, 0, 4096, 1, 1, 0, 0))
+    tw.event(None, "Publish", {}, None, None, {"phase": "Published"})  # waits, sees the error
+    assert not tw.enabled
+    assert isinstance(tw.error, OSError) and "No space" in str(tw.error)
+    tw.close()
+    tw.close()
+    assert buf.getvalue().count("\n") == 1  # the header only
 
 
 def test_an_unclosed_writer_stops_its_thread_when_collected(tmp_path) -> None:
