@@ -5,17 +5,18 @@ constants, then one ``event`` line per transition with ``seq``, ``rank``, ``acti
 (spec name), ``args``, driver ``call`` and ``result``, ``device``, ``va``, ``size``,
 time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc format.
 
-Why this shape: tracing must be cheap when on (under 5% of a start-up whose driver
-calls take ~40 us each) and free when off (callers test :attr:`TraceWriter.enabled`
-before building an event). The allocating thread only appends one tuple per event to a
-list (:meth:`TraceWriter.recorder`: no lock, no queue, no formatting, no ``seq``
-bookkeeping). A writer thread polls that list about every millisecond, numbers and
-formats what it finds, and writes it to the OS in small chunks: each write is a
-syscall that lets go of the GIL, so the allocating thread, coming back from a driver
-call (cuda-python releases the GIL inside them, ``benchmarks/probe_gil.py``), waits at
-most one chunk for it. Lines therefore reach the file within about a millisecond of the
-transition; every group event (Publish, Abort, ...) waits until all earlier lines are on
-file. docs/allocator.md has the designs measured before this one and why they cost more.
+Why this shape: tracing must be cheap when on (a few percent of a start-up whose
+driver calls take 30-40 us each) and free when off (callers test
+:attr:`TraceWriter.enabled` before building an event). The allocating thread only
+appends one tuple per event to a list (:meth:`TraceWriter.recorder`: no lock, no queue,
+no formatting, no ``seq`` bookkeeping). A writer thread polls that list every
+millisecond while records come, numbers and formats what it finds, and writes it with
+one write to the OS; it mostly runs while the allocating thread is inside a driver call
+(cuda-python releases the GIL there, ``benchmarks/probe_gil.py``). Lines therefore reach
+the OS within about a millisecond of the transition, and every group event (Publish,
+Abort, ...) waits until all earlier lines are on file. docs/allocator.md has the
+designs measured against this one on an H200 host (a queue of batches, writes every 16
+lines, formatting in the caller, a renderer process) and what each cost.
 Tracing is switched on by a path, an open text stream, or ``KVGRANT_TRACE``.
 """
 
@@ -49,7 +50,6 @@ clock: Callable[[], float] = time.perf_counter
 
 _POLL_S = 0.001   # how often the writer looks for new records while they come
 _IDLE_S = 0.1     # ... and once none came for a while (flushes and group events wake it)
-_CHUNK = 16       # records formatted between two writes (each write frees the GIL)
 
 
 def event_template(rank: int, action: str, args: str, call: str | None, result: str | None,
@@ -144,9 +144,6 @@ class _Output:
                     except BaseException as err:  # a malformed record: report, go on
                         self.errors.append(err)
                 seq += 1
-                if len(lines) >= _CHUNK:
-                    self._write(lines, True)
-                    lines = []
                 continue
             self.seq = seq
             if item.__class__ is str:

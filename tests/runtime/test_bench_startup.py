@@ -1,0 +1,56 @@
+"""The start-up benchmark runs end to end on the sim backend and reports tracing's cost
+from back-to-back pairs (figures are for the GPU host; here only their shape)."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> dict:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return runpy.run_path(str(ROOT / "benchmarks" / "bench_startup.py"))
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_pairs_and_plans_are_reported(bench: dict, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "b.json"
+    rc = bench["main"]([str(ROOT / "examples" / "small.json"), "--backend", "sim",
+                        "--trace-pairs", "3", "--json-out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "3 pairs back to back" in text and "95% CI" in text
+    data = json.loads(out.read_text())
+    assert [r["plan"] for r in data["rows"]] == ["naive", "reference", "packed", "floor",
+                                                  "packed"]
+    assert data["rows"][-1]["traced"] and not data["rows"][2]["traced"]
+    cost = data["meta"]["trace_cost"]
+    assert cost["pairs"] == len(data["meta"]["trace_pairs"]) == 3
+    lo, hi = cost["relative_ci95"]
+    assert lo <= cost["relative_mean"] <= hi
+    # every start-up event of a traced run was counted: one per driver call, one
+    # RankReady per rank, and Publish
+    traced = data["rows"][-1]
+    assert cost["events"] == traced["driver_calls"] + traced["ranks"] + 1
+
+
+def test_trace_cost_is_the_mean_of_paired_differences(bench: dict) -> None:
+    def run(s: float, d: float, events: int = 0) -> dict:
+        return {"startup_s": s, "startup_driver_s": d, "startup_events": events}
+
+    pairs = [(run(1.0, 0.9), run(1.1, 0.95, 1000)), (run(2.0, 1.9), run(2.0, 1.85, 1000))]
+    cost = bench["trace_cost"](pairs)
+    assert cost["relative_mean"] == pytest.approx((0.1 + 0.0) / 2)
+    # own time: +0.05 s and +0.05 s over a median untraced start-up of 1.5 s
+    assert cost["own_share_mean"] == pytest.approx(0.05 / 1.5)
+    assert cost["own_us_per_event"] == pytest.approx(50.0)
+    assert cost["driver_share_mean"] == pytest.approx((0.05 - 0.05) / 2 / 1.5)
