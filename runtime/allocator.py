@@ -33,7 +33,7 @@ from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.trace import TraceWriter, clock, event_template, open_trace
-from kvgrant.runtime.transaction import Transaction, attach_cleanup_errors
+from kvgrant.runtime.transaction import Transaction, attach_cleanup_errors, gc_paused
 from kvgrant.runtime.published import Capacity, Counts, Published
 
 __all__ = ["Capacity", "Counts", "INJECT_BUGS", "Published", "allocate"]  # re-exported
@@ -610,27 +610,28 @@ def allocate(geometry: "Geometry | str | Path", *,
 
     # -- the transaction --------------------------------------------------------------
     run = _Run(g, the_plan, driver, devs, tw, inject_bug)
-    t0 = time.perf_counter()
-    txn = Transaction()
-    try:
-        run.header()
-        run.build(txn)
-    except _StepFailed as f:
-        _abort(run, txn, f, free_before, owns)
-    except BaseException as e:
-        run.phase = "Aborting"
-        run._group("Abort", {"failed_rank": None})
-        errors = txn.rollback()
-        tw.close()
-        if owns:
-            driver.close()
-        attach_cleanup_errors(e, errors)
-        raise
-    if inject_bug != "publish_early":
-        run.phase = "Published"
-        run._group("Publish")
-    teardown = txn.commit()
-    startup = time.perf_counter() - t0
+    with gc_paused():
+        t0 = time.perf_counter()
+        txn = Transaction()
+        try:
+            run.header()
+            run.build(txn)
+        except _StepFailed as f:
+            _abort(run, txn, f, free_before, owns)
+        except BaseException as e:
+            run.phase = "Aborting"
+            run._group("Abort", {"failed_rank": None})
+            errors = txn.rollback()
+            tw.close()
+            if owns:
+                driver.close()
+            attach_cleanup_errors(e, errors)
+            raise
+        if inject_bug != "publish_early":
+            run.phase = "Published"
+            run._group("Publish")
+        teardown = txn.commit()
+        startup = time.perf_counter() - t0
     pub = Published(run, teardown, capacity, fit, startup, owns, run.counts())
     pub.backend_reason = backend_reason
     return pub

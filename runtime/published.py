@@ -15,7 +15,7 @@ from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.capacity import PageFit
 from kvgrant.runtime.driver import Driver, LiveCounts
-from kvgrant.runtime.transaction import Teardown, attach_cleanup_errors
+from kvgrant.runtime.transaction import Teardown, attach_cleanup_errors, gc_paused
 from kvgrant.runtime.views import DeviceBuffer
 
 if TYPE_CHECKING:
@@ -183,12 +183,13 @@ class Published:
         run = self._run
         t0 = time.perf_counter()
         try:
-            run.phase = "ShuttingDown"
-            run._group("Unpublish")
-            errors = self._teardown.run()
-            if not errors:
-                run.phase = "Shutdown"
-                run._group("ShutdownComplete")
+            with gc_paused():
+                run.phase = "ShuttingDown"
+                run._group("Unpublish")
+                errors = self._teardown.run()
+                if not errors:
+                    run.phase = "Shutdown"
+                    run._group("ShutdownComplete")
         finally:
             run.trace.close()
             self.release_s = time.perf_counter() - t0

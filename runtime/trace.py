@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 from kvgrant.errors import TraceError
+from kvgrant.runtime import trace_render
+from kvgrant.runtime.trace_render import FLUSH, HEADER, STOP, Renderer, frame, read_frame
 
 __all__ = ["TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock", "event_template",
            "open_trace"]
@@ -50,6 +54,7 @@ clock: Callable[[], float] = time.perf_counter
 
 _POLL_S = 0.001   # how often the writer looks for new records while they come
 _IDLE_S = 0.1     # ... and once none came for a while (flushes and group events wake it)
+_RENDER_SCRIPT = os.path.abspath(trace_render.__file__)
 
 
 def event_template(rank: int, action: str, args: str, call: str | None, result: str | None,
@@ -70,107 +75,120 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
-class _Header:
-    """Control record: the header line, and the clock value ``t`` counts from."""
-
-    __slots__ = ("line", "t0")
-
-    def __init__(self, line: str, t0: float) -> None:
-        self.line = line
-        self.t0 = t0
-
-
-class _Flush:
-    """Control record: flush everything before me, then set ``done``."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-
-_STOP = object()  # control record: flush, close an owned file, end the thread
+def _poll(buf: list[Any], kick: threading.Event, handle: Callable[[list[Any]], bool]) -> None:
+    """The writer thread: hand what the allocating thread appended to ``handle``, in
+    order, until it reports the stop record."""
+    wait = _POLL_S
+    while True:
+        kick.clear()
+        n = len(buf)
+        if not n:
+            # idle (e.g. while the published cache lives): back off to _IDLE_S
+            kick.wait(wait)
+            wait = min(wait * 2, _IDLE_S)
+            continue
+        wait = _POLL_S
+        items = buf[:n]
+        del buf[:n]  # the allocating thread only appends, so these n are ours
+        if handle(items):
+            return
 
 
-class _Output:
-    """The writer thread's side: numbers, formats and writes records in order.
+def _release_waiter(item: list[Any]) -> None:
+    if item[0] == FLUSH:
+        item[1].set()
 
-    A write error is kept in ``errors`` (reported by the writer's owner) and later
-    records are dropped; control records are still honoured, so nobody waits forever.
-    """
+
+class _InThread:
+    """Formats in the writer thread (stream targets, or when no process can start)."""
 
     def __init__(self, fh: IO[str], owns: bool, errors: list[BaseException]) -> None:
-        self.fh = fh
-        self.owns = owns
-        self.errors = errors
-        self.seq = 0
-        self.t0 = clock()
+        self.renderer = Renderer(fh, owns, _release_waiter, errors)
 
-    def _write(self, lines: list[str], flush: bool) -> None:
-        if self.errors or not lines:
-            return
-        try:
-            self.fh.write("".join(lines))
-            if flush:
-                self.fh.flush()
-        except BaseException as err:
-            self.errors.append(err)
-
-    def run(self, buf: list[Any], kick: threading.Event) -> None:
-        wait = _POLL_S
-        while True:
-            kick.clear()
-            n = len(buf)
-            if not n:
-                # idle (e.g. while the published cache lives): back off to _IDLE_S
-                kick.wait(wait)
-                wait = min(wait * 2, _IDLE_S)
-                continue
-            wait = _POLL_S
-            items = buf[:n]
-            del buf[:n]  # the allocating thread only appends, so these n are ours
-            if self.handle(items):
-                return
+    @property
+    def seq(self) -> int:
+        return self.renderer.seq
 
     def handle(self, items: list[Any]) -> bool:
-        """Write ``items``; True once the stop record was seen."""
-        lines: list[str] = []
-        seq, t0 = self.seq, self.t0
-        for item in items:
-            if item.__class__ is tuple:
-                if not self.errors:
+        return self.renderer.feed(items)
+
+
+class _InProcess:
+    """Ships records to a renderer process (trace files): the writer thread only
+    marshals them and writes them to a pipe, so it hardly ever holds the GIL."""
+
+    def __init__(self, fd: int, errors: list[BaseException]) -> None:
+        self.errors = errors
+        self.seq = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", _RENDER_SCRIPT, str(fd)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, pass_fds=(fd,), bufsize=0)
+        self.to_child = self.proc.stdin.fileno()  # type: ignore[union-attr]
+        self.from_child = self.proc.stdout  # type: ignore[assignment]
+        try:  # room for bursts while the renderer catches up (Linux; else the default)
+            import fcntl
+
+            fcntl.fcntl(self.to_child, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+        except (ImportError, OSError):
+            pass
+        self.dead = False
+        try:  # handshake: a renderer that cannot run fails here, not mid-allocation
+            os.write(self.to_child, frame([[FLUSH]]))
+            read_frame(self.from_child)  # type: ignore[arg-type]
+        except (EOFError, OSError, ValueError) as err:
+            self.proc.kill()
+            self.proc.communicate()  # reaps it and closes both pipes
+            raise OSError(f"trace renderer process did not start: {err}") from None
+
+    def _lost(self) -> None:
+        if not self.dead:
+            self.dead = True
+            code = self.proc.poll()
+            self.errors.append(TraceError(
+                "trace renderer process exited" + (f" with code {code}" if code is not None
+                                                   else "") + "; the trace is incomplete"))
+
+    def handle(self, items: list[Any]) -> bool:
+        waiters: list[list[Any]] = []
+        for i, item in enumerate(items):
+            if item.__class__ is list and item[0] != HEADER:
+                waiters.append(item)
+                items[i] = [item[0]]  # the Event stays here
+        if not self.dead:
+            try:
+                data = frame(items)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.to_child, view):]
+            except OSError:
+                self._lost()
+        for item in waiters:
+            if not self.dead:
+                try:
+                    self.seq, err = read_frame(self.from_child)  # type: ignore[arg-type]
+                    if err is not None and not self.errors:
+                        self.errors.append(TraceError(f"writing the trace failed: {err}"))
+                except (EOFError, OSError, ValueError):
+                    self._lost()
+            if item[0] == STOP:
+                for f in (self.proc.stdin, self.proc.stdout):
                     try:
-                        lines.append(item[0] % (seq, item[1] - t0, *item[2:]))
-                    except BaseException as err:  # a malformed record: report, go on
-                        self.errors.append(err)
-                seq += 1
-                continue
-            self.seq = seq
-            if item.__class__ is str:
-                lines.append(item)
-            elif item.__class__ is _Header:
-                lines.append(item.line)
-                self.t0 = t0 = item.t0
-            elif item.__class__ is _Flush:
-                self._write(lines, True)
-                lines = []
-                item.done.set()
-            elif item is _STOP:
-                self._write(lines, True)
-                if self.owns:
-                    try:
-                        self.fh.close()
-                    except BaseException as err:
-                        self.errors.append(err)
+                        f.close()  # type: ignore[union-attr]
+                    except OSError:
+                        pass
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
                 return True
-        self.seq = seq
-        self._write(lines, True)
+            item[1].set()
         return False
 
 
 def _stop_writer(buf: list[Any], kick: threading.Event, thread: threading.Thread) -> None:
     """Finaliser of a writer nobody closed: let its thread finish the file and end."""
-    buf.append(_STOP)
+    buf.append([STOP])
     kick.set()
     if thread is not threading.current_thread():
         thread.join(timeout=10)
@@ -185,10 +203,15 @@ class TraceWriter:
         A path (the file is created or truncated), an open text stream (left open
         on :meth:`close`), or None (tracing off).
     flush_each
-        Wait until every line is on file before going on (for tailing a live run, or
-        a process that may be killed); otherwise rank events reach the file within
-        about a millisecond, and group events (Publish, Abort, ...) wait for all
-        earlier lines.
+        Wait until every line is on file before going on (for tailing a live run);
+        otherwise rank events reach the file within about a millisecond, and group
+        events (Publish, Abort, ...) wait for all earlier lines.
+    renderer
+        Where a trace *file* is formatted: ``"process"`` (default; a small Python
+        process fed through a pipe, so formatting never holds this process's GIL, and
+        lines already shipped survive this process being killed) or ``"thread"``
+        (in this process; also the fallback when no process can be started). Streams
+        are always formatted in the writer thread.
 
     Notes
     -----
@@ -198,40 +221,50 @@ class TraceWriter:
     is garbage-collected or at interpreter exit.
     """
 
-    __slots__ = ("_fh", "_on", "_buf", "_kick", "_flush_each", "path", "header_written",
-                 "_out", "_thread", "_errors", "_finalizer", "__weakref__")
+    __slots__ = ("_on", "_buf", "_kick", "_flush_each", "path", "header_written",
+                 "_sink", "_thread", "_errors", "_finalizer", "renderer", "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
-                 flush_each: bool = False) -> None:
+                 flush_each: bool = False, renderer: str = "process") -> None:
+        if renderer not in ("process", "thread"):
+            raise ValueError(f"renderer = {renderer!r}: must be 'process' or 'thread'")
         # records not yet taken by the writer thread: a tuple (template, clock(), *values)
-        # per event, or a control record
+        # per event, or a control record (a list, see trace_render)
         self._buf: list[Any] = []
         self._kick = threading.Event()
         self._flush_each = flush_each
         self._errors: list[BaseException] = []
         self.header_written = False
         self.path: Path | None = None
-        self._out: _Output | None = None
+        self.renderer: str | None = None  # where lines are formatted: process or thread
+        self._sink: _InThread | _InProcess | None = None
         self._thread: threading.Thread | None = None
         self._finalizer: weakref.finalize | None = None
-        owns = False
-        if target is None:
-            self._fh: IO[str] | None = None
-        elif isinstance(target, (str, os.PathLike)):
+        if isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.path, "w", encoding="ascii", buffering=1 << 16)
+                fh = open(self.path, "w", encoding="ascii", buffering=1 << 16)
             except OSError as err:
                 raise TraceError(f"trace = {str(self.path)!r}: cannot open for writing: "
                                  f"{err.strerror or err}") from None
-            owns = True
-        else:
-            self._fh = target
-        self._on = self._fh is not None
-        if self._fh is not None:
-            self._out = _Output(self._fh, owns, self._errors)
-            self._thread = threading.Thread(target=self._out.run, args=(self._buf, self._kick),
+            if renderer == "process":
+                try:
+                    self._sink = _InProcess(fh.fileno(), self._errors)
+                    fh.close()  # the renderer has its own descriptor of the file
+                    self.renderer = "process"
+                except OSError:
+                    pass  # no process here (no executable, no fork): format in a thread
+            if self._sink is None:
+                self._sink = _InThread(fh, True, self._errors)
+                self.renderer = "thread"
+        elif target is not None:
+            self._sink = _InThread(target, False, self._errors)
+            self.renderer = "thread"
+        self._on = self._sink is not None
+        if self._sink is not None:
+            self._thread = threading.Thread(target=_poll,
+                                            args=(self._buf, self._kick, self._sink.handle),
                                             name="kvgrant-trace", daemon=True)
             self._thread.start()
             self._finalizer = weakref.finalize(self, _stop_writer, self._buf, self._kick,
@@ -251,7 +284,7 @@ class TraceWriter:
     def events(self) -> int:
         """Events written so far (the next ``seq``); waits for the writer."""
         self._drain()
-        return self._out.seq if self._out is not None else 0
+        return self._sink.seq if self._sink is not None else 0
 
     def recorder(self) -> Callable[[tuple[Any, ...]], None]:
         """The hot path: a callable taking ``(template, clock(), *values)`` for one event.
@@ -272,11 +305,11 @@ class TraceWriter:
         """Write the header line (must come first, once); ``t`` counts from here."""
         if not self._on:
             return
-        if self.header_written or self._buf or (self._out is not None and self._out.seq):
+        if self.header_written or self._buf or (self._sink is not None and self._sink.seq):
             raise RuntimeError("trace header must be the first line and written once")
         line = {"kind": "header", "version": TRACE_VERSION}
         line.update(constants)
-        self._buf.append(_Header(_encode(line) + "\n", clock()))
+        self._buf.append([HEADER, _encode(line) + "\n", clock()])
         self._drain()
         self.header_written = True
 
@@ -321,10 +354,10 @@ class TraceWriter:
         thread = self._thread
         if thread is None or not self._on:
             return
-        req = _Flush()
-        self._buf.append(req)
+        done = threading.Event()
+        self._buf.append([FLUSH, done])
         self._kick.set()
-        while not req.done.wait(0.5):
+        while not done.wait(0.5):
             if not thread.is_alive():
                 break
         if self._errors:
@@ -342,7 +375,6 @@ class TraceWriter:
             self._finalizer()  # stop record, once; joins the thread
             self._finalizer = None
             self._thread = None
-        self._fh = None
 
     def __enter__(self) -> "TraceWriter":
         return self

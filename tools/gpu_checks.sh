@@ -26,7 +26,7 @@ rc=0
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 
 "$PY" benchmarks/bench_startup.py examples/published-dcp16.json --ranks "$NGPU" --backend cuda \
-    --trace-pairs 100 --json-out "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.txt" || rc=1
+    --trace-pairs "${TRACE_PAIRS:-100}" --json-out "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.txt" || rc=1
 
 for args in "" "--memory-limit=-1G" "--fail-at 5000"; do
     echo "\$ kvgrant alloc examples/published-dcp8.json --ranks $NGPU --backend cuda $args"

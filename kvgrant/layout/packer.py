@@ -651,7 +651,8 @@ def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
     each plane) does not grow; exchanges that keep it are taken at random (seeded), to
     walk across plateaus, and the best arrangement seen is kept. Rounds repeat until one
     finds no improvement (after the fourth) or ``max_tries`` exchanges were tried: a
-    count, not a clock, so every rank computes the same plan.
+    count, not a clock, so every rank computes the same plan. The input comes back
+    unchanged when the finished plan would not be smaller or equal.
     """
     import random
 
@@ -838,5 +839,14 @@ def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
             for d in range(n):
                 assign[region][j] = (p, u + d)
                 j += 1
-    return [Allocation(pl.names[p], u * G, G, r.name, j * G)
-            for r in g.regions for j, (p, u) in enumerate(assign[r.name])]
+    out = [Allocation(pl.names[p], u * G, G, r.name, j * G)
+           for r in g.regions for j, (p, u) in enumerate(assign[r.name])]
+    # Runs along the planes are the search's proxy; the plan's allocations also depend
+    # on how the rows are laid out again and merged across row boundaries, so the
+    # result is kept only when the finished plan is no larger than the input's.
+    from kvgrant.layout.plans import finish_plan
+
+    if len(finish_plan(g, "after", out).allocations) > \
+            len(finish_plan(g, "before", allocs).allocations):
+        return list(allocs)
+    return out

@@ -437,3 +437,51 @@ def test_published_dcp16_packed_is_refused_before_start_up() -> None:
         allocate(EXAMPLES / "published-dcp16.json", plan="packed", driver=drv)
     assert info.value.demand > info.value.budget
     assert sum(drv.calls.values()) == 0
+
+
+class GcWatchingSim(SimDriver):
+    """Records whether the cyclic GC was on at each driver call."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.seen: list[tuple[str, bool]] = []
+
+    def _enter(self, call, device, va=None, size=None):  # type: ignore[no-untyped-def]
+        import gc
+
+        self.seen.append((call, gc.isenabled()))
+        super()._enter(call, device, va, size)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_driver_bursts_run_without_gc_and_restore_it(fail: bool) -> None:
+    import gc
+
+    g = small_geometry()
+    drv = GcWatchingSim(devices=3, faults=Fault(nth=12) if fail else None)
+    assert gc.isenabled()
+    if fail:
+        with pytest.raises(AllocationError):
+            allocate(g, plan=chunk_plan(g), driver=drv)
+    else:
+        pub = allocate(g, plan=chunk_plan(g), driver=drv)
+        assert gc.isenabled()  # between start-up and release, as the caller had it
+        pub.release()
+    assert gc.isenabled()
+    # every reserve/create/map/grant and every undo ran with the collector paused
+    burst = [on for call, on in drv.seen
+             if call.startswith(("cuMemAddress", "cuMemCreate", "cuMemMap", "cuMemSet",
+                                 "cuMemUnmap", "cuMemRelease"))]
+    assert burst and not any(burst)
+
+
+def test_a_caller_that_disabled_gc_keeps_it_disabled() -> None:
+    import gc
+
+    g = small_geometry()
+    gc.disable()
+    try:
+        allocate(g, plan=chunk_plan(g), driver=SimDriver(devices=3)).release()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

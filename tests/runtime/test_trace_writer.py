@@ -202,11 +202,92 @@ def test_an_unclosed_writer_stops_its_thread_when_collected(tmp_path) -> None:
         tw.header(ranks=1)
     ours = [t for t in threading.enumerate() if t not in before and t.name == "kvgrant-trace"]
     assert len(ours) == 5
+    procs = [tw._sink.proc for tw in tws]  # type: ignore[union-attr]
     del tw, tws
     gc.collect()
     deadline = time.monotonic() + 5
     while any(t.is_alive() for t in ours) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(t.is_alive() for t in ours)
+    assert all(p.poll() is not None for p in procs)  # the renderer processes ended too
     # the collected writer still closed its file with the header in it
     assert (tmp_path / "t4.ndjson").read_text().startswith('{"kind": "header"')
+
+
+@pytest.mark.parametrize("renderer", ["process", "thread"])
+def test_both_renderers_write_the_same_file(tmp_path: Path, renderer: str) -> None:
+    path = tmp_path / f"{renderer}.ndjson"
+    tw = TraceWriter(path, renderer=renderer)
+    assert tw.renderer == renderer
+    tw.header(ranks=1)
+    record = tw.recorder()
+    for k in range(50):
+        record((TPL, clock(), k, 4096 * k, 4096, k + 1, k + 1, 0, 0))
+    tw.event(None, "Publish", {}, None, None, {"phase": "Published"})
+    assert tw.events == 51
+    tw.close()
+    objs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert objs[0]["kind"] == "header" and [o["seq"] for o in objs[1:]] == list(range(51))
+    assert [o["va"] for o in objs[1:51]] == [4096 * k for k in range(50)]
+    assert objs[-1]["action"] == "Publish"
+
+
+def test_bad_renderer_is_refused() -> None:
+    with pytest.raises(ValueError, match="renderer = 'fork'"):
+        TraceWriter(None, renderer="fork")
+
+
+def test_a_dead_renderer_process_is_reported_not_waited_for(tmp_path: Path) -> None:
+    tw = TraceWriter(tmp_path / "t.ndjson")
+    tw.header(ranks=1)
+    proc = tw._sink.proc  # type: ignore[union-attr]
+    proc.kill()
+    proc.wait()
+    tw.recorder()((TPL, clock(), 0, 0, 4096, 1, 1, 0, 0))
+    tw.event(None, "Publish", {}, None, None, {"phase": "Published"})  # must return
+    assert not tw.enabled
+    assert "renderer process exited" in str(tw.error)
+    tw.close()
+
+
+def test_a_full_disk_is_reported_by_the_renderer_process() -> None:
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    tw = TraceWriter("/dev/full")
+    assert tw.renderer == "process"
+    tw.header(ranks=1)
+    assert not tw.enabled
+    assert "No space left on device" in str(tw.error)
+    tw.close()
+
+
+def test_lines_shipped_before_the_process_dies_are_kept(tmp_path: Path) -> None:
+    """A process killed mid-allocation (no close, no flush) still leaves its trace up
+    to the last poll: the renderer process writes what it got and exits."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "killed.ndjson"
+    code = f"""
+import os, time
+from kvgrant.runtime.trace import TraceWriter, clock, event_template
+TPL = event_template(0, "Map", '{{"alloc": %d}}', "cuMemMap", "CUDA_SUCCESS", 0, "%d", "%d",
+                     '{{"created": %d, "mapped": %d, "alias_mapped": %d, "grants": %d}}')
+tw = TraceWriter({str(path)!r})
+tw.header(ranks=1)
+rec = tw.recorder()
+for k in range(40):
+    rec((TPL, clock(), k, 0, 4096, k + 1, k + 1, 0, 0))
+time.sleep(0.3)  # a few polls
+os._exit(9)  # like a segfault in the driver: no close, no atexit
+"""
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60)
+    assert r.returncode == 9
+    deadline = time.monotonic() + 10
+    while path.read_text().count("\n") < 41 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    objs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [o.get("seq") for o in objs] == [None, *range(40)]
+    assert [o["state"]["created"] for o in objs[1:]] == list(range(1, 41))
