@@ -10,14 +10,14 @@ driver calls take 30-40 us each) and free when off (callers test
 :attr:`TraceWriter.enabled` before building an event). The allocating thread only
 appends one tuple per event to a list (:meth:`TraceWriter.recorder`: no lock, no queue,
 no formatting, no ``seq`` bookkeeping). A writer thread polls that list every
-millisecond while records come, numbers and formats what it finds, and writes it with
-one write to the OS; it mostly runs while the allocating thread is inside a driver call
-(cuda-python releases the GIL there, ``benchmarks/probe_gil.py``). Lines therefore reach
-the OS within about a millisecond of the transition, and every group event (Publish,
-Abort, ...) waits until all earlier lines are on file. docs/allocator.md has the
-designs measured against this one on an H200 host (a queue of batches, writes every 16
-lines, formatting in the caller, a renderer process) and what each cost.
-Tracing is switched on by a path, an open text stream, or ``KVGRANT_TRACE``.
+millisecond while records come. For a trace file it marshals them into a pipe to a
+renderer process (:mod:`kvgrant.runtime.trace_render`) that numbers, formats and writes
+the lines: formatting in this process held the GIL, and the allocating thread waited for
+it at every return from a driver call. For a stream the thread formats them itself.
+Lines reach the OS within about a millisecond of the transition, and every group event
+(Publish, Abort, ...) waits until all earlier lines are on file. docs/allocator.md has
+the designs measured on an H200 host and what each cost. Tracing is switched on by a
+path, an open text stream, or ``KVGRANT_TRACE``.
 """
 
 from __future__ import annotations
@@ -122,7 +122,10 @@ class _InProcess:
         self.seq = 0
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", _RENDER_SCRIPT, str(fd)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, pass_fds=(fd,), bufsize=0)
+            stdout=subprocess.PIPE, pass_fds=(fd,), bufsize=0,
+            # its own session: a Ctrl-C meant for the allocation (which then unwinds
+            # and traces Abort) must not kill the renderer first
+            start_new_session=True)
         self.to_child = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self.from_child = self.proc.stdout  # type: ignore[assignment]
         try:  # room for bursts while the renderer catches up (Linux; else the default)

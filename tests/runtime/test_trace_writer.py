@@ -291,3 +291,32 @@ os._exit(9)  # like a segfault in the driver: no close, no atexit
     objs = [json.loads(x) for x in path.read_text().splitlines()]
     assert [o.get("seq") for o in objs] == [None, *range(40)]
     assert [o["state"]["created"] for o in objs[1:]] == list(range(1, 41))
+
+
+def test_the_renderer_process_survives_a_ctrl_c_aimed_at_the_allocation(tmp_path: Path) -> None:
+    """Ctrl-C sends SIGINT to the whole foreground process group; the renderer runs in
+    its own session, so the unwinding after the KeyboardInterrupt is still traced."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "int.ndjson"
+    code = f"""
+import os, signal, sys
+from kvgrant.runtime.trace import TraceWriter
+tw = TraceWriter({str(path)!r})
+tw.header(ranks=1)
+try:
+    os.killpg(os.getpgrp(), signal.SIGINT)  # what the terminal does on Ctrl-C
+    signal.pause()
+except KeyboardInterrupt:
+    tw.event(None, "Abort", {{"failed_rank": None}}, None, None, {{"phase": "Aborting"}})
+    tw.close()
+    sys.exit(0 if tw.error is None else 3)
+"""
+    root = Path(__file__).resolve().parents[2]
+    # a session of its own, so the SIGINT reaches only that child's group
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60,
+                       start_new_session=True)
+    assert r.returncode == 0
+    objs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [o.get("action") for o in objs] == [None, "Abort"]

@@ -1,0 +1,132 @@
+"""Which part of tracing costs start-up time? A/B rounds on one packed plan.
+
+Each round runs, in random order: untraced; ``hotpath`` (tracing on, but records go to a
+bounded deque: the allocator's per-event work and nothing else); ``idlethread``
+(untraced, plus a Python thread waking every millisecond); ``thread`` (trace file
+formatted in this process's writer thread); ``process`` (formatted by the renderer
+process, the default). Each variant is compared with the untraced run of its round:
+mean relative difference with a 95% bootstrap interval, split into kvgrant's own time
+and time inside driver calls (where GIL waits show up). Rounds share their untraced
+run, so compare variants with each other, not only with zero.
+
+Usage (2 GPUs)::
+
+    python benchmarks/probe_trace_parts.py --rounds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_startup import TimedDriver, _mean_ci  # noqa: E402
+
+from kvgrant.layout.geometry import load_geometry, on_ranks, parse_geometry  # noqa: E402
+from kvgrant.layout.plans import make_plan  # noqa: E402
+from kvgrant.runtime.allocator import allocate  # noqa: E402
+from kvgrant.runtime.capacity import fit_pages  # noqa: E402
+from kvgrant.runtime.driver import open_driver  # noqa: E402
+from kvgrant.runtime.trace import TraceWriter  # noqa: E402
+
+VARIANTS = ("hotpath", "idlethread", "thread", "process")
+
+
+class HotPathOnly(TraceWriter):
+    """Enabled, but every record lands in a 64-slot deque: no thread, no formatting."""
+
+    __slots__ = ("_sunk",)
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self._on = True
+        self._sunk: collections.deque[Any] = collections.deque(maxlen=64)
+
+    def recorder(self) -> Callable[[tuple[Any, ...]], None]:
+        return self._sunk.append
+
+    def header(self, **constants: Any) -> None:
+        pass
+
+    def event_json(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        self._on = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("geometry", nargs="?", default="examples/published-dcp16.json")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    args = ap.parse_args(argv)
+    variants = args.variants.split(",")
+    g = on_ranks(load_geometry(args.geometry), args.ranks)
+    opts = {"devices": args.ranks} if args.backend == "sim" else {}
+    drv = TimedDriver(open_driver(args.backend, **opts))
+    fit = fit_pages(g, {d: drv.free_memory(d)[0] for d in range(args.ranks)}, "-8G")
+    if fit.reduced:
+        g = parse_geometry({**g.model_dump(), "pages": fit.pages})
+    plan = make_plan(g, "packed")
+    tmp = Path(tempfile.mkdtemp())
+
+    def run(v: str) -> dict[str, float]:
+        trace: TraceWriter | None = None
+        stop = threading.Event()
+        idle = None
+        if v == "hotpath":
+            trace = HotPathOnly()
+        elif v in ("thread", "process"):
+            trace = TraceWriter(tmp / f"{v}.ndjson", renderer=v)
+        elif v == "idlethread":
+            idle = threading.Thread(target=lambda: [None for _ in iter(
+                lambda: stop.wait(0.001), True)])
+            idle.start()
+        drv.reset()
+        pub = allocate(g, plan=plan, driver=drv, trace=trace, check_contract=False,
+                       preflight=False)
+        inside = drv.seconds
+        stop.set()
+        if idle is not None:
+            idle.join()
+        pub.release()
+        return {"s": pub.startup_s, "d": inside}
+
+    try:
+        run("off")  # warm-up
+        rng = random.Random(5)
+        rows = []
+        for _ in range(args.rounds):
+            order = ["off", *variants]
+            rng.shuffle(order)
+            rows.append({v: run(v) for v in order})
+    finally:
+        drv.close()
+    off_med = statistics.median(r["off"]["s"] for r in rows)
+    print(f"{g.name} on {args.ranks} ranks ({args.backend}), {args.rounds} rounds, untraced "
+          f"median start-up {off_med:.4f} s")
+    for v in variants:
+        rel = [r[v]["s"] / r["off"]["s"] - 1 for r in rows]
+        own = [((r[v]["s"] - r[v]["d"]) - (r["off"]["s"] - r["off"]["d"])) / off_med
+               for r in rows]
+        inside = [(r[v]["d"] - r["off"]["d"]) / off_med for r in rows]
+        line = [f"{v:<11}"]
+        for name, xs in (("start-up", rel), ("own", own), ("driver", inside)):
+            m, lo, hi = _mean_ci(xs)
+            line.append(f"{name} {m * 100:+6.2f}% [{lo * 100:+.2f}, {hi * 100:+.2f}]")
+        print(" | ".join(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
