@@ -248,6 +248,14 @@ class _Run:
         st.tpls[key] = tpl
         return tpl
 
+    def _tpl_of(self, st: _Rank) -> Callable[[str], str | None]:
+        """``key -> template`` for this rank as it is now; None for every key when
+        tracing is off (the templates bake in flags and phase: look up again after
+        either changes)."""
+        if not self.trace.enabled:
+            return lambda key: None
+        return lambda key: st.tpls.get(key) or self._tpl(st, key)
+
     def _ok(self, st: _Rank, key: str, *values: int) -> None:
         """Trace a successful rank event: ``values`` are its alloc, va, size (as shaped)."""
         tpl = st.tpls.get(key) or self._tpl(st, key)
@@ -309,6 +317,14 @@ class _Run:
         grant_plane = self.grant_plane[r]
         grant_region = self.grant_region[r]
         unmap_backing_first = self.bug == "unmap_backing_first"
+        # Tracing's hot path, inlined: the rank's flags and the phase stay fixed for the
+        # whole loop, so its line templates are looked up once (each record is then one
+        # tuple; docs/allocator.md has what a traced event costs).
+        rec = self._record
+        tpl = self._tpl_of(st)
+        t_create, t_map, t_alias = tpl("Create"), tpl("Map"), tpl("MapAlias")
+        t_grant = tpl("Grant plane")
+        t_grant_alias = {reg: tpl(key) for reg, key in self.alias_key.items()} if tr else {}
         for i, a in enumerate(self.allocs):
             n = a.length
             # Create
@@ -321,7 +337,8 @@ class _Run:
             st.created += 1
             swap = self.bug == "map_before_create" and r == 0 and i == 0
             if tr and not swap:
-                self._ok(st, "Create", i, n)
+                rec((t_create, clock(), i, n,  # type: ignore[misc]
+                     st.created, st.mapped, st.alias_mapped, st.grants))
             txn.push(self._undo_release, st, i, h)
             # Map (plane)
             pva = plane_va[a.plane] + a.plane_offset
@@ -338,7 +355,8 @@ class _Run:
                     st.created += 1
                     self._ok(st, "Create", i, n)
                 else:
-                    self._ok(st, "Map", i, pva, n)
+                    rec((t_map, clock(), i, pva, n,  # type: ignore[misc]
+                         st.created, st.mapped, st.alias_mapped, st.grants))
             if not (unmap_backing_first and a.region is not None):
                 txn.push(self._undo_unmap, st, i, "plane", pva, n)
             # MapAlias
@@ -353,17 +371,20 @@ class _Run:
                                      ava, n) from e
                 st.alias_mapped += 1
                 if tr:
-                    self._ok(st, "MapAlias", i, ava, n)
+                    rec((t_alias, clock(), i, ava, n,  # type: ignore[misc]
+                         st.created, st.mapped, st.alias_mapped, st.grants))
                 txn.push(self._undo_unmap, st, i, "alias", ava, n)
                 if unmap_backing_first:  # mutant: plane unmapped before its alias
                     txn.push(self._undo_unmap, st, i, "plane", pva, n)
             # Grant (plane)
-            self._grant(st, i, a, "plane", pva, n, grant_plane)
+            self._grant(st, i, a, "plane", pva, n, grant_plane, t_grant)
             if a.region is not None:
-                self._grant(st, i, a, "alias", ava, n, grant_region[a.region])
+                self._grant(st, i, a, "alias", ava, n, grant_region[a.region],
+                            t_grant_alias.get(a.region))
 
     def _grant(self, st: _Rank, i: int, a: Allocation, mapping: str, va: int, n: int,
-               devs: list[int]) -> None:
+               devs: list[int], template: str | None) -> None:
+        """One cuMemSetAccess; ``template`` is the trace line's (None when untraced)."""
         try:
             self.driver.set_access(va, n, devs)
         except DriverError as e:
@@ -376,9 +397,9 @@ class _Run:
             st.plane_grants[i] = k
         else:
             st.alias_grants[i] = k
-        if self.trace.enabled:
-            self._ok(st, "Grant plane" if mapping == "plane" else self.alias_key[a.region],
-                     i, va, n)
+        if template is not None:
+            self._record((template, clock(), i, va, n,  # type: ignore[misc]
+                          st.created, st.mapped, st.alias_mapped, st.grants))
 
     # --------------------------------------------------------------- undos
     def _undo_free(self, st: _Rank, va: int, size: int) -> None:
