@@ -137,7 +137,7 @@ def trace_cost(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[s
     """Tracing on vs off from (untraced, traced) pairs run back to back.
 
     Driver time varies by +-20% from run to run on the H200 host (the same work took
-    0.46-0.78 s), so one pair says little: the figure is the mean of the per-pair
+    0.48-0.84 s in one sequence of 36 runs), so one pair says little: the figure is the mean of the per-pair
     relative differences with a bootstrap 95% interval, split into kvgrant's own time
     (measured precisely, outside driver calls) and time inside driver calls (where a
     thread holding the GIL would show up, and where the noise is).
