@@ -256,8 +256,8 @@ class TraceWriter:
                     self._sink = _InProcess(fh.fileno(), self._errors)
                     fh.close()  # the renderer has its own descriptor of the file
                     self.renderer = "process"
-                except OSError:
-                    pass  # no process here (no executable, no fork): format in a thread
+                except (OSError, ValueError):
+                    pass  # no process here (no executable, no pass_fds): format in a thread
             if self._sink is None:
                 self._sink = _InThread(fh, True, self._errors)
                 self.renderer = "thread"

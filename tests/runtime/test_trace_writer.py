@@ -320,3 +320,17 @@ except KeyboardInterrupt:
     assert r.returncode == 0
     objs = [json.loads(x) for x in path.read_text().splitlines()]
     assert [o.get("action") for o in objs] == [None, "Abort"]
+
+
+def test_no_renderer_process_falls_back_to_the_thread(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    path = tmp_path / "fallback.ndjson"
+    tw = TraceWriter(path)
+    assert tw.renderer == "thread"
+    tw.header(ranks=1)
+    tw.recorder()((TPL, clock(), 0, 0, 4096, 1, 1, 0, 0))
+    tw.close()
+    assert tw.error is None
+    assert [json.loads(x).get("seq") for x in path.read_text().splitlines()] == [None, 0]
