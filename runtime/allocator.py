@@ -324,7 +324,7 @@ class _Run:
         tpl = self._tpl_of(st)
         t_create, t_map, t_alias = tpl("Create"), tpl("Map"), tpl("MapAlias")
         t_grant = tpl("Grant plane")
-        t_grant_alias = {reg: tpl(key) for reg, key in self.alias_key.items()} if tr else {}
+        t_grant_alias = {reg: tpl(key) for reg, key in self.alias_key.items()}
         for i, a in enumerate(self.allocs):
             n = a.length
             # Create
@@ -380,7 +380,7 @@ class _Run:
             self._grant(st, i, a, "plane", pva, n, grant_plane, t_grant)
             if a.region is not None:
                 self._grant(st, i, a, "alias", ava, n, grant_region[a.region],
-                            t_grant_alias.get(a.region))
+                            t_grant_alias[a.region])
 
     def _grant(self, st: _Rank, i: int, a: Allocation, mapping: str, va: int, n: int,
                devs: list[int], template: str | None) -> None:

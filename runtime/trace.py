@@ -75,9 +75,10 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
-def _poll(buf: list[Any], kick: threading.Event, handle: Callable[[list[Any]], bool]) -> None:
-    """The writer thread: hand what the allocating thread appended to ``handle``, in
-    order, until it reports the stop record."""
+def _poll(buf: list[Any], kick: threading.Event, feed: Callable[[list[Any]], bool]) -> None:
+    """The writer thread: hand what the allocating thread appended to ``feed`` (a
+    :class:`Renderer`'s, or :class:`_InProcess`'s), in order, until it reports the stop
+    record."""
     wait = _POLL_S
     while True:
         kick.clear()
@@ -90,27 +91,14 @@ def _poll(buf: list[Any], kick: threading.Event, handle: Callable[[list[Any]], b
         wait = _POLL_S
         items = buf[:n]
         del buf[:n]  # the allocating thread only appends, so these n are ours
-        if handle(items):
+        if feed(items):
             return
 
 
 def _release_waiter(item: list[Any]) -> None:
+    """Acknowledge a control record formatted in this process: wake the flusher."""
     if item[0] == FLUSH:
         item[1].set()
-
-
-class _InThread:
-    """Formats in the writer thread (stream targets, or when no process can start)."""
-
-    def __init__(self, fh: IO[str], owns: bool, errors: list[BaseException]) -> None:
-        self.renderer = Renderer(fh, owns, _release_waiter, errors)
-
-    @property
-    def seq(self) -> int:
-        return self.renderer.seq
-
-    def handle(self, items: list[Any]) -> bool:
-        return self.renderer.feed(items)
 
 
 class _InProcess:
@@ -151,7 +139,8 @@ class _InProcess:
                 "trace renderer process exited" + (f" with code {code}" if code is not None
                                                    else "") + "; the trace is incomplete"))
 
-    def handle(self, items: list[Any]) -> bool:
+    def feed(self, items: list[Any]) -> bool:
+        """Ship ``items``; wait for the renderer's acknowledgements; True after stop."""
         waiters: list[list[Any]] = []
         for i, item in enumerate(items):
             if item.__class__ is list and item[0] != HEADER:
@@ -240,7 +229,8 @@ class TraceWriter:
         self.header_written = False
         self.path: Path | None = None
         self.renderer: str | None = None  # where lines are formatted: process or thread
-        self._sink: _InThread | _InProcess | None = None
+        # formats in the writer thread (Renderer) or ships to the renderer process
+        self._sink: Renderer | _InProcess | None = None
         self._thread: threading.Thread | None = None
         self._finalizer: weakref.finalize | None = None
         if isinstance(target, (str, os.PathLike)):
@@ -259,15 +249,15 @@ class TraceWriter:
                 except (OSError, ValueError):
                     pass  # no process here (no executable, no pass_fds): format in a thread
             if self._sink is None:
-                self._sink = _InThread(fh, True, self._errors)
+                self._sink = Renderer(fh, True, _release_waiter, self._errors)
                 self.renderer = "thread"
         elif target is not None:
-            self._sink = _InThread(target, False, self._errors)
+            self._sink = Renderer(target, False, _release_waiter, self._errors)
             self.renderer = "thread"
         self._on = self._sink is not None
         if self._sink is not None:
             self._thread = threading.Thread(target=_poll,
-                                            args=(self._buf, self._kick, self._sink.handle),
+                                            args=(self._buf, self._kick, self._sink.feed),
                                             name="kvgrant-trace", daemon=True)
             self._thread.start()
             self._finalizer = weakref.finalize(self, _stop_writer, self._buf, self._kick,
@@ -344,12 +334,6 @@ class TraceWriter:
             "null" if size is None else size, state_json))
         if self._flush_each or rank is None:
             self._drain()
-
-    def event_line(self, template: str, *values: object) -> None:
-        """One event from an :func:`event_template`; ``values`` fill the placeholders
-        after ``seq`` and ``t`` (what :meth:`recorder` does, as a method)."""
-        if self._on:
-            self.recorder()((template, clock(), *values))
 
     def _drain(self) -> None:
         """Wait until everything recorded is on file (flushed to the OS).

@@ -92,7 +92,7 @@ def test_event_template_lines_are_the_same_json_as_event() -> None:
                    {"phase": "Allocating", "va": True, "created": k + 1, "mapped": k + 1,
                     "alias_mapped": 0, "grants": 2 * k, "ready": False, "failed": False},
                    device=0, va=4096 * k, size=4096)
-        fast.event_line(tpl, k, 4096 * k, 4096, k + 1, k + 1, 0, 2 * k)
+        fast.recorder()((tpl, clock(), k, 4096 * k, 4096, k + 1, k + 1, 0, 2 * k))
     slow.close()
     fast.close()
 
