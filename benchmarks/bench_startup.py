@@ -38,6 +38,7 @@ from kvgrant.layout.plans import make_plan
 from kvgrant.runtime.allocator import allocate
 from kvgrant.runtime.capacity import fit_pages
 from kvgrant.runtime.driver import Driver, open_driver
+from kvgrant.runtime.trace import DEFAULT_LATENCY_S, TraceWriter
 
 __all__ = ["TimedDriver", "floor_plan", "main", "scaled"]
 
@@ -85,13 +86,16 @@ def floor_plan(g: Geometry) -> PhysicalPlan:
 
 
 def _one(g: Geometry, plan: Any, drv: TimedDriver, memory_limit: str | None,
-         trace: Path | None, *, checks: bool = True) -> dict[str, Any]:
+         trace: Path | None, *, checks: bool = True,
+         latency_s: float | None = None) -> dict[str, Any]:
     drv.reset()
     label = plan if isinstance(plan, str) else plan.label
+    # the writer is closed when the cache is released, so _events reads a whole file
+    writer = (TraceWriter(trace, latency_s=latency_s or DEFAULT_LATENCY_S)
+              if trace is not None else None)
     t_all = time.perf_counter()
     pub = allocate(g, plan=plan, driver=drv, memory_limit=memory_limit,  # type: ignore[arg-type]
-                   check_contract=checks and label != "floor", preflight=checks,
-                   trace=trace if trace else None)
+                   check_contract=checks and label != "floor", preflight=checks, trace=writer)
     wall = time.perf_counter() - t_all
     start_driver = drv.seconds
     start_calls = drv.calls
@@ -131,6 +135,14 @@ def _mean_ci(xs: Sequence[float], *, resamples: int = 4000, seed: int = 1) -> tu
     n = len(xs)
     means = sorted(statistics.fmean(rng.choices(xs, k=n)) for _ in range(resamples))
     return statistics.fmean(xs), means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
+def _progress(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], total: int) -> None:
+    """One line on stderr with the running figure (pairs take minutes on a GPU host)."""
+    rel = [b["startup_s"] / a["startup_s"] - 1.0 for a, b in pairs]
+    mean, lo, hi = _mean_ci(rel, resamples=1000)
+    print(f"  pairs {len(pairs)}/{total}: tracing on vs off {mean * 100:+.2f}% "
+          f"(95% CI {lo * 100:+.2f}% .. {hi * 100:+.2f}%)", file=sys.stderr, flush=True)
 
 
 def trace_cost(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
@@ -174,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="pairs of packed runs, tracing off and on back to back in random "
                          "order, for the cost of tracing (0: skip)")
     ap.add_argument("--seed", type=int, default=1, help="order of the traced pairs")
+    ap.add_argument("--trace-latency-ms", type=float, default=None, metavar="MS",
+                    help="the trace writer's latency_s, in ms (default: the writer's)")
+    ap.add_argument("--time-limit", type=float, default=None, metavar="S",
+                    help="start no new pair after S seconds of pairs; report those done")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     ap.add_argument("--json-out", default=None, metavar="FILE",
                     help="also write the JSON object to FILE")
@@ -207,26 +223,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                 refused.append(f"{label}: refused by pre-flight, demand {err.demand:,} > "
                                f"budget {err.budget:,}")
         pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        stopped = ""
         if "packed" in args.plans.split(",") and args.trace_pairs > 0:
             # One plan for every pair (checked in the packed run above, so the pairs
             # skip contract check and pre-flight); each pair runs off and on back to
             # back in random order, so neither side always runs first.
             packed = make_plan(g, "packed")
             rng = random.Random(args.seed)
+            latency = None if args.trace_latency_ms is None else args.trace_latency_ms / 1000
+            t_pairs = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
                 trace = Path(tmp) / "t.ndjson"
-                for _ in range(args.trace_pairs):
+                for k in range(args.trace_pairs):
+                    if (args.time_limit is not None
+                            and time.perf_counter() - t_pairs > args.time_limit and pairs):
+                        stopped = f"stopped after {k} of {args.trace_pairs} pairs: --time-limit"
+                        break
                     order = [False, True]
                     rng.shuffle(order)
-                    got = {on: _one(g, packed, drv, None, trace if on else None, checks=False)
+                    got = {on: _one(g, packed, drv, None, trace if on else None, checks=False,
+                                    latency_s=latency)
                            for on in order}
                     pairs.append((got[False], got[True]))
+                    if len(pairs) % 20 == 0:  # a run cut short still leaves figures
+                        _progress(pairs, args.trace_pairs)
             rows.append(min((b for _, b in pairs), key=lambda r: r["startup_s"]))
     finally:
         drv.close()
     cost = trace_cost(pairs) if pairs else None
     meta = {"geometry": g.name, "backend": drv.name, "ranks": g.topology.ranks,
             "command": " ".join(["python", *sys.argv]), "trace_cost": cost, "refused": refused,
+            "trace_latency_ms": args.trace_latency_ms, "stopped": stopped,
             "trace_pairs": [{"untraced": [a["startup_s"], a["startup_driver_s"]],
                              "traced": [b["startup_s"], b["startup_driver_s"]]}
                             for a, b in pairs]}
@@ -251,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         def pct(x: float) -> str:
             return f"{x * 100:+.2f}%"
 
+        if stopped:
+            print(stopped)
         print(f"tracing on vs off, packed start-up, {cost['pairs']} pairs back to back "
               f"({cost['events']:,.0f} start-up events per traced run; median start-up untraced "
               f"{cost['untraced_median_s']:.4f} s, traced {cost['traced_median_s']:.4f} s):")

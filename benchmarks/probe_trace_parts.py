@@ -4,7 +4,8 @@ Each round runs, in random order: untraced; ``hotpath`` (tracing on, but records
 bounded deque: the allocator's per-event work and nothing else); ``idlethread``
 (untraced, plus a Python thread waking every millisecond); ``thread`` (trace file
 formatted in this process's writer thread); ``process`` (formatted by the renderer
-process, the default). Each variant is compared with the untraced run of its round:
+process, the default). ``NAME@MS`` sets the writer's latency_s in milliseconds
+(``process@1``: the writer thread wakes every millisecond instead of every 10). Each variant is compared with the untraced run of its round:
 mean relative difference with a 95% bootstrap interval, split into kvgrant's own time
 and time inside driver calls (where GIL waits show up). Rounds share their untraced
 run, so compare variants with each other, not only with zero.
@@ -36,7 +37,7 @@ from kvgrant.runtime.capacity import fit_pages  # noqa: E402
 from kvgrant.runtime.driver import open_driver  # noqa: E402
 from kvgrant.runtime.trace import TraceWriter  # noqa: E402
 
-VARIANTS = ("hotpath", "idlethread", "thread", "process")
+VARIANTS = ("hotpath", "idlethread", "thread", "process", "process@1")
 
 
 class HotPathOnly(TraceWriter):
@@ -84,14 +85,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace: TraceWriter | None = None
         stop = threading.Event()
         idle = None
-        if v == "hotpath":
+        name, _, ms = v.partition("@")
+        if name == "hotpath":
             trace = HotPathOnly()
-        elif v in ("thread", "process"):
-            trace = TraceWriter(tmp / f"{v}.ndjson", renderer=v)
-        elif v == "idlethread":
+        elif name == "idlethread":
             idle = threading.Thread(target=lambda: [None for _ in iter(
                 lambda: stop.wait(0.001), True)])
             idle.start()
+        elif name != "off":  # a renderer (TraceWriter refuses unknown ones)
+            latency = {"latency_s": float(ms) / 1000} if ms else {}
+            trace = TraceWriter(tmp / f"{name}.ndjson", renderer=name, **latency)
         drv.reset()
         pub = allocate(g, plan=plan, driver=drv, trace=trace, check_contract=False,
                        preflight=False)

@@ -9,15 +9,18 @@ Why this shape: tracing must be cheap when on (a few percent of a start-up whose
 driver calls take 30-40 us each) and free when off (callers test
 :attr:`TraceWriter.enabled` before building an event). The allocating thread only
 appends one tuple per event to a list (:meth:`TraceWriter.recorder`: no lock, no queue,
-no formatting, no ``seq`` bookkeeping). A writer thread polls that list every
-millisecond while records come. For a trace file it marshals them into a pipe to a
-renderer process (:mod:`kvgrant.runtime.trace_render`) that numbers, formats and writes
-the lines: formatting in this process held the GIL, and the allocating thread waited for
-it at every return from a driver call. For a stream the thread formats them itself.
-Lines reach the OS within about a millisecond of the transition, and every group event
-(Publish, Abort, ...) waits until all earlier lines are on file. docs/allocator.md has
-the designs measured on an H200 host and what each cost. Tracing is switched on by a
-path, an open text stream, or ``KVGRANT_TRACE``.
+no formatting, no ``seq`` bookkeeping). A writer thread takes that list every
+``latency_s`` (10 ms by default) while records come. For a trace file it marshals them
+into a pipe to a renderer process (:mod:`kvgrant.runtime.trace_render`) that numbers,
+formats and writes the lines: formatting in this process held the GIL, and the
+allocating thread waited for it at every return from a driver call. For a stream the
+thread formats them itself. Why not 1 ms: each wake of the writer thread can make the
+allocating thread wait for the GIL when it returns from a driver call (docs/allocator.md
+has what 1, 10 and 50 ms cost). Lines reach the OS within about ``latency_s`` of the
+transition, and every group event (Publish, Abort, ...) waits until
+all earlier lines are on file. docs/allocator.md has the designs measured on an H200
+host and what each cost. Tracing is switched on by a path, an open text stream, or
+``KVGRANT_TRACE``.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from kvgrant.errors import TraceError
 from kvgrant.runtime import trace_render
 from kvgrant.runtime.trace_render import FLUSH, HEADER, STOP, Renderer, frame, read_frame
 
-__all__ = ["TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock", "event_template",
-           "open_trace"]
+__all__ = ["DEFAULT_LATENCY_S", "TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock",
+           "event_template", "open_trace"]
 
 TRACE_ENV = "KVGRANT_TRACE"
 TRACE_VERSION = 1
@@ -52,8 +55,11 @@ _EVENT = ('{"kind": "event", "seq": %d, "t": %.6f, "rank": %s, "action": "%s", "
 #: The clock of a record's time stamp (the writer subtracts the trace's start).
 clock: Callable[[], float] = time.perf_counter
 
-_POLL_S = 0.001   # how often the writer looks for new records while they come
-_IDLE_S = 0.1     # ... and once none came for a while (flushes and group events wake it)
+#: How long a recorded line may wait before the writer thread ships it (while records
+#: come; once none came for a while it backs off to _IDLE_S, and flushes and group events
+#: wake it at once).
+DEFAULT_LATENCY_S = 0.01
+_IDLE_S = 0.1
 _RENDER_SCRIPT = os.path.abspath(trace_render.__file__)
 
 
@@ -75,20 +81,23 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
-def _poll(buf: list[Any], kick: threading.Event, feed: Callable[[list[Any]], bool]) -> None:
+def _poll(buf: list[Any], kick: threading.Event, feed: Callable[[list[Any]], bool],
+          latency_s: float) -> None:
     """The writer thread: hand what the allocating thread appended to ``feed`` (a
     :class:`Renderer`'s, or :class:`_InProcess`'s), in order, until it reports the stop
-    record."""
-    wait = _POLL_S
+    record. It sleeps ``latency_s`` after every batch, even when more records came
+    meanwhile, so a start-up of T seconds wakes it about T / latency_s times."""
+    idle_s = max(_IDLE_S, latency_s)
+    wait = latency_s
     while True:
+        kick.wait(wait)  # flushes, group events and the stop record kick it
         kick.clear()
         n = len(buf)
         if not n:
-            # idle (e.g. while the published cache lives): back off to _IDLE_S
-            kick.wait(wait)
-            wait = min(wait * 2, _IDLE_S)
+            # idle (e.g. while the published cache lives): back off to idle_s
+            wait = min(wait * 2, idle_s)
             continue
-        wait = _POLL_S
+        wait = latency_s
         items = buf[:n]
         del buf[:n]  # the allocating thread only appends, so these n are ours
         if feed(items):
@@ -196,7 +205,7 @@ class TraceWriter:
         on :meth:`close`), or None (tracing off).
     flush_each
         Wait until every line is on file before going on (for tailing a live run);
-        otherwise rank events reach the file within about a millisecond, and group
+        otherwise rank events reach the file within about ``latency_s``, and group
         events (Publish, Abort, ...) wait for all earlier lines.
     renderer
         Where a trace *file* is formatted: ``"process"`` (default; a small Python
@@ -204,6 +213,11 @@ class TraceWriter:
         lines already shipped survive this process being killed) or ``"thread"``
         (in this process; also the fallback when no process can be started). Streams
         are always formatted in the writer thread.
+    latency_s
+        How often the writer thread takes what was recorded (seconds, default 10 ms):
+        how long a line may wait before the OS has it, and how much of it is lost if
+        the process is killed. Shorter costs start-up time: each wake of the writer
+        thread makes the allocating thread wait for the GIL once.
 
     Notes
     -----
@@ -217,9 +231,12 @@ class TraceWriter:
                  "_sink", "_thread", "_errors", "_finalizer", "renderer", "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
-                 flush_each: bool = False, renderer: str = "process") -> None:
+                 flush_each: bool = False, renderer: str = "process",
+                 latency_s: float = DEFAULT_LATENCY_S) -> None:
         if renderer not in ("process", "thread"):
             raise ValueError(f"renderer = {renderer!r}: must be 'process' or 'thread'")
+        if not 0 < latency_s <= 1:
+            raise ValueError(f"latency_s = {latency_s!r}: must be > 0 and at most 1 second")
         # records not yet taken by the writer thread: a tuple (template, clock(), *values)
         # per event, or a control record (a list, see trace_render)
         self._buf: list[Any] = []
@@ -257,7 +274,8 @@ class TraceWriter:
         self._on = self._sink is not None
         if self._sink is not None:
             self._thread = threading.Thread(target=_poll,
-                                            args=(self._buf, self._kick, self._sink.feed),
+                                            args=(self._buf, self._kick, self._sink.feed,
+                                                  latency_s),
                                             name="kvgrant-trace", daemon=True)
             self._thread.start()
             self._finalizer = weakref.finalize(self, _stop_writer, self._buf, self._kick,

@@ -54,3 +54,26 @@ def test_trace_cost_is_the_mean_of_paired_differences(bench: dict) -> None:
     assert cost["own_share_mean"] == pytest.approx(0.05 / 1.5)
     assert cost["own_us_per_event"] == pytest.approx(50.0)
     assert cost["driver_share_mean"] == pytest.approx((0.05 - 0.05) / 2 / 1.5)
+
+
+def test_time_limit_stops_the_pairs_and_reports_those_done(bench: dict, tmp_path: Path,
+                                                           capsys) -> None:
+    out = tmp_path / "b.json"
+    rc = bench["main"]([str(ROOT / "examples" / "small.json"), "--backend", "sim",
+                        "--plans", "packed", "--trace-pairs", "500", "--time-limit", "0",
+                        "--trace-latency-ms", "2", "--json-out", str(out)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "stopped after 1 of 500 pairs: --time-limit" in captured.out
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["trace_cost"]["pairs"] == len(meta["trace_pairs"]) == 1
+    assert meta["trace_latency_ms"] == 2
+
+
+def test_progress_lines_go_to_stderr_every_20_pairs(bench: dict, capsys) -> None:
+    rc = bench["main"]([str(ROOT / "examples" / "small.json"), "--backend", "sim",
+                        "--plans", "packed", "--trace-pairs", "40"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert [line.split(":")[0].strip() for line in err.splitlines()] == ["pairs 20/40",
+                                                                         "pairs 40/40"]

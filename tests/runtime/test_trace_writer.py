@@ -237,6 +237,45 @@ def test_bad_renderer_is_refused() -> None:
         TraceWriter(None, renderer="fork")
 
 
+@pytest.mark.parametrize("latency", [0, -0.01, 2.0])
+def test_bad_latency_is_refused(latency: float) -> None:
+    with pytest.raises(ValueError, match=f"latency_s = {latency!r}: must be > 0"):
+        TraceWriter(None, latency_s=latency)
+
+
+def test_the_writer_thread_takes_records_once_per_latency_while_they_come() -> None:
+    """Each wake of the writer can cost the allocating thread a wait for the GIL, so a
+    steady stream of records is taken in batches, one per ``latency_s``, not one batch
+    per few records."""
+    import threading
+    import time
+
+    from kvgrant.runtime import trace as trace_mod
+
+    buf: list = []
+    kick = threading.Event()
+    batches: list[int] = []
+
+    def feed(items: list) -> bool:
+        batches.append(len(items))
+        return items[-1] == ["S"]
+
+    writer = threading.Thread(target=trace_mod._poll, args=(buf, kick, feed, 0.05))
+    writer.start()
+    end = time.monotonic() + 0.5
+    n = 0
+    while time.monotonic() < end:  # about one record every 20 us, like a start-up
+        buf.append((n,))
+        n += 1
+        time.sleep(0.00002)
+    buf.append(["S"])
+    kick.set()
+    writer.join(5)
+    assert sum(batches) == n + 1
+    # 0.5 s at 50 ms: about 10 batches (plus the one the stop record kicked)
+    assert 5 <= len(batches) <= 14, batches
+
+
 def test_a_dead_renderer_process_is_reported_not_waited_for(tmp_path: Path) -> None:
     tw = TraceWriter(tmp_path / "t.ndjson")
     tw.header(ranks=1)
