@@ -1,14 +1,18 @@
 """Which part of tracing costs start-up time? A/B rounds on one packed plan.
 
-Each round runs, in random order: untraced; ``hotpath`` (tracing on, but records go to a
-bounded deque: the allocator's per-event work and nothing else); ``idlethread``
-(untraced, plus a Python thread waking every millisecond); ``thread`` (trace file
-formatted in this process's writer thread); ``process`` (formatted by the renderer
-process, the default). ``NAME@MS`` sets the writer's latency_s in milliseconds
-(``process@1``: the writer thread wakes every millisecond instead of every 10). Each variant is compared with the untraced run of its round:
-mean relative difference with a 95% bootstrap interval, split into kvgrant's own time
-and time inside driver calls (where GIL waits show up). Rounds share their untraced
-run, so compare variants with each other, not only with zero.
+Each round runs, in random order, untraced and each variant; a variant is compared
+with the untraced run of its round: mean relative difference with a 95% bootstrap
+interval, split into kvgrant's own time and time inside driver calls (where GIL waits
+and memory effects show up). Rounds share their untraced run, so compare variants with
+each other, not only with zero. Variants, from least to most of the real writer:
+
+- ``hotpath``: records go to a 64-slot deque (the allocator's per-event work only);
+- ``keep``: records are kept in a list until release (adds their memory, no thread);
+- ``idlethread``: untraced, plus a Python thread waking every millisecond;
+- ``drop@MS``: a writer thread takes the records every MS ms and drops them;
+- ``devnull@MS``: the real writer and renderer process, writing to /dev/null;
+- ``process@MS`` / ``thread@MS``: the real writer, renderer process or in-process
+  thread, writing a file (``@MS`` may be left out: the writer's default latency).
 
 Usage (2 GPUs)::
 
@@ -35,20 +39,22 @@ from kvgrant.layout.plans import make_plan  # noqa: E402
 from kvgrant.runtime.allocator import allocate  # noqa: E402
 from kvgrant.runtime.capacity import fit_pages  # noqa: E402
 from kvgrant.runtime.driver import open_driver  # noqa: E402
+from kvgrant.runtime import trace as trace_mod  # noqa: E402
 from kvgrant.runtime.trace import TraceWriter  # noqa: E402
 
-VARIANTS = ("hotpath", "idlethread", "thread", "process", "process@1")
+VARIANTS = ("hotpath", "keep", "drop@10", "devnull@10", "process@10")
 
 
 class HotPathOnly(TraceWriter):
-    """Enabled, but every record lands in a 64-slot deque: no thread, no formatting."""
+    """Enabled, but every record lands in ``sink`` (a 64-slot deque by default): no
+    thread, no formatting."""
 
     __slots__ = ("_sunk",)
 
-    def __init__(self) -> None:
+    def __init__(self, sink: Any = None) -> None:
         super().__init__(None)
         self._on = True
-        self._sunk: collections.deque[Any] = collections.deque(maxlen=64)
+        self._sunk = collections.deque(maxlen=64) if sink is None else sink
 
     def recorder(self) -> Callable[[tuple[Any, ...]], None]:
         return self._sunk.append
@@ -61,6 +67,33 @@ class HotPathOnly(TraceWriter):
 
     def close(self) -> None:
         self._on = False
+
+
+class DroppingWriter(HotPathOnly):
+    """The real writer thread (trace._poll) taking records every ``latency_s``, with a
+    feed that drops them: the thread's wakes and batches, no marshal, pipe or file."""
+
+    __slots__ = ("_thread_",)
+
+    def __init__(self, latency_s: float) -> None:
+        super().__init__(sink=[])
+        kick = threading.Event()
+        self._thread_ = threading.Thread(
+            target=trace_mod._poll, args=(self._sunk, kick, self._drop, latency_s),
+            daemon=True)
+        self._kick = kick
+        self._thread_.start()
+
+    @staticmethod
+    def _drop(items: list[Any]) -> bool:
+        return items[-1].__class__ is list  # the stop record
+
+    def close(self) -> None:
+        if self._on:
+            self._on = False
+            self._sunk.append(["S"])
+            self._kick.set()
+            self._thread_.join()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,14 +119,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop = threading.Event()
         idle = None
         name, _, ms = v.partition("@")
+        latency = {"latency_s": float(ms) / 1000} if ms else {}
         if name == "hotpath":
             trace = HotPathOnly()
+        elif name == "keep":
+            trace = HotPathOnly(sink=[])
+        elif name == "drop":
+            trace = DroppingWriter(float(ms or 10) / 1000)
+        elif name == "devnull":
+            trace = TraceWriter("/dev/null", renderer="process", **latency)
         elif name == "idlethread":
             idle = threading.Thread(target=lambda: [None for _ in iter(
                 lambda: stop.wait(0.001), True)])
             idle.start()
         elif name != "off":  # a renderer (TraceWriter refuses unknown ones)
-            latency = {"latency_s": float(ms) / 1000} if ms else {}
             trace = TraceWriter(tmp / f"{name}.ndjson", renderer=name, **latency)
         drv.reset()
         pub = allocate(g, plan=plan, driver=drv, trace=trace, check_contract=False,
