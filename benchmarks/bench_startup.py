@@ -91,8 +91,8 @@ def _one(g: Geometry, plan: Any, drv: TimedDriver, memory_limit: str | None,
     drv.reset()
     label = plan if isinstance(plan, str) else plan.label
     # the writer is closed when the cache is released, so _events reads a whole file
-    writer = (TraceWriter(trace, latency_s=latency_s or DEFAULT_LATENCY_S)
-              if trace is not None else None)
+    writer = (TraceWriter(trace, latency_s=DEFAULT_LATENCY_S if latency_s is None
+                          else latency_s) if trace is not None else None)
     t_all = time.perf_counter()
     pub = allocate(g, plan=plan, driver=drv, memory_limit=memory_limit,  # type: ignore[arg-type]
                    check_contract=checks and label != "floor", preflight=checks, trace=writer)
@@ -194,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json-out", default=None, metavar="FILE",
                     help="also write the JSON object to FILE")
     args = ap.parse_args(argv)
+    if args.trace_latency_ms is not None and not 0 < args.trace_latency_ms <= 1000:
+        ap.error(f"--trace-latency-ms = {args.trace_latency_ms}: must be > 0 and at most 1000")
 
     g = load_geometry(args.geometry)
     if args.ranks:

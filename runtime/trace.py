@@ -16,11 +16,10 @@ formats and writes the lines: formatting in this process held the GIL, and the
 allocating thread waited for it at every return from a driver call. For a stream the
 thread formats them itself. Why not 1 ms: each wake of the writer thread can make the
 allocating thread wait for the GIL when it returns from a driver call (docs/allocator.md
-has what 1, 10 and 50 ms cost). Lines reach the OS within about ``latency_s`` of the
-transition, and every group event (Publish, Abort, ...) waits until
-all earlier lines are on file. docs/allocator.md has the designs measured on an H200
-host and what each cost. Tracing is switched on by a path, an open text stream, or
-``KVGRANT_TRACE``.
+has the designs measured on an H200 host and what each cost, 1, 10 and 50 ms
+included). Lines reach the OS within about ``latency_s`` of the transition, and every
+group event (Publish, Abort, ...) waits until all earlier lines are on file. Tracing is
+switched on by a path, an open text stream, or ``KVGRANT_TRACE``.
 """
 
 from __future__ import annotations
@@ -217,7 +216,7 @@ class TraceWriter:
         How often the writer thread takes what was recorded (seconds, default 10 ms):
         how long a line may wait before the OS has it, and how much of it is lost if
         the process is killed. Shorter costs start-up time: each wake of the writer
-        thread makes the allocating thread wait for the GIL once.
+        thread can make the allocating thread wait for the GIL.
 
     Notes
     -----

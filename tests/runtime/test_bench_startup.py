@@ -77,3 +77,11 @@ def test_progress_lines_go_to_stderr_every_20_pairs(bench: dict, capsys) -> None
     err = capsys.readouterr().err
     assert [line.split(":")[0].strip() for line in err.splitlines()] == ["pairs 20/40",
                                                                          "pairs 40/40"]
+
+
+def test_a_bad_trace_latency_is_refused_before_any_run(bench: dict, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench["main"]([str(ROOT / "examples" / "small.json"), "--backend", "sim",
+                       "--trace-latency-ms", "0"])
+    assert exc.value.code == 2
+    assert "--trace-latency-ms = 0.0: must be > 0" in capsys.readouterr().err

@@ -273,7 +273,7 @@ def test_the_writer_thread_takes_records_once_per_latency_while_they_come() -> N
     writer.join(5)
     assert sum(batches) == n + 1
     # 0.5 s at 50 ms: about 10 batches (plus the one the stop record kicked)
-    assert 5 <= len(batches) <= 14, batches
+    assert 3 <= len(batches) <= 14, batches
 
 
 def test_a_dead_renderer_process_is_reported_not_waited_for(tmp_path: Path) -> None:
