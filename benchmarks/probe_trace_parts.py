@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif name == "keep":
             trace = HotPathOnly(sink=[])
         elif name == "drop":
-            trace = DroppingWriter(float(ms or 10) / 1000)
+            trace = DroppingWriter(float(ms) / 1000 if ms else trace_mod.DEFAULT_LATENCY_S)
         elif name == "devnull":
             trace = TraceWriter("/dev/null", renderer="process", **latency)
         elif name == "idlethread":
