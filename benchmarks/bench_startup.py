@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kvgrant.errors import HandleBudgetError
 from kvgrant.layout.geometry import Geometry, on_ranks, load_geometry, parse_geometry
@@ -40,7 +40,7 @@ from kvgrant.runtime.capacity import fit_pages
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.trace import DEFAULT_LATENCY_S, TraceWriter
 
-__all__ = ["TimedDriver", "floor_plan", "main", "scaled"]
+__all__ = ["TimedDriver", "ab_rounds", "ci_line", "floor_plan", "main", "scaled"]
 
 _TIMED = ("reserve", "free_address", "create", "release", "map", "unmap", "set_access")
 
@@ -135,6 +135,30 @@ def _mean_ci(xs: Sequence[float], *, resamples: int = 4000, seed: int = 1) -> tu
     n = len(xs)
     means = sorted(statistics.fmean(rng.choices(xs, k=n)) for _ in range(resamples))
     return statistics.fmean(xs), means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
+def ab_rounds(run: Callable[[str], Any], variants: Sequence[str], rounds: int,
+              seed: int) -> list[dict[str, Any]]:
+    """One warm-up ``run("off")``, then ``rounds`` rounds of ``run("off")`` and
+    ``run(v)`` for every variant, each round in a new random order (so no variant always
+    runs first or last): one dict ``variant -> result`` per round."""
+    run("off")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(rounds):
+        order = ["off", *variants]
+        rng.shuffle(order)
+        rows.append({v: run(v) for v in order})
+    return rows
+
+
+def ci_line(label: str, series: Sequence[tuple[str, Sequence[float]]]) -> str:
+    """``label | name mean% [lo, hi] | ...``: each series' mean with its 95% interval."""
+    cells = [f"{label:<11}"]
+    for name, xs in series:
+        m, lo, hi = _mean_ci(xs)
+        cells.append(f"{name} {m * 100:+6.2f}% [{lo * 100:+.2f}, {hi * 100:+.2f}]")
+    return " | ".join(cells)
 
 
 def _progress(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], total: int) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import random
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_startup import TimedDriver, _mean_ci  # noqa: E402
+from bench_startup import TimedDriver, ab_rounds, ci_line  # noqa: E402
 
 from kvgrant.layout.geometry import load_geometry, on_ranks, parse_geometry  # noqa: E402
 from kvgrant.layout.plans import make_plan  # noqa: E402
@@ -145,13 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"s": pub.startup_s, "d": inside}
 
     try:
-        run("off")  # warm-up
-        rng = random.Random(5)
-        rows = []
-        for _ in range(args.rounds):
-            order = ["off", *variants]
-            rng.shuffle(order)
-            rows.append({v: run(v) for v in order})
+        rows = ab_rounds(run, variants, args.rounds, seed=5)
     finally:
         drv.close()
     off_med = statistics.median(r["off"]["s"] for r in rows)
@@ -162,11 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         own = [((r[v]["s"] - r[v]["d"]) - (r["off"]["s"] - r["off"]["d"])) / off_med
                for r in rows]
         inside = [(r[v]["d"] - r["off"]["d"]) / off_med for r in rows]
-        line = [f"{v:<11}"]
-        for name, xs in (("start-up", rel), ("own", own), ("driver", inside)):
-            m, lo, hi = _mean_ci(xs)
-            line.append(f"{name} {m * 100:+6.2f}% [{lo * 100:+.2f}, {hi * 100:+.2f}]")
-        print(" | ".join(line))
+        print(ci_line(v, (("start-up", rel), ("own", own), ("driver", inside))))
     return 0
 
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gc
 import hashlib
-import random
 import statistics
 import sys
 import tempfile
@@ -30,9 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_startup import _mean_ci  # noqa: E402
+from bench_startup import ab_rounds, ci_line  # noqa: E402
 
-from kvgrant.runtime.trace import TraceWriter, clock, event_template  # noqa: E402
+from kvgrant.gc_pause import gc_paused  # noqa: E402
+from kvgrant.runtime.trace import (DEFAULT_LATENCY_S, TraceWriter, clock,  # noqa: E402
+                                    event_template)
 
 _TPL = event_template(0, "Map", '{"alloc": %d}', "cuMemMap", "CUDA_SUCCESS", 0, "%d", "%d",
                       '{"created": %d, "mapped": %d, "alias_mapped": %d, "grants": %d}')
@@ -48,13 +48,12 @@ def _run(variant: str, calls: int, tmp: Path) -> tuple[float, float]:
     elif variant != "off":
         renderer, _, ms = variant.partition("@")
         writer = TraceWriter(tmp / "t.ndjson", renderer=renderer,
-                             latency_s=float(ms or 10) / 1000)
+                             latency_s=float(ms) / 1000 if ms else DEFAULT_LATENCY_S)
         writer.header(ranks=1)
         rec = writer.recorder()
     inside = 0.0
     digest = hashlib.sha256
-    gc.disable()
-    try:
+    with gc_paused():
         t0 = time.perf_counter()
         for i in range(calls):
             a = time.perf_counter()
@@ -63,8 +62,6 @@ def _run(variant: str, calls: int, tmp: Path) -> tuple[float, float]:
             if rec is not None:
                 rec((_TPL, clock(), i, 4096 * i, 2097152, i + 1, i + 1, 0, 0))
         total = time.perf_counter() - t0
-    finally:
-        gc.enable()
     if writer is not None:
         writer.close()
     return total, inside
@@ -79,24 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     variants = args.variants.split(",")
     tmp = Path(tempfile.mkdtemp())
-    _run("off", args.calls, tmp)  # warm-up
-    rng = random.Random(args.seed)
-    rows = []
-    for _ in range(args.rounds):
-        order = ["off", *variants]
-        rng.shuffle(order)
-        rows.append({v: _run(v, args.calls, tmp) for v in order})
+    rows = ab_rounds(lambda v: _run(v, args.calls, tmp), variants, args.rounds, args.seed)
     off = statistics.median(r["off"][0] for r in rows)
     print(f"{args.calls:,} emulated calls, {args.rounds} rounds, untraced median {off:.3f} s "
           f"({off / args.calls * 1e6:.1f} us per call)")
     for v in variants:
         total = [(r[v][0] - r["off"][0]) / off for r in rows]
         inside = [(r[v][1] - r["off"][1]) / off for r in rows]
-        line = [f"{v:<11}"]
-        for name, xs in (("total", total), ("inside calls", inside)):
-            m, lo, hi = _mean_ci(xs)
-            line.append(f"{name} {m * 100:+6.2f}% [{lo * 100:+.2f}, {hi * 100:+.2f}]")
-        print(" | ".join(line))
+        print(ci_line(v, (("total", total), ("inside calls", inside))))
     return 0
 
 

@@ -11,7 +11,6 @@ state before it and the actions enabled there; the TLC engine
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, Action, Cons
                                        ModelState, apply, enabled, guard, initial_state,
                                        step_guard)
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace
+from kvgrant.gc_pause import gc_paused
 
 __all__ = ["Verdict", "event_action", "replay", "replay_file"]
 
@@ -223,13 +223,8 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     events = trace.events
     start = 0
     if trace.rows is not None:
-        gc_on = gc.isenabled()
-        gc.disable()  # no cycles are made here; a full collection would rescan 10^5 rows
-        try:
+        with gc_paused():  # no cycles are made here; a collection would rescan 10^5 rows
             start = _replay_rows(c, s, trace.rows, dict(dev_to_rank))
-        finally:
-            if gc_on:
-                gc.enable()
         if start < 0:
             start = -1 - start
             s = state_before(trace, start)

@@ -9,7 +9,6 @@ shows a traceback. Whether the events are *allowed* is the model's job
 
 from __future__ import annotations
 
-import gc
 import json
 import re
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
 from kvgrant.errors import TraceError
+from kvgrant.gc_pause import gc_paused
 
 __all__ = [
     "DRIVER_STEPS",
@@ -481,9 +481,7 @@ def _parse_fast(text: str, source: str) -> Trace | None:
     if nl < 0 or nl + 1 == len(text):
         return None
     n = text.count("\n", nl + 1) + (0 if text.endswith("\n") else 1)
-    enabled = gc.isenabled()
-    gc.disable()  # ~10^6 new tuples and strings, no cycles: collections would only rescan
-    try:
+    with gc_paused():  # ~10^6 new tuples and strings, no cycles: a collection only rescans
         rows = _FAST_EVENT.findall(text, nl + 1)
         # each match is one whole line (anchored, no newline inside): n matches = every line
         if len(rows) != n:
@@ -497,9 +495,6 @@ def _parse_fast(text: str, source: str) -> Trace | None:
             return None
         return Trace(header=header, events=_LazyEvents(text, nl + 1, n, header, source),
                      source=source, rows=tuple(rows))
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class _LazyEvents(Sequence[Event]):

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
 from kvgrant.errors import AllocationError, DriverError, PlanError
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.trace import TraceWriter, clock, event_template, open_trace
-from kvgrant.runtime.transaction import Transaction, attach_cleanup_errors, gc_paused
+from kvgrant.runtime.transaction import Transaction, attach_cleanup_errors
 from kvgrant.runtime.published import Capacity, Counts, Published
 
 __all__ = ["Capacity", "Counts", "INJECT_BUGS", "Published", "allocate"]  # re-exported
@@ -653,9 +654,8 @@ def allocate(geometry: "Geometry | str | Path", *,
             run._group("Publish")
         teardown = txn.commit()
         startup = time.perf_counter() - t0
-    pub = Published(run, teardown, capacity, fit, startup, owns, run.counts())
-    pub.backend_reason = backend_reason
-    return pub
+    return Published(run, teardown, capacity, fit, startup, owns, run.counts(),
+                     backend_reason)
 
 
 def _auto_backend(needed: int) -> tuple[str, str]:

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.capacity import PageFit
 from kvgrant.runtime.driver import Driver, LiveCounts
-from kvgrant.runtime.transaction import Teardown, attach_cleanup_errors, gc_paused
+from kvgrant.runtime.transaction import Teardown, attach_cleanup_errors
 from kvgrant.runtime.views import DeviceBuffer
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ class Published:
     """
 
     def __init__(self, run: _Run, teardown: Teardown, capacity: Capacity, fit: PageFit,
-                 startup_s: float, owns_driver: bool, counts: Counts) -> None:
+                 startup_s: float, owns_driver: bool, counts: Counts,
+                 backend_reason: str = "") -> None:
         self._run = run
         self._teardown = teardown
         self._owns_driver = owns_driver
@@ -108,7 +110,7 @@ class Published:
         self.release_s: float | None = None
         self.released = False
         #: why this backend was used (``auto`` falls back to sim when GPUs are missing)
-        self.backend_reason = ""
+        self.backend_reason = backend_reason
         #: [rank][plane name] -> VA of the plane
         self.plane_va: list[dict[str, int]] = [
             {p: st.base + o for p, o in run.plane_off.items()} for st in run.ranks]

@@ -13,13 +13,11 @@ you".
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from functools import partial
 from types import TracebackType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-__all__ = ["Teardown", "Transaction", "attach_cleanup_errors", "gc_paused"]
+__all__ = ["Teardown", "Transaction", "attach_cleanup_errors"]
 
 
 def attach_cleanup_errors(err: BaseException, errors: list[BaseException]) -> None:
@@ -133,22 +131,3 @@ class Transaction:
         elif errors:
             raise errors[0]
         return None
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Run a burst of driver calls without cyclic-GC pauses (as ``timeit`` does).
-
-    Why: start-up and teardown create one undo entry (and, traced, one record) per
-    driver call, so a full collection tends to fall inside them; on the H200 host the
-    reference plan's own share of start-up was 6.3% in two runs without this and 3.9%
-    with it (docs/allocator.md). The collector is switched back on (if it was on) when
-    the burst ends, however it ends.
-    """
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()

@@ -137,15 +137,3 @@ def test_runtime_package_exports_are_pinned() -> None:
         assert m.__all__ == sorted(m.__all__), mod
         assert all(hasattr(m, n) for n in m.__all__), mod
 
-
-def test_gc_paused_switches_the_collector_back_on_however_the_block_ends() -> None:
-    import gc
-
-    from kvgrant.runtime.transaction import gc_paused
-
-    assert gc.isenabled()
-    with pytest.raises(KeyError):
-        with gc_paused():
-            assert not gc.isenabled()
-            raise KeyError("boom")
-    assert gc.isenabled()
