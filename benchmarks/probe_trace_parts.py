@@ -9,7 +9,8 @@ each other, not only with zero. Variants, from least to most of the real writer:
 - ``hotpath``: records go to a 64-slot deque (the allocator's per-event work only);
 - ``keep``: records are kept in a list until release (adds their memory, no thread);
 - ``idlethread``: untraced, plus a Python thread waking every millisecond;
-- ``drop@MS``: a writer thread takes the records every MS ms and drops them;
+- ``drop@MS``: the real shipping (pumps every MS ms, the writer thread behind
+  them), records dropped;
 - ``devnull@MS``: the real writer and renderer process, writing to /dev/null;
 - ``process@MS`` / ``thread@MS``: the real writer, renderer process or in-process
   thread, writing a file (``@MS`` may be left out: the writer's default latency).
@@ -69,18 +70,19 @@ class HotPathOnly(TraceWriter):
 
 
 class DroppingWriter(HotPathOnly):
-    """The real writer thread (trace._poll) taking records every ``latency_s``, with a
-    feed that drops them: the thread's wakes and batches, no marshal, pipe or file."""
+    """The real shipping (the allocating thread's pumps every ``latency_s``, the writer
+    thread trace._poll behind them) with a feed that drops the records: no marshal,
+    pipe or file."""
 
     __slots__ = ("_thread_",)
 
     def __init__(self, latency_s: float) -> None:
-        super().__init__(sink=[])
-        kick = threading.Event()
-        self._thread_ = threading.Thread(
-            target=trace_mod._poll, args=(self._sunk, kick, self._drop, latency_s),
-            daemon=True)
-        self._kick = kick
+        shipper = trace_mod._Shipper(self._drop)
+        super().__init__(sink=shipper.buf)
+        self._shipper = shipper
+        self._latency_s = latency_s
+        self._thread_ = threading.Thread(target=trace_mod._poll,
+                                         args=(shipper, self._kick, latency_s), daemon=True)
         self._thread_.start()
 
     @staticmethod

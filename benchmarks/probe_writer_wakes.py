@@ -3,7 +3,9 @@
 Emulates a start-up on any machine: N calls that, like the CUDA driver's, run without
 the GIL (hashlib over 48 KiB, about 30 us), with one trace record per call. Runs in
 random order per round: untraced; ``hotpath`` (records go to a bounded deque: no
-writer); ``RENDERER@MS`` (a real TraceWriter with that renderer and latency_s). Reports
+writer); ``RENDERER@MS`` (a real TraceWriter with that renderer and latency_s, pumped
+once per 4 records as the allocator does once per allocation); ``unpumped-RENDERER@MS``
+(the same, never pumped: the writer thread ships everything, as before pumps). Reports
 the mean difference from the round's untraced run, in total and inside the calls (where
 waiting for the GIL shows up). An emulation: the driver's own behaviour (locks,
 interrupts, memory traffic) is not in it, so use it to compare writer settings, and
@@ -43,14 +45,18 @@ def _run(variant: str, calls: int, tmp: Path) -> tuple[float, float]:
     """(total seconds, seconds inside the GIL-free calls) of one emulated start-up."""
     writer: TraceWriter | None = None
     rec: Callable[[tuple[Any, ...]], None] | None = None
+    pump: Callable[[], None] | None = None
     if variant == "hotpath":
         rec = collections.deque(maxlen=64).append
+        pump = TraceWriter(None).pump  # its clock check; nothing to ship
     elif variant != "off":
         renderer, _, ms = variant.partition("@")
-        writer = TraceWriter(tmp / "t.ndjson", renderer=renderer,
+        unpumped = renderer.startswith("unpumped-")
+        writer = TraceWriter(tmp / "t.ndjson", renderer=renderer.removeprefix("unpumped-"),
                              latency_s=float(ms) / 1000 if ms else DEFAULT_LATENCY_S)
         writer.header(ranks=1)
         rec = writer.recorder()
+        pump = None if unpumped else writer.pump
     inside = 0.0
     digest = hashlib.sha256
     with gc_paused():
@@ -61,6 +67,8 @@ def _run(variant: str, calls: int, tmp: Path) -> tuple[float, float]:
             inside += time.perf_counter() - a
             if rec is not None:
                 rec((_TPL, clock(), i, 4096 * i, 2097152, i + 1, i + 1, 0, 0))
+                if pump is not None and not i & 3:  # the allocator pumps once per allocation
+                    pump()
         total = time.perf_counter() - t0
     if writer is not None:
         writer.close()

@@ -7,18 +7,20 @@ time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc form
 
 Why this shape: tracing must be cheap when on (a few percent of a start-up whose
 driver calls take 30-40 us each) and free when off (callers test
-:attr:`TraceWriter.enabled` before building an event). The allocating thread only
-appends one tuple per event to a list (:meth:`TraceWriter.recorder`: no lock, no queue,
-no formatting, no ``seq`` bookkeeping). A writer thread takes that list every
-``latency_s`` (10 ms by default) while records come. For a trace file it marshals them
-into a pipe to a renderer process (:mod:`kvgrant.runtime.trace_render`) that numbers,
-formats and writes the lines: formatting in this process held the GIL, and the
-allocating thread waited for it at every return from a driver call. For a stream the
-thread formats them itself. Why not 1 ms: each wake of the writer thread can make the
-allocating thread wait for the GIL when it returns from a driver call (docs/allocator.md
-has the designs measured on an H200 host and what each cost, 1, 10 and 50 ms
-included). Lines reach the OS within about ``latency_s`` of the transition, and every
-group event (Publish, Abort, ...) waits until all earlier lines are on file. Tracing is
+:attr:`TraceWriter.enabled` before building an event). The allocating thread appends
+one tuple per event to a list (:meth:`TraceWriter.recorder`: no lock, no queue, no
+formatting, no ``seq`` bookkeeping) and, between driver calls, ships that list itself
+at most once per ``latency_s`` (:meth:`TraceWriter.pump`, 10 ms by default). For a
+trace file it marshals the records into a pipe to a renderer process
+(:mod:`kvgrant.runtime.trace_render`) that numbers, formats and writes the lines. Why
+not a writer thread doing that: cuda-python releases the GIL inside each driver call,
+and every wake of another Python thread could make the allocating thread wait for the
+GIL when a call returned (on an H200 host the time inside driver calls grew with the
+writer thread's wakes; docs/allocator.md has the figures). So the writer thread here
+only catches records that nobody pumps (a producer stuck in a long call, or one that
+never pumps): it looks every ``latency_s``, and every ``STALL_S`` while the producer
+pumps. Group events (Publish, Abort, ...) and flushes write everything recorded before
+them, in the calling thread, before they return. Tracing is
 switched on by a path, an open text stream, or ``KVGRANT_TRACE``.
 """
 
@@ -38,8 +40,8 @@ from kvgrant.errors import TraceError
 from kvgrant.runtime import trace_render
 from kvgrant.runtime.trace_render import FLUSH, HEADER, STOP, Renderer, frame, read_frame
 
-__all__ = ["DEFAULT_LATENCY_S", "TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock",
-           "event_template", "open_trace"]
+__all__ = ["DEFAULT_LATENCY_S", "STALL_S", "TRACE_ENV", "TRACE_VERSION", "TraceWriter",
+           "clock", "event_template", "open_trace"]
 
 TRACE_ENV = "KVGRANT_TRACE"
 TRACE_VERSION = 1
@@ -54,10 +56,12 @@ _EVENT = ('{"kind": "event", "seq": %d, "t": %.6f, "rank": %s, "action": "%s", "
 #: The clock of a record's time stamp (the writer subtracts the trace's start).
 clock: Callable[[], float] = time.perf_counter
 
-#: How long a recorded line may wait before the writer thread ships it (while records
-#: come; once none came for a while it backs off to _IDLE_S, and flushes and group events
-#: wake it at once).
+#: How long a recorded line may wait before it is shipped: the producer's pumps ship at
+#: most once per latency, and the writer thread looks once per latency while nobody pumps.
 DEFAULT_LATENCY_S = 0.01
+#: How often the writer thread looks while the producer pumps: it only has to catch a
+#: producer stuck in a long call, and each of its wakes costs that producer time.
+STALL_S = 0.1
 _IDLE_S = 0.1
 _RENDER_SCRIPT = os.path.abspath(trace_render.__file__)
 
@@ -80,33 +84,51 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
-def _poll(buf: list[Any], kick: threading.Event, feed: Callable[[list[Any]], bool],
-          latency_s: float) -> None:
-    """The writer thread: hand what the allocating thread appended to ``feed`` (a
-    :class:`Renderer`'s, or :class:`_InProcess`'s), in order, until it reports the stop
-    record. It sleeps ``latency_s`` after every batch, even when more records came
-    meanwhile, so a start-up of T seconds wakes it about T / latency_s times."""
+class _Shipper:
+    """Records not yet shipped, and the one way out for them: whoever holds ``lock``
+    (a pumping producer, a flush, or the writer thread) takes them all and hands them to
+    ``feed`` (a :class:`Renderer`'s, or :class:`_InProcess`'s), so batches leave in
+    order. A control record (FLUSH, STOP) is appended and shipped under the lock, so it
+    is always the last record of its batch."""
+
+    __slots__ = ("buf", "feed", "lock", "pumped", "stopped")
+
+    def __init__(self, feed: Callable[[list[Any]], bool]) -> None:
+        # a tuple (template, clock(), *values) per event, or a control record (a list,
+        # see trace_render); the producer only appends
+        self.buf: list[Any] = []
+        self.feed = feed
+        self.lock = threading.Lock()
+        self.pumped = False  # a producer shipped since the writer thread last looked
+        self.stopped = False
+
+    def ship(self) -> bool:
+        """Hand everything recorded so far to ``feed`` (hold ``lock``); True once the
+        stop record has gone."""
+        n = len(self.buf)
+        if n and not self.stopped:
+            items = self.buf[:n]
+            del self.buf[:n]  # producers only append, so these n are ours
+            self.stopped = self.feed(items)
+        return self.stopped
+
+
+def _poll(shipper: _Shipper, kick: threading.Event, latency_s: float) -> None:
+    """The writer thread: ship what nobody else shipped, until the stop record went.
+    It looks every ``latency_s`` while records come unpumped, every ``STALL_S`` while
+    a producer pumps, and backs off to ``_IDLE_S`` while none come."""
     idle_s = max(_IDLE_S, latency_s)
+    stall_s = max(STALL_S, latency_s)
     wait = latency_s
     while True:
-        kick.wait(wait)  # flushes, group events and the stop record kick it
+        kick.wait(wait)  # the stop record kicks it
         kick.clear()
-        n = len(buf)
-        if not n:
-            # idle (e.g. while the published cache lives): back off to idle_s
-            wait = min(wait * 2, idle_s)
-            continue
-        wait = latency_s
-        items = buf[:n]
-        del buf[:n]  # the allocating thread only appends, so these n are ours
-        if feed(items):
-            return
-
-
-def _release_waiter(item: list[Any]) -> None:
-    """Acknowledge a control record formatted in this process: wake the flusher."""
-    if item[0] == FLUSH:
-        item[1].set()
+        with shipper.lock:
+            pumped, shipper.pumped = shipper.pumped, False
+            had = bool(shipper.buf)
+            if shipper.ship():
+                return
+        wait = stall_s if pumped else latency_s if had else min(wait * 2, idle_s)
 
 
 class _InProcess:
@@ -148,12 +170,8 @@ class _InProcess:
                                                    else "") + "; the trace is incomplete"))
 
     def feed(self, items: list[Any]) -> bool:
-        """Ship ``items``; wait for the renderer's acknowledgements; True after stop."""
-        waiters: list[list[Any]] = []
-        for i, item in enumerate(items):
-            if item.__class__ is list and item[0] != HEADER:
-                waiters.append(item)
-                items[i] = [item[0]]  # the Event stays here
+        """Ship ``items``; after a FLUSH or STOP (always the last record) wait for the
+        renderer's acknowledgement; True after STOP."""
         if not self.dead:
             try:
                 data = frame(items)
@@ -162,33 +180,40 @@ class _InProcess:
                     view = view[os.write(self.to_child, view):]
             except OSError:
                 self._lost()
-        for item in waiters:
-            if not self.dead:
-                try:
-                    self.seq, err = read_frame(self.from_child)  # type: ignore[arg-type]
-                    if err is not None and not self.errors:
-                        self.errors.append(TraceError(f"writing the trace failed: {err}"))
-                except (EOFError, OSError, ValueError):
-                    self._lost()
-            if item[0] == STOP:
-                for f in (self.proc.stdin, self.proc.stdout):
-                    try:
-                        f.close()  # type: ignore[union-attr]
-                    except OSError:
-                        pass
-                try:
-                    self.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-                return True
-            item[1].set()
-        return False
+        last = items[-1]
+        if last.__class__ is not list or last[0] == HEADER:
+            return False
+        if not self.dead:
+            try:
+                self.seq, err = read_frame(self.from_child)  # type: ignore[arg-type]
+                if err is not None and not self.errors:
+                    self.errors.append(TraceError(f"writing the trace failed: {err}"))
+            except (EOFError, OSError, ValueError):
+                self._lost()
+        if last[0] != STOP:
+            return False
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return True
 
 
-def _stop_writer(buf: list[Any], kick: threading.Event, thread: threading.Thread) -> None:
-    """Finaliser of a writer nobody closed: let its thread finish the file and end."""
-    buf.append([STOP])
+def _no_ack(_item: list[Any]) -> None:
+    """A Renderer in this process acknowledges nothing: its feed returns when done."""
+
+
+def _stop_writer(shipper: _Shipper, kick: threading.Event, thread: threading.Thread) -> None:
+    """Finaliser of a writer (run by close, or when nobody closed it): its thread ships
+    the stop record, finishes the file and ends. (Not shipped here: a finaliser can run
+    inside the writer thread while it holds the lock.)"""
+    shipper.buf.append([STOP])
     kick.set()
     if thread is not threading.current_thread():
         thread.join(timeout=10)
@@ -204,19 +229,19 @@ class TraceWriter:
         on :meth:`close`), or None (tracing off).
     flush_each
         Wait until every line is on file before going on (for tailing a live run);
-        otherwise rank events reach the file within about ``latency_s``, and group
-        events (Publish, Abort, ...) wait for all earlier lines.
+        otherwise rank events reach the file within about ``latency_s`` (``STALL_S``
+        while the producer is inside one long call), and group events (Publish,
+        Abort, ...) write all earlier lines before they return.
     renderer
         Where a trace *file* is formatted: ``"process"`` (default; a small Python
         process fed through a pipe, so formatting never holds this process's GIL, and
         lines already shipped survive this process being killed) or ``"thread"``
-        (in this process; also the fallback when no process can be started). Streams
-        are always formatted in the writer thread.
+        (in this process, by whichever thread ships; also the fallback when no process
+        can be started). Streams are always formatted in this process.
     latency_s
-        How often the writer thread takes what was recorded (seconds, default 10 ms):
-        how long a line may wait before the OS has it, and how much of it is lost if
-        the process is killed. Shorter costs start-up time: each wake of the writer
-        thread can make the allocating thread wait for the GIL.
+        How often recorded lines are shipped (seconds, default 10 ms): how long a line
+        may wait before the OS has it, and how much of it is lost if the process is
+        killed. Each ship costs the producer a marshal and a pipe write.
 
     Notes
     -----
@@ -227,7 +252,8 @@ class TraceWriter:
     """
 
     __slots__ = ("_on", "_buf", "_kick", "_flush_each", "path", "header_written",
-                 "_sink", "_thread", "_errors", "_finalizer", "renderer", "__weakref__")
+                 "_sink", "_shipper", "_thread", "_errors", "_finalizer", "renderer",
+                 "_latency_s", "_due", "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
                  flush_each: bool = False, renderer: str = "process",
@@ -236,17 +262,16 @@ class TraceWriter:
             raise ValueError(f"renderer = {renderer!r}: must be 'process' or 'thread'")
         if not 0 < latency_s <= 1:
             raise ValueError(f"latency_s = {latency_s!r}: must be > 0 and at most 1 second")
-        # records not yet taken by the writer thread: a tuple (template, clock(), *values)
-        # per event, or a control record (a list, see trace_render)
-        self._buf: list[Any] = []
-        self._kick = threading.Event()
         self._flush_each = flush_each
+        self._latency_s = latency_s
+        self._due = 0.0  # when the next pump ships
         self._errors: list[BaseException] = []
         self.header_written = False
         self.path: Path | None = None
         self.renderer: str | None = None  # where lines are formatted: process or thread
-        # formats in the writer thread (Renderer) or ships to the renderer process
+        # formats in this process (Renderer) or ships to the renderer process
         self._sink: Renderer | _InProcess | None = None
+        self._shipper: _Shipper | None = None
         self._thread: threading.Thread | None = None
         self._finalizer: weakref.finalize | None = None
         if isinstance(target, (str, os.PathLike)):
@@ -263,22 +288,26 @@ class TraceWriter:
                     fh.close()  # the renderer has its own descriptor of the file
                     self.renderer = "process"
                 except (OSError, ValueError):
-                    pass  # no process here (no executable, no pass_fds): format in a thread
+                    pass  # no process here (no executable, no pass_fds): format in-process
             if self._sink is None:
-                self._sink = Renderer(fh, True, _release_waiter, self._errors)
+                self._sink = Renderer(fh, True, _no_ack, self._errors)
                 self.renderer = "thread"
         elif target is not None:
-            self._sink = Renderer(target, False, _release_waiter, self._errors)
+            self._sink = Renderer(target, False, _no_ack, self._errors)
             self.renderer = "thread"
         self._on = self._sink is not None
-        if self._sink is not None:
-            self._thread = threading.Thread(target=_poll,
-                                            args=(self._buf, self._kick, self._sink.feed,
-                                                  latency_s),
-                                            name="kvgrant-trace", daemon=True)
-            self._thread.start()
-            self._finalizer = weakref.finalize(self, _stop_writer, self._buf, self._kick,
-                                               self._thread)
+        self._kick = threading.Event()
+        if self._sink is None:
+            self._buf: list[Any] = []  # a disabled writer's (nothing reads it)
+            return
+        self._shipper = _Shipper(self._sink.feed)
+        self._buf = self._shipper.buf
+        self._thread = threading.Thread(target=_poll, args=(self._shipper, self._kick,
+                                                            latency_s),
+                                        name="kvgrant-trace", daemon=True)
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, _stop_writer, self._shipper, self._kick,
+                                           self._thread)
 
     @property
     def enabled(self) -> bool:
@@ -292,7 +321,7 @@ class TraceWriter:
 
     @property
     def events(self) -> int:
-        """Events written so far (the next ``seq``); waits for the writer."""
+        """Events written so far (the next ``seq``); flushes first."""
         self._drain()
         return self._sink.seq if self._sink is not None else 0
 
@@ -301,7 +330,8 @@ class TraceWriter:
 
         ``template`` comes from :func:`event_template` (or is any %-template whose first
         two placeholders are ``seq`` and ``t``); ``values`` fill the rest; ``seq`` is
-        assigned by the writer, without gaps, in call order. Only for an enabled writer.
+        assigned when the line is formatted, without gaps, in call order. Only for an
+        enabled writer. Call :meth:`pump` every few records, between driver calls.
         """
         if not self._flush_each:
             return self._buf.append
@@ -310,6 +340,26 @@ class TraceWriter:
             self._buf.append(rec)
             self._drain()
         return record_and_wait
+
+    def pump(self) -> None:
+        """Ship what this thread recorded, at most once per ``latency_s``.
+
+        For the producing thread, every few records, where a short stop costs nothing
+        (between driver calls): shipping here is a marshal and a pipe write, whereas the
+        writer thread's wakes made the producer wait for the GIL. Cheap when not due (a
+        clock read); skips a ship the writer thread is doing at that moment.
+        """
+        now = clock()
+        if now < self._due:
+            return
+        self._due = now + self._latency_s
+        shipper = self._shipper
+        if shipper is not None and shipper.lock.acquire(False):
+            try:
+                shipper.pumped = True
+                shipper.ship()
+            finally:
+                shipper.lock.release()
 
     def header(self, **constants: Any) -> None:
         """Write the header line (must come first, once); ``t`` counts from here."""
@@ -339,7 +389,8 @@ class TraceWriter:
         """:meth:`event` with ``args`` and ``state`` already JSON-encoded.
 
         ``action``, ``call`` and ``result`` are identifiers (no quoting needed). A
-        group event (``rank`` None) returns once it and every earlier line is on file.
+        group event (``rank`` None) returns once it and every earlier line is on file;
+        a rank event pumps (see :meth:`pump`).
         """
         if not self._on:
             return
@@ -351,19 +402,19 @@ class TraceWriter:
             "null" if size is None else size, state_json))
         if self._flush_each or rank is None:
             self._drain()
+        else:
+            self.pump()
 
     def _drain(self) -> None:
-        """Wait until everything recorded is on file (flushed to the OS).
-        Never raises: a write error switches the writer off (see :attr:`error`)."""
-        thread = self._thread
-        if thread is None or not self._on:
+        """Write everything recorded so far, in this thread, and wait until it is on
+        file (flushed to the OS). Never raises: a write error switches the writer off
+        (see :attr:`error`)."""
+        shipper = self._shipper
+        if shipper is None or not self._on:
             return
-        done = threading.Event()
-        self._buf.append([FLUSH, done])
-        self._kick.set()
-        while not done.wait(0.5):
-            if not thread.is_alive():
-                break
+        with shipper.lock:
+            shipper.buf.append([FLUSH])
+            shipper.ship()
         if self._errors:
             self._on = False
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from kvgrant.runtime import trace as trace_mod
 from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, clock, event_template, open_trace
 
 STATE = {"phase": "Allocating", "va": True, "created": 1, "mapped": 0, "alias_mapped": 0,
@@ -137,7 +140,6 @@ TPL = event_template(0, "Map", '{"alloc": %d}', "cuMemMap", "CUDA_SUCCESS", 0, "
 
 def test_recorded_events_reach_the_file_without_a_flush(tmp_path: Path) -> None:
     """As it happens: the writer thread picks records up by itself (no group event)."""
-    import time
 
     path = tmp_path / "live.ndjson"
     tw = TraceWriter(path)
@@ -193,8 +195,6 @@ def test_a_failing_stream_switches_the_writer_off_without_raising() -> None:
 
 def test_an_unclosed_writer_stops_its_thread_when_collected(tmp_path) -> None:
     import gc
-    import threading
-    import time
 
     before = set(threading.enumerate())
     tws = [TraceWriter(tmp_path / f"t{i}.ndjson") for i in range(5)]
@@ -243,37 +243,63 @@ def test_bad_latency_is_refused(latency: float) -> None:
         TraceWriter(None, latency_s=latency)
 
 
-def test_the_writer_thread_takes_records_once_per_latency_while_they_come() -> None:
-    """Each wake of the writer can cost the allocating thread a wait for the GIL, so a
-    steady stream of records is taken in batches, one per ``latency_s``, not one batch
-    per few records."""
-    import threading
-    import time
+def _counting(feed, batches: list):
+    """``feed`` that also notes (thread name, batch size) of every batch."""
+    def counting_feed(items: list) -> bool:
+        batches.append((threading.current_thread().name, len(items)))
+        return feed(items)
+    return counting_feed
 
-    from kvgrant.runtime import trace as trace_mod
 
-    buf: list = []
+def test_the_writer_thread_takes_unpumped_records_once_per_latency() -> None:
+    """Each wake of the writer can cost the producing thread a wait for the GIL, so a
+    steady stream of records nobody pumps is taken in batches, one per ``latency_s``,
+    not one batch per few records."""
+    batches: list = []
+    shipper = trace_mod._Shipper(_counting(lambda items: items[-1] == ["S"], batches))
     kick = threading.Event()
-    batches: list[int] = []
-
-    def feed(items: list) -> bool:
-        batches.append(len(items))
-        return items[-1] == ["S"]
-
-    writer = threading.Thread(target=trace_mod._poll, args=(buf, kick, feed, 0.05))
+    writer = threading.Thread(target=trace_mod._poll, args=(shipper, kick, 0.05))
     writer.start()
     end = time.monotonic() + 0.5
     n = 0
     while time.monotonic() < end:  # about one record every 20 us, like a start-up
-        buf.append((n,))
+        shipper.buf.append((n,))
         n += 1
         time.sleep(0.00002)
-    buf.append(["S"])
+    shipper.buf.append(["S"])
     kick.set()
     writer.join(5)
-    assert sum(batches) == n + 1
+    assert sum(k for _, k in batches) == n + 1
     # 0.5 s at 50 ms: about 10 batches (plus the one the stop record kicked)
     assert 3 <= len(batches) <= 14, batches
+
+
+def test_a_pumping_producer_ships_its_own_records_and_the_writer_thread_rests() -> None:
+    """While the producer pumps, it ships once per ``latency_s`` itself and the writer
+    thread only looks every ``STALL_S``; every record is shipped once, in order."""
+    tw = TraceWriter(io.StringIO(), latency_s=0.02)
+    batches: list = []
+    shipper = tw._shipper
+    shipper.feed = _counting(shipper.feed, batches)
+    record, pump = tw.recorder(), tw.pump
+    end = time.monotonic() + 0.5
+    n = 0
+    while time.monotonic() < end:
+        record((TPL, clock(), n, 4096 * n, 4096, n + 1, n + 1, 0, 0))
+        n += 1
+        if not n % 4:
+            pump()
+        time.sleep(0.00002)
+    tw.close()
+    by_producer = [k for who, k in batches if who == threading.current_thread().name]
+    by_writer = [k for who, k in batches if who == "kvgrant-trace"]
+    assert sum(by_producer) + sum(by_writer) == n + 2  # and the flush and stop records
+    # 0.5 s at 20 ms: about 25 pumps; the writer thread looks about every STALL_S
+    assert len(by_producer) >= 10, batches
+    assert len(by_writer) <= 0.5 / trace_mod.STALL_S + 3, batches
+    lines = tw._sink.fh.getvalue().splitlines()  # type: ignore[union-attr]
+    assert [json.loads(x)["seq"] for x in lines] == list(range(n))
+    assert [json.loads(x)["args"]["alloc"] for x in lines] == list(range(n))
 
 
 def test_a_dead_renderer_process_is_reported_not_waited_for(tmp_path: Path) -> None:
@@ -305,7 +331,6 @@ def test_lines_shipped_before_the_process_dies_are_kept(tmp_path: Path) -> None:
     to the last poll: the renderer process writes what it got and exits."""
     import subprocess
     import sys
-    import time
 
     path = tmp_path / "killed.ndjson"
     code = f"""
