@@ -5,23 +5,23 @@ constants, then one ``event`` line per transition with ``seq``, ``rank``, ``acti
 (spec name), ``args``, driver ``call`` and ``result``, ``device``, ``va``, ``size``,
 time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc format.
 
-Why this shape: tracing must be cheap when on (a few percent of a start-up whose
-driver calls take 30-40 us each) and free when off (callers test
-:attr:`TraceWriter.enabled` before building an event). The allocating thread appends
-one tuple per event to a list (:meth:`TraceWriter.recorder`: no lock, no queue, no
-formatting, no ``seq`` bookkeeping) and, between driver calls, ships that list itself
-at most once per ``latency_s`` (:meth:`TraceWriter.pump`, 10 ms by default). For a
-trace file it marshals the records into a pipe to a renderer process
-(:mod:`kvgrant.runtime.trace_render`) that numbers, formats and writes the lines. Why
-not a writer thread doing that: cuda-python releases the GIL inside each driver call,
-and every wake of another Python thread could make the allocating thread wait for the
-GIL when a call returned (on an H200 host the time inside driver calls grew with the
-writer thread's wakes; docs/allocator.md has the figures). So the writer thread here
-only catches records that nobody pumps (a producer stuck in a long call, or one that
-never pumps): it looks every ``latency_s``, and every ``STALL_S`` while the producer
-pumps. Group events (Publish, Abort, ...) and flushes write everything recorded before
-them, in the calling thread, before they return. Tracing is
-switched on by a path, an open text stream, or ``KVGRANT_TRACE``.
+Why this shape: tracing must be cheap when on (a few percent of a start-up whose driver
+calls take 30-40 us each) and free when off (callers test :attr:`TraceWriter.enabled`
+before building an event). The allocating thread appends one tuple per event to a list
+(:meth:`TraceWriter.recorder`: no lock, no queue, no formatting, no ``seq`` bookkeeping)
+and, between driver calls, ships that list itself at most once per ``latency_s``
+(:meth:`TraceWriter.pump`, 10 ms by default). For a trace file it marshals the records
+into a pipe to a renderer process (:mod:`kvgrant.runtime.trace_render`) that numbers,
+formats and writes the lines; for a stream, whichever thread ships formats them. Why not
+a writer thread doing that: cuda-python releases the GIL inside each driver call, and
+every wake of another Python thread could make the allocating thread wait for the GIL
+when a call returned (on an H200 host the time inside driver calls grew with the writer
+thread's wakes; docs/allocator.md has the figures). So the writer thread here only
+catches records that nobody pumps (a producer stuck in a long call, or one that never
+pumps): it looks every ``latency_s``, and every ``STALL_S`` while the producer pumps.
+Group events (Publish, Abort, ...) and flushes write everything recorded before them, in
+the calling thread, before they return. Tracing is switched on by a path, an open text
+stream, or ``KVGRANT_TRACE``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ and flush everything so far, then acknowledge), ``["S", ...]`` (the same, then c
 
 Pipe protocol of the process: frames of a 4-byte little-endian length and a
 ``marshal``-ed list of records on stdin; one frame ``marshal((seq, error or None))``
-on stdout per ``F`` or ``S``. End of stdin (the parent died) writes what came and exits.
+on stdout per ``F`` or ``S`` (the parent sends at most one of them per frame, as its
+last record). End of stdin (the parent died) writes what came and exits.
 """
 
 from __future__ import annotations
