@@ -140,7 +140,6 @@ TPL = event_template(0, "Map", '{"alloc": %d}', "cuMemMap", "CUDA_SUCCESS", 0, "
 
 def test_recorded_events_reach_the_file_without_a_flush(tmp_path: Path) -> None:
     """As it happens: the writer thread picks records up by itself (no group event)."""
-
     path = tmp_path / "live.ndjson"
     tw = TraceWriter(path)
     tw.header(ranks=1)
@@ -300,6 +299,29 @@ def test_a_pumping_producer_ships_its_own_records_and_the_writer_thread_rests() 
     lines = tw._sink.fh.getvalue().splitlines()  # type: ignore[union-attr]
     assert [json.loads(x)["seq"] for x in lines] == list(range(n))
     assert [json.loads(x)["args"]["alloc"] for x in lines] == list(range(n))
+
+
+def test_lines_of_a_producer_stuck_after_pumping_reach_the_file(tmp_path: Path) -> None:
+    """A producer that pumped and then sits in one long driver call (a hang) still gets
+    the lines it recorded before the call out, from the writer thread, in about
+    ``STALL_S``: what shows where it hangs."""
+    path = tmp_path / "stuck.ndjson"
+    tw = TraceWriter(path, latency_s=0.01)
+    tw.header(ranks=1)
+    record = tw.recorder()
+    for k in range(40):  # pumping while records come
+        record((TPL, clock(), k, 4096 * k, 4096, k + 1, k + 1, 0, 0))
+        tw.pump()
+        time.sleep(0.001)
+    record((TPL, clock(), 40, 4096 * 40, 4096, 41, 41, 0, 0))  # then stuck
+    t0 = time.monotonic()
+    while path.read_text().count("\n") < 42 and time.monotonic() < t0 + 10:
+        time.sleep(0.005)
+    waited = time.monotonic() - t0
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [o["args"]["alloc"] for o in lines[1:]] == list(range(41))
+    assert waited < 1.0, waited  # STALL_S is 0.1 s
+    tw.close()
 
 
 def test_a_dead_renderer_process_is_reported_not_waited_for(tmp_path: Path) -> None:
