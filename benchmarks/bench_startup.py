@@ -40,7 +40,8 @@ from kvgrant.runtime.capacity import fit_pages
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.trace import DEFAULT_LATENCY_S, TraceWriter
 
-__all__ = ["TimedDriver", "ab_rounds", "ci_line", "floor_plan", "main", "scaled"]
+__all__ = ["TimedDriver", "ab_rounds", "ci_line", "floor_plan", "main", "pooled_pairs",
+           "scaled", "trace_cost"]
 
 _TIMED = ("reserve", "free_address", "create", "release", "map", "unmap", "set_access")
 
@@ -199,6 +200,37 @@ def trace_cost(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> dict[s
     }
 
 
+def pooled_pairs(paths: Sequence[str]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The (untraced, traced) pairs of earlier ``--json-out`` files, for one figure over
+    several runs (each run on this host holds a few hundred pairs at most)."""
+    pairs = []
+    for path in paths:
+        meta = json.loads(Path(path).read_text())["meta"]
+        events = (meta.get("trace_cost") or {}).get("events", 0)
+        for p in meta["trace_pairs"]:
+            (us, ud), (ts, td) = p["untraced"], p["traced"]
+            pairs.append(({"startup_s": us, "startup_driver_s": ud},
+                          {"startup_s": ts, "startup_driver_s": td, "startup_events": events}))
+    return pairs
+
+
+def _print_cost(cost: dict[str, Any]) -> None:
+    def pct(x: float) -> str:
+        return f"{x * 100:+.2f}%"
+
+    print(f"tracing on vs off, packed start-up, {cost['pairs']} pairs back to back "
+          f"({cost['events']:,.0f} start-up events per traced run; median start-up untraced "
+          f"{cost['untraced_median_s']:.4f} s, traced {cost['traced_median_s']:.4f} s):")
+    print(f"  start-up: mean {pct(cost['relative_mean'])} (95% CI "
+          f"{pct(cost['relative_ci95'][0])} .. {pct(cost['relative_ci95'][1])}), median "
+          f"{pct(cost['relative_median'])}")
+    print(f"  kvgrant's own time: {pct(cost['own_share_mean'])} of start-up (95% CI "
+          f"{pct(cost['own_share_ci95'][0])} .. {pct(cost['own_share_ci95'][1])}), "
+          f"{cost['own_us_per_event']:.2f} us per event")
+    print(f"  time inside driver calls: {pct(cost['driver_share_mean'])} of start-up (95% CI "
+          f"{pct(cost['driver_share_ci95'][0])} .. {pct(cost['driver_share_ci95'][1])})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("geometry", nargs="?", default="examples/published-dcp16.json")
@@ -217,7 +249,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     ap.add_argument("--json-out", default=None, metavar="FILE",
                     help="also write the JSON object to FILE")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: report tracing's cost over the pairs of these "
+                         "--json-out files together")
     args = ap.parse_args(argv)
+    if args.pool:
+        pairs = pooled_pairs(args.pool)
+        if not pairs:
+            ap.error(f"--pool {' '.join(args.pool)}: the files hold no trace pairs")
+        _print_cost(trace_cost(pairs))
+        return 0
     if args.trace_latency_ms is not None and not 0 < args.trace_latency_ms <= 1000:
         ap.error(f"--trace-latency-ms = {args.trace_latency_ms}: must be > 0 and at most 1000")
 
@@ -301,22 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in refused:
         print(line)
     if cost is not None:
-        def pct(x: float) -> str:
-            return f"{x * 100:+.2f}%"
-
         if stopped:
             print(stopped)
-        print(f"tracing on vs off, packed start-up, {cost['pairs']} pairs back to back "
-              f"({cost['events']:,.0f} start-up events per traced run; median start-up untraced "
-              f"{cost['untraced_median_s']:.4f} s, traced {cost['traced_median_s']:.4f} s):")
-        print(f"  start-up: mean {pct(cost['relative_mean'])} (95% CI "
-              f"{pct(cost['relative_ci95'][0])} .. {pct(cost['relative_ci95'][1])}), median "
-              f"{pct(cost['relative_median'])}")
-        print(f"  kvgrant's own time: {pct(cost['own_share_mean'])} of start-up (95% CI "
-              f"{pct(cost['own_share_ci95'][0])} .. {pct(cost['own_share_ci95'][1])}), "
-              f"{cost['own_us_per_event']:.2f} us per event")
-        print(f"  time inside driver calls: {pct(cost['driver_share_mean'])} of start-up (95% CI "
-              f"{pct(cost['driver_share_ci95'][0])} .. {pct(cost['driver_share_ci95'][1])})")
+        _print_cost(cost)
     return 0
 
 

@@ -3,8 +3,9 @@
 Why it matters: the trace writer's thread (and any other Python thread of the
 allocating process) only runs beside the allocation if the allocator's thread drops the
 GIL while it waits in the driver; and while such a thread holds the GIL, the allocator's
-thread waits for it at every return from a driver call. This probe times N map/set-access/unmap cycles alone, then again while a
-Python thread spins, and reports how far the spinner got during the driver calls.
+thread waits for it at every return from a driver call. This probe times N
+map/set-access/unmap cycles alone, then again while a Python thread spins, and reports
+how far the spinner got during the driver calls.
 
     python benchmarks/probe_gil.py [--cycles 2000]   (needs a CUDA GPU)
 """

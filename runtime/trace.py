@@ -88,8 +88,8 @@ class _Shipper:
     """Records not yet shipped, and the one way out for them: whoever holds ``lock``
     (a pumping producer, a flush, or the writer thread) takes them all and hands them to
     ``feed`` (a :class:`Renderer`'s, or :class:`_InProcess`'s), so batches leave in
-    order. A control record (FLUSH, STOP) is appended and shipped under the lock, so it
-    is always the last record of its batch."""
+    order. FLUSH is appended and shipped under the lock, and STOP is the last record
+    anyone appends, so each is the last record of its batch."""
 
     __slots__ = ("buf", "feed", "lock", "pumped", "stopped")
 

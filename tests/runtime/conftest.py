@@ -4,7 +4,10 @@ on the real driver (cuda cases carry the ``gpu``/``gpu2`` marks and skip otherwi
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator
+import runpy
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -14,17 +17,9 @@ from kvgrant.runtime.driver import Driver
 @functools.cache
 def _cuda_devices() -> int:
     """VMM-capable GPUs usable here (0 without cuda-python, driver or GPU)."""
-    from kvgrant.runtime.cuda import cuda_available
+    from kvgrant.runtime.cuda import usable_device_count
 
-    if not cuda_available():
-        return 0
-    from kvgrant.runtime.cuda import CudaDriver
-
-    drv = CudaDriver()
-    try:
-        return drv.device_count()
-    finally:
-        drv.close()
+    return usable_device_count()
 
 
 def _opener(backend: str, min_devices: int) -> Callable[..., Driver]:
@@ -73,3 +68,19 @@ def driver2(request: pytest.FixtureRequest) -> Iterator[Driver]:
     drv = _opener(request.param, 2)()
     yield drv
     drv.close()
+
+
+@pytest.fixture(scope="session")
+def load_benchmark() -> Callable[[str], dict[str, Any]]:
+    """``load_benchmark("bench_startup.py")``: the script's globals (``main`` and its
+    helpers), loaded as ``python benchmarks/SCRIPT`` would, with benchmarks/ on the path
+    for the scripts that import each other."""
+    bench_dir = str(Path(__file__).resolve().parents[2] / "benchmarks")
+
+    def load(script: str) -> dict[str, Any]:
+        sys.path.insert(0, bench_dir)
+        try:
+            return runpy.run_path(str(Path(bench_dir) / script))
+        finally:
+            sys.path.remove(bench_dir)
+    return load

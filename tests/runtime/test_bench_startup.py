@@ -4,8 +4,6 @@ from back-to-back pairs (figures are for the GPU host; here only their shape).""
 from __future__ import annotations
 
 import json
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def bench() -> dict:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return runpy.run_path(str(ROOT / "benchmarks" / "bench_startup.py"))
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def bench(load_benchmark) -> dict:
+    return load_benchmark("bench_startup.py")
 
 
 def test_pairs_and_plans_are_reported(bench: dict, tmp_path: Path, capsys) -> None:
@@ -85,3 +79,31 @@ def test_a_bad_trace_latency_is_refused_before_any_run(bench: dict, capsys) -> N
                        "--trace-latency-ms", "0"])
     assert exc.value.code == 2
     assert "--trace-latency-ms = 0.0: must be > 0" in capsys.readouterr().err
+
+
+def test_pool_reports_one_figure_over_the_pairs_of_several_files(bench: dict, tmp_path: Path,
+                                                                  capsys) -> None:
+    def saved(name: str, pairs: list) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"meta": {
+            "trace_cost": {"events": 1000},
+            "trace_pairs": [{"untraced": list(u), "traced": list(t)} for u, t in pairs]}}))
+        return str(path)
+
+    a = saved("a.json", [((1.0, 0.9), (1.1, 0.95))])
+    b = saved("b.json", [((2.0, 1.9), (2.0, 1.85))])
+    assert bench["main"](["--pool", a, b]) == 0
+    out = capsys.readouterr().out
+    # the same figure trace_cost gives for both pairs together
+    assert "2 pairs back to back" in out
+    assert "start-up: mean +5.00%" in out
+    assert "+3.33% of start-up" in out and "50.00 us per event" in out
+
+
+def test_pool_refuses_files_without_pairs(bench: dict, tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "e.json"
+    empty.write_text(json.dumps({"meta": {"trace_cost": None, "trace_pairs": []}}))
+    with pytest.raises(SystemExit) as exc:
+        bench["main"](["--pool", str(empty)])
+    assert exc.value.code == 2
+    assert "hold no trace pairs" in capsys.readouterr().err

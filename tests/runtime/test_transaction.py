@@ -136,4 +136,3 @@ def test_runtime_package_exports_are_pinned() -> None:
         m = __import__(f"kvgrant.runtime.{mod}", fromlist=["__all__"])
         assert m.__all__ == sorted(m.__all__), mod
         assert all(hasattr(m, n) for n in m.__all__), mod
-
