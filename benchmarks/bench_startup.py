@@ -38,7 +38,7 @@ from kvgrant.layout.plans import make_plan
 from kvgrant.runtime.allocator import allocate
 from kvgrant.runtime.capacity import fit_pages
 from kvgrant.runtime.driver import Driver, open_driver
-from kvgrant.runtime.trace import DEFAULT_LATENCY_S, TraceWriter
+from kvgrant.runtime.trace import DEFAULT_CHUNK, TraceWriter
 
 __all__ = ["TimedDriver", "ab_rounds", "ci_line", "floor_plan", "main", "pooled_pairs",
            "scaled", "trace_cost"]
@@ -88,12 +88,11 @@ def floor_plan(g: Geometry) -> PhysicalPlan:
 
 def _one(g: Geometry, plan: Any, drv: TimedDriver, memory_limit: str | None,
          trace: Path | None, *, checks: bool = True,
-         latency_s: float | None = None) -> dict[str, Any]:
+         chunk: int = DEFAULT_CHUNK) -> dict[str, Any]:
     drv.reset()
     label = plan if isinstance(plan, str) else plan.label
     # the writer is closed when the cache is released, so _events reads a whole file
-    writer = (TraceWriter(trace, latency_s=DEFAULT_LATENCY_S if latency_s is None
-                          else latency_s) if trace is not None else None)
+    writer = TraceWriter(trace, chunk=chunk) if trace is not None else None
     t_all = time.perf_counter()
     pub = allocate(g, plan=plan, driver=drv, memory_limit=memory_limit,  # type: ignore[arg-type]
                    check_contract=checks and label != "floor", preflight=checks, trace=writer)
@@ -242,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="pairs of packed runs, tracing off and on back to back in random "
                          "order, for the cost of tracing (0: skip)")
     ap.add_argument("--seed", type=int, default=1, help="order of the traced pairs")
-    ap.add_argument("--trace-latency-ms", type=float, default=None, metavar="MS",
-                    help="the trace writer's latency_s, in ms (default: the writer's)")
+    ap.add_argument("--trace-chunk", type=int, default=DEFAULT_CHUNK, metavar="N",
+                    help="records the trace writer ships at once (default: the writer's)")
     ap.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="start no new pair after S seconds of pairs; report those done")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -259,8 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--pool {' '.join(args.pool)}: the files hold no trace pairs")
         _print_cost(trace_cost(pairs))
         return 0
-    if args.trace_latency_ms is not None and not 0 < args.trace_latency_ms <= 1000:
-        ap.error(f"--trace-latency-ms = {args.trace_latency_ms}: must be > 0 and at most 1000")
+    if args.trace_chunk < 1:
+        ap.error(f"--trace-chunk = {args.trace_chunk}: must be at least 1")
 
     g = load_geometry(args.geometry)
     if args.ranks:
@@ -297,7 +296,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             # back in random order, so neither side always runs first.
             packed = make_plan(g, "packed")
             rng = random.Random(args.seed)
-            latency = None if args.trace_latency_ms is None else args.trace_latency_ms / 1000
             t_pairs = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
                 trace = Path(tmp) / "t.ndjson"
@@ -309,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     order = [False, True]
                     rng.shuffle(order)
                     got = {on: _one(g, packed, drv, None, trace if on else None, checks=False,
-                                    latency_s=latency)
+                                    chunk=args.trace_chunk)
                            for on in order}
                     pairs.append((got[False], got[True]))
                     if len(pairs) % 20 == 0:  # a run cut short still leaves figures
@@ -320,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cost = trace_cost(pairs) if pairs else None
     meta = {"geometry": g.name, "backend": drv.name, "ranks": g.topology.ranks,
             "command": " ".join(["python", *sys.argv]), "trace_cost": cost, "refused": refused,
-            "trace_latency_ms": args.trace_latency_ms, "stopped": stopped,
+            "trace_chunk": args.trace_chunk, "stopped": stopped,
             "trace_pairs": [{"untraced": [a["startup_s"], a["startup_driver_s"]],
                              "traced": [b["startup_s"], b["startup_driver_s"]]}
                             for a, b in pairs]}

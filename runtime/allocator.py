@@ -262,7 +262,7 @@ class _Run:
         tpl = st.tpls.get(key) or self._tpl(st, key)
         self._record((tpl, clock(), *values, st.created, st.mapped,  # type: ignore[misc]
                       st.alias_mapped, st.grants))
-        self.trace.pump()
+        self.trace.ship_if_full()
 
     def _group(self, action: str, args: dict[str, Any] | None = None) -> None:
         if self.trace.enabled:
@@ -323,7 +323,7 @@ class _Run:
         # whole loop, so its line templates are looked up once (each record is then one
         # tuple; docs/allocator.md has what a traced event costs).
         rec = self._record
-        pump = self.trace.pump  # ships the records, between driver calls (see pump)
+        ship = self.trace.ship_if_full  # ships a full chunk, between driver calls
         tpl = self._tpl_of(st)
         t_create, t_map, t_alias = tpl("Create"), tpl("Map"), tpl("MapAlias")
         t_grant = tpl("Grant plane")
@@ -385,7 +385,7 @@ class _Run:
                 self._grant(st, i, a, "alias", ava, n, grant_region[a.region],
                             t_grant_alias[a.region])
             if tr:
-                pump()
+                ship()
 
     def _grant(self, st: _Rank, i: int, a: Allocation, mapping: str, va: int, n: int,
                devs: list[int], template: str | None) -> None:

@@ -161,6 +161,12 @@ class Published:
     def live(self) -> LiveCounts:
         return self.driver.live()
 
+    def flush_trace(self) -> None:
+        """Wait until every trace line so far is on file. Publish only hands the lines
+        to the trace renderer (start-up does not wait for formatting); call this before
+        reading the trace of a live cache."""
+        self._run.trace.flush()
+
     def summary(self) -> dict[str, Any]:
         """Capacities and object counts, JSON-ready (what ``kvgrant alloc`` prints)."""
         return {"geometry": self.geometry.name, "plan": self.plan.label,

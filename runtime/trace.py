@@ -6,22 +6,23 @@ constants, then one ``event`` line per transition with ``seq``, ``rank``, ``acti
 time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc format.
 
 Why this shape: tracing must be cheap when on (a few percent of a start-up whose driver
-calls take 30-40 us each) and free when off (callers test :attr:`TraceWriter.enabled`
-before building an event). The allocating thread appends one tuple per event to a list
-(:meth:`TraceWriter.recorder`: no lock, no queue, no formatting, no ``seq`` bookkeeping)
-and, between driver calls, ships that list itself at most once per ``latency_s``
-(:meth:`TraceWriter.pump`, 10 ms by default). For a trace file it marshals the records
-into a pipe to a renderer process (:mod:`kvgrant.runtime.trace_render`) that numbers,
-formats and writes the lines; for a stream, whichever thread ships formats them. Why not
-a writer thread doing that: cuda-python releases the GIL inside each driver call, and
-every wake of another Python thread could make the allocating thread wait for the GIL
-when a call returned (on an H200 host the time inside driver calls grew with the writer
-thread's wakes; docs/allocator.md has the figures). So the writer thread here only
-catches records that nobody pumps (a producer stuck in a long call, or one that never
-pumps): it looks every ``latency_s``, and every ``STALL_S`` while the producer pumps.
-Group events (Publish, Abort, ...) and flushes write everything recorded before them, in
-the calling thread, before they return. Tracing is switched on by a path, an open text
-stream, or ``KVGRANT_TRACE``.
+calls take 30-60 us each) and free when off (callers test :attr:`TraceWriter.enabled`
+before building an event). Formatting a line costs about 2.4 us wherever it runs, so it
+must not run in the allocating process: the allocating thread only appends one tuple
+per event to a list (:meth:`TraceWriter.recorder`), and ships the list (a ``marshal``
+and one pipe write) to a renderer process (:mod:`kvgrant.runtime.trace_render`) that
+numbers, formats and writes the lines on another core. It ships at group events
+(Publish, Abort, ...), every :data:`DEFAULT_CHUNK` records (:meth:`ship_if_full`,
+called between driver calls), and on flush and close. Only :meth:`flush`, :meth:`close`
+and the ``Abort`` event wait until the file has every line. There is no writer thread:
+another Python thread waking while cuda-python has released the GIL made the allocating
+thread wait for the GIL after its driver calls (measured; docs/allocator.md).
+
+What a crash loses: the renderer runs in its own session and writes everything it was
+sent, so a SIGKILL of the allocating process loses only the records not yet shipped (at
+most one chunk plus the events of the allocation in progress). Streams (and hosts where
+no process can start) are formatted in the shipping thread. Tracing is switched on by a
+path, an open text stream, or ``KVGRANT_TRACE``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -40,8 +40,8 @@ from kvgrant.errors import TraceError
 from kvgrant.runtime import trace_render
 from kvgrant.runtime.trace_render import FLUSH, HEADER, STOP, Renderer, frame, read_frame
 
-__all__ = ["DEFAULT_LATENCY_S", "STALL_S", "TRACE_ENV", "TRACE_VERSION", "TraceWriter",
-           "clock", "event_template", "open_trace"]
+__all__ = ["DEFAULT_CHUNK", "TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock",
+           "event_template", "open_trace"]
 
 TRACE_ENV = "KVGRANT_TRACE"
 TRACE_VERSION = 1
@@ -56,13 +56,8 @@ _EVENT = ('{"kind": "event", "seq": %d, "t": %.6f, "rank": %s, "action": "%s", "
 #: The clock of a record's time stamp (the writer subtracts the trace's start).
 clock: Callable[[], float] = time.perf_counter
 
-#: How long a recorded line may wait before it is shipped: the producer's pumps ship at
-#: most once per latency, and the writer thread looks once per latency while nobody pumps.
-DEFAULT_LATENCY_S = 0.01
-#: How often the writer thread looks while the producer pumps: it only has to catch a
-#: producer stuck in a long call, and each of its wakes costs that producer time.
-STALL_S = 0.1
-_IDLE_S = 0.1
+#: Records :meth:`TraceWriter.ship_if_full` lets pile up before shipping them.
+DEFAULT_CHUNK = 512
 _RENDER_SCRIPT = os.path.abspath(trace_render.__file__)
 
 
@@ -84,56 +79,9 @@ def event_template(rank: int, action: str, args: str, call: str | None, result: 
             + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
-class _Shipper:
-    """Records not yet shipped, and the one way out for them: whoever holds ``lock``
-    (a pumping producer, a flush, or the writer thread) takes them all and hands them to
-    ``feed`` (a :class:`Renderer`'s, or :class:`_InProcess`'s), so batches leave in
-    order. FLUSH is appended and shipped under the lock, and STOP is the last record
-    anyone appends, so each is the last record of its batch."""
-
-    __slots__ = ("buf", "feed", "lock", "pumped", "stopped")
-
-    def __init__(self, feed: Callable[[list[Any]], bool]) -> None:
-        # a tuple (template, clock(), *values) per event, or a control record (a list,
-        # see trace_render); the producer only appends
-        self.buf: list[Any] = []
-        self.feed = feed
-        self.lock = threading.Lock()
-        self.pumped = False  # a producer shipped since the writer thread last looked
-        self.stopped = False
-
-    def ship(self) -> bool:
-        """Hand everything recorded so far to ``feed`` (hold ``lock``); True once the
-        stop record has gone."""
-        n = len(self.buf)
-        if n and not self.stopped:
-            items = self.buf[:n]
-            del self.buf[:n]  # producers only append, so these n are ours
-            self.stopped = self.feed(items)
-        return self.stopped
-
-
-def _poll(shipper: _Shipper, kick: threading.Event, latency_s: float) -> None:
-    """The writer thread: ship what nobody else shipped, until the stop record went.
-    It looks every ``latency_s`` while records come unpumped, every ``STALL_S`` while
-    a producer pumps, and backs off to ``_IDLE_S`` while none come."""
-    idle_s = max(_IDLE_S, latency_s)
-    stall_s = max(STALL_S, latency_s)
-    wait = latency_s
-    while True:
-        kick.wait(wait)  # the stop record kicks it
-        kick.clear()
-        with shipper.lock:
-            pumped, shipper.pumped = shipper.pumped, False
-            had = bool(shipper.buf)
-            if shipper.ship():
-                return
-        wait = stall_s if pumped else latency_s if had else min(wait * 2, idle_s)
-
-
 class _InProcess:
-    """Ships records to a renderer process (trace files): the writer thread only
-    marshals them and writes them to a pipe, so it hardly ever holds the GIL."""
+    """Ships records to a renderer process (trace files): this process only marshals
+    them and writes them to a pipe; the renderer formats and writes the lines."""
 
     def __init__(self, fd: int, errors: list[BaseException]) -> None:
         self.errors = errors
@@ -146,7 +94,7 @@ class _InProcess:
             start_new_session=True)
         self.to_child = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self.from_child = self.proc.stdout  # type: ignore[assignment]
-        try:  # room for bursts while the renderer catches up (Linux; else the default)
+        try:  # room for a whole chunk while the renderer catches up (Linux)
             import fcntl
 
             fcntl.fcntl(self.to_child, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
@@ -174,8 +122,7 @@ class _InProcess:
         renderer's acknowledgement; True after STOP."""
         if not self.dead:
             try:
-                data = frame(items)
-                view = memoryview(data)
+                view = memoryview(frame(items))
                 while view:
                     view = view[os.write(self.to_child, view):]
             except OSError:
@@ -209,14 +156,13 @@ def _no_ack(_item: list[Any]) -> None:
     """A Renderer in this process acknowledges nothing: its feed returns when done."""
 
 
-def _stop_writer(shipper: _Shipper, kick: threading.Event, thread: threading.Thread) -> None:
-    """Finaliser of a writer (run by close, or when nobody closed it): its thread ships
-    the stop record, finishes the file and ends. (Not shipped here: a finaliser can run
-    inside the writer thread while it holds the lock.)"""
-    shipper.buf.append([STOP])
-    kick.set()
-    if thread is not threading.current_thread():
-        thread.join(timeout=10)
+def _finish(sink: "Renderer | _InProcess", buf: list[Any]) -> None:
+    """Finaliser of a writer (run by close, or when nobody closed it): ship what is
+    left and the stop record, and wait until the file is complete."""
+    items = buf[:]
+    del buf[:]
+    items.append([STOP])
+    sink.feed(items)
 
 
 class TraceWriter:
@@ -227,52 +173,42 @@ class TraceWriter:
     target
         A path (the file is created or truncated), an open text stream (left open
         on :meth:`close`), or None (tracing off).
-    flush_each
-        Wait until every line is on file before going on (for tailing a live run);
-        otherwise rank events reach the file within about ``latency_s`` (``STALL_S``
-        while the producer is inside one long call), and group events (Publish,
-        Abort, ...) write all earlier lines before they return.
     renderer
         Where a trace *file* is formatted: ``"process"`` (default; a small Python
-        process fed through a pipe, so formatting never holds this process's GIL, and
+        process fed through a pipe, so formatting never runs in this process, and
         lines already shipped survive this process being killed) or ``"thread"``
-        (in this process, by whichever thread ships; also the fallback when no process
+        (in this process, by the shipping thread; also the fallback when no process
         can be started). Streams are always formatted in this process.
-    latency_s
-        How often recorded lines are shipped (seconds, default 10 ms): how long a line
-        may wait before the OS has it, and how much of it is lost if the process is
-        killed. Each ship costs the producer a marshal and a pipe write.
+    chunk
+        Records :meth:`ship_if_full` lets pile up before it ships them: the most a
+        SIGKILL of this process can lose. Each ship costs a pipe write (~10-20 us);
+        the marshal costs the same per record however the records are batched.
 
     Notes
     -----
-    Tracing never aborts the lifecycle it records: a write error switches the writer
-    off and is kept in :attr:`error` for the caller to report once the allocation or
-    its unwinding is complete. A writer that is never closed finishes its file when it
-    is garbage-collected or at interpreter exit.
+    One producing thread per writer. Tracing never aborts the lifecycle it records: a
+    write error switches the writer off and is kept in :attr:`error` for the caller to
+    report once the allocation or its unwinding is complete. A writer that is never
+    closed finishes its file when it is garbage-collected or at interpreter exit.
     """
 
-    __slots__ = ("_on", "_buf", "_kick", "_flush_each", "path", "header_written",
-                 "_sink", "_shipper", "_thread", "_errors", "_finalizer", "renderer",
-                 "_latency_s", "_due", "__weakref__")
+    __slots__ = ("_on", "_buf", "_chunk", "path", "header_written", "_sink", "_errors",
+                 "_finalizer", "renderer", "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
-                 flush_each: bool = False, renderer: str = "process",
-                 latency_s: float = DEFAULT_LATENCY_S) -> None:
+                 renderer: str = "process", chunk: int = DEFAULT_CHUNK) -> None:
         if renderer not in ("process", "thread"):
             raise ValueError(f"renderer = {renderer!r}: must be 'process' or 'thread'")
-        if not 0 < latency_s <= 1:
-            raise ValueError(f"latency_s = {latency_s!r}: must be > 0 and at most 1 second")
-        self._flush_each = flush_each
-        self._latency_s = latency_s
-        self._due = 0.0  # when the next pump ships
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk = {chunk!r}: must be an integer >= 1")
+        self._chunk = chunk
         self._errors: list[BaseException] = []
+        self._buf: list[Any] = []
         self.header_written = False
         self.path: Path | None = None
         self.renderer: str | None = None  # where lines are formatted: process or thread
         # formats in this process (Renderer) or ships to the renderer process
         self._sink: Renderer | _InProcess | None = None
-        self._shipper: _Shipper | None = None
-        self._thread: threading.Thread | None = None
         self._finalizer: weakref.finalize | None = None
         if isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
@@ -296,18 +232,8 @@ class TraceWriter:
             self._sink = Renderer(target, False, _no_ack, self._errors)
             self.renderer = "thread"
         self._on = self._sink is not None
-        self._kick = threading.Event()
-        if self._sink is None:
-            self._buf: list[Any] = []  # a disabled writer's (nothing reads it)
-            return
-        self._shipper = _Shipper(self._sink.feed)
-        self._buf = self._shipper.buf
-        self._thread = threading.Thread(target=_poll, args=(self._shipper, self._kick,
-                                                            latency_s),
-                                        name="kvgrant-trace", daemon=True)
-        self._thread.start()
-        self._finalizer = weakref.finalize(self, _stop_writer, self._shipper, self._kick,
-                                           self._thread)
+        if self._sink is not None:
+            self._finalizer = weakref.finalize(self, _finish, self._sink, self._buf)
 
     @property
     def enabled(self) -> bool:
@@ -322,7 +248,7 @@ class TraceWriter:
     @property
     def events(self) -> int:
         """Events written so far (the next ``seq``); flushes first."""
-        self._drain()
+        self.flush()
         return self._sink.seq if self._sink is not None else 0
 
     def recorder(self) -> Callable[[tuple[Any, ...]], None]:
@@ -330,36 +256,26 @@ class TraceWriter:
 
         ``template`` comes from :func:`event_template` (or is any %-template whose first
         two placeholders are ``seq`` and ``t``); ``values`` fill the rest; ``seq`` is
-        assigned when the line is formatted, without gaps, in call order. Only for an
-        enabled writer. Call :meth:`pump` every few records, between driver calls.
+        assigned when the line is formatted, without gaps, in call order. Call
+        :meth:`ship_if_full` between driver calls.
         """
-        if not self._flush_each:
-            return self._buf.append
+        return self._buf.append
 
-        def record_and_wait(rec: tuple[Any, ...]) -> None:
-            self._buf.append(rec)
-            self._drain()
-        return record_and_wait
+    def ship_if_full(self) -> None:
+        """Ship the recorded events once a chunk has piled up (a length test otherwise):
+        bounds what a crash can lose, at one pipe write per chunk."""
+        if len(self._buf) >= self._chunk and self._on:
+            self._ship()
 
-    def pump(self) -> None:
-        """Ship what this thread recorded, at most once per ``latency_s``.
-
-        For the producing thread, every few records, where a short stop costs nothing
-        (between driver calls): shipping here is a marshal and a pipe write, whereas the
-        writer thread's wakes made the producer wait for the GIL. Cheap when not due (a
-        clock read); skips a ship the writer thread is doing at that moment.
-        """
-        now = clock()
-        if now < self._due:
-            return
-        self._due = now + self._latency_s
-        shipper = self._shipper
-        if shipper is not None and shipper.lock.acquire(False):
-            try:
-                shipper.pumped = True
-                shipper.ship()
-            finally:
-                shipper.lock.release()
+    def _ship(self) -> None:
+        """Hand everything recorded so far to the renderer, without waiting for it."""
+        buf = self._buf
+        if buf and self._sink is not None:
+            items = buf[:]
+            del buf[:]
+            self._sink.feed(items)
+            if self._errors:
+                self._on = False
 
     def header(self, **constants: Any) -> None:
         """Write the header line (must come first, once); ``t`` counts from here."""
@@ -370,7 +286,7 @@ class TraceWriter:
         line = {"kind": "header", "version": TRACE_VERSION}
         line.update(constants)
         self._buf.append([HEADER, _encode(line) + "\n", clock()])
-        self._drain()
+        self.flush()
         self.header_written = True
 
     def event(self, rank: int | None, action: str, args: Mapping[str, Any],
@@ -389,8 +305,8 @@ class TraceWriter:
         """:meth:`event` with ``args`` and ``state`` already JSON-encoded.
 
         ``action``, ``call`` and ``result`` are identifiers (no quoting needed). A
-        group event (``rank`` None) returns once it and every earlier line is on file;
-        a rank event pumps (see :meth:`pump`).
+        group event (``rank`` None) ships everything recorded before it; ``Abort``
+        also waits until it is on file (the unwinding after it may hang or crash).
         """
         if not self._on:
             return
@@ -400,36 +316,30 @@ class TraceWriter:
             "null" if result is None else '"' + result + '"',
             "null" if device is None else device, "null" if va is None else va,
             "null" if size is None else size, state_json))
-        if self._flush_each or rank is None:
-            self._drain()
-        else:
-            self.pump()
-
-    def _drain(self) -> None:
-        """Write everything recorded so far, in this thread, and wait until it is on
-        file (flushed to the OS). Never raises: a write error switches the writer off
-        (see :attr:`error`)."""
-        shipper = self._shipper
-        if shipper is None or not self._on:
-            return
-        with shipper.lock:
-            shipper.buf.append([FLUSH])
-            shipper.ship()
-        if self._errors:
-            self._on = False
+        if rank is None:
+            if action == "Abort":
+                self.flush()
+            else:
+                self._ship()
+        elif len(self._buf) >= self._chunk:
+            self._ship()
 
     def flush(self) -> None:
-        self._drain()
+        """Write everything recorded so far and wait until it is on file (flushed to
+        the OS). Never raises: a write error switches the writer off (see
+        :attr:`error`)."""
+        if self._sink is None or not self._on:
+            return
+        self._buf.append([FLUSH])
+        self._ship()
 
     def close(self) -> None:
-        """Flush, stop the writer thread, close the file when this writer opened it.
-        Safe to call twice; never raises (see :attr:`error`)."""
-        self._drain()
+        """Write what is left, finish the file (closing it when this writer opened
+        it) and stop the renderer. Safe to call twice; never raises (see :attr:`error`)."""
         self._on = False
         if self._finalizer is not None:
-            self._finalizer()  # stop record, once; joins the thread
+            self._finalizer()  # ships the rest and the stop record, once
             self._finalizer = None
-            self._thread = None
 
     def __enter__(self) -> "TraceWriter":
         return self

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of kvgrant, in one go, on a CUDA host (run on 2 x H200 for the docs).
 #   tools/gpu_checks.sh [OUTDIR]
-# Environment: TRACE_PAIRS (default 100), TRACE_LATENCY_MS (the trace writer's latency),
+# Environment: TRACE_PAIRS (default 100), TRACE_CHUNK (records the trace writer ships at once),
 # TRACE_TIME_LIMIT (seconds of pairs at most; the figures cover the pairs done).
 # Installs kvgrant (editable, no dependencies) into the interpreter that holds
 # cuda-bindings and torch -- $PYTHON, default python3: use a venv or a throwaway machine --
@@ -28,7 +28,7 @@ rc=0
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 
 "$PY" benchmarks/bench_startup.py examples/published-dcp16.json --ranks "$NGPU" --backend cuda \
-    --trace-pairs "${TRACE_PAIRS:-100}" ${TRACE_LATENCY_MS:+--trace-latency-ms "$TRACE_LATENCY_MS"} \
+    --trace-pairs "${TRACE_PAIRS:-100}" ${TRACE_CHUNK:+--trace-chunk "$TRACE_CHUNK"} \
     ${TRACE_TIME_LIMIT:+--time-limit "$TRACE_TIME_LIMIT"} --json-out "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.txt" || rc=1
 
 for args in "" "--memory-limit=-1G" "--fail-at 5000"; do

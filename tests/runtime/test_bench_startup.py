@@ -55,13 +55,13 @@ def test_time_limit_stops_the_pairs_and_reports_those_done(bench: dict, tmp_path
     out = tmp_path / "b.json"
     rc = bench["main"]([str(ROOT / "examples" / "small.json"), "--backend", "sim",
                         "--plans", "packed", "--trace-pairs", "500", "--time-limit", "0",
-                        "--trace-latency-ms", "2", "--json-out", str(out)])
+                        "--trace-chunk", "2", "--json-out", str(out)])
     assert rc == 0
     captured = capsys.readouterr()
     assert "stopped after 1 of 500 pairs: --time-limit" in captured.out
     meta = json.loads(out.read_text())["meta"]
     assert meta["trace_cost"]["pairs"] == len(meta["trace_pairs"]) == 1
-    assert meta["trace_latency_ms"] == 2
+    assert meta["trace_chunk"] == 2
 
 
 def test_progress_lines_go_to_stderr_every_20_pairs(bench: dict, capsys) -> None:
@@ -73,12 +73,12 @@ def test_progress_lines_go_to_stderr_every_20_pairs(bench: dict, capsys) -> None
                                                                          "pairs 40/40"]
 
 
-def test_a_bad_trace_latency_is_refused_before_any_run(bench: dict, capsys) -> None:
+def test_a_bad_trace_chunk_is_refused_before_any_run(bench: dict, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         bench["main"]([str(ROOT / "examples" / "small.json"), "--backend", "sim",
-                       "--trace-latency-ms", "0"])
+                       "--trace-chunk", "0"])
     assert exc.value.code == 2
-    assert "--trace-latency-ms = 0.0: must be > 0" in capsys.readouterr().err
+    assert "--trace-chunk = 0: must be at least 1" in capsys.readouterr().err
 
 
 def test_pool_reports_one_figure_over_the_pairs_of_several_files(bench: dict, tmp_path: Path,

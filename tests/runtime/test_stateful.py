@@ -81,6 +81,7 @@ class RuntimeAgainstModel(RuleBasedStateMachine):
         d = SimDriver(devices=3)
         cache = allocate(small_geometry(), plan=_plan(label), driver=d, backend="sim",
                          trace=path)
+        cache.flush_trace()
         s = state_before(load_trace(path), len(load_trace(path).events))
         assert s.phase == "Published"
         assert _model_live(s) == _without_bytes(d.live())
