@@ -27,12 +27,20 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-## Model-check every spec config under specs/ with TLC and print a table.
+## Model-check every spec config with TLC and print a table. It runs the specs as a user
+## gets them: kvgrant built as a wheel, installed (not editable) into its own venv, and
+## `kvgrant verify` started from an empty directory.
+WHEELVENV ?= .venv-wheel
 verify: $(STAMP)
-	$(BIN)/kvgrant verify
+	rm -rf build/wheel $(WHEELVENV)
+	$(BIN)/python -m pip wheel -q --no-deps -w build/wheel .
+	$(PY) -m venv $(WHEELVENV)
+	$(WHEELVENV)/bin/python -m pip install -q -c constraints.txt build/wheel/kvgrant-*.whl
+	d="$$(mktemp -d)" && cd "$$d" && "$(CURDIR)/$(WHEELVENV)/bin/kvgrant" verify; \
+	    rc=$$?; rm -rf "$$d"; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_plan.py
 
 clean:
-	rm -rf $(VENV) $(OUTDIR) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(WHEELVENV) build $(OUTDIR) .pytest_cache .hypothesis

@@ -19,7 +19,6 @@ which the drift guard keeps equal to the spec).
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 import time
@@ -31,6 +30,7 @@ from kvgrant.conformance.model import Constants, ModelState, RankState, enabled,
 from kvgrant.conformance.replay import Verdict
 from kvgrant.conformance.trace_io import Trace, load_trace
 from kvgrant.errors import ToolError
+from kvgrant.specfiles import specs_dir
 
 __all__ = [
     "check_trace_tlc",
@@ -46,14 +46,6 @@ __all__ = [
 TRACE_MODULE = "KVTraceData"
 TRACE_SPEC = "KVLifecycleTrace.tla"
 TRACE_CFG = "TraceKVLifecycle.cfg"
-
-
-def specs_dir() -> Path:
-    """The repository's specs/ folder (``KVGRANT_SPECS`` overrides it)."""
-    env = os.environ.get("KVGRANT_SPECS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "specs"
 
 
 # --- trace -> TLA+ -----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from kvgrant.commands._args import positive_int, positive_seconds
 from kvgrant.conformance.spec_mutants import MUTANTS, run_mutant
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 from kvgrant.errors import ToolError
+from kvgrant.specfiles import specs_dir
 
 __all__ = ["add_parser", "default_specdir", "run", "verify_specs"]
 
@@ -32,7 +33,7 @@ def add_parser(subparsers: Any) -> None:
         description="Run TLC on every MC*.cfg under SPECDIR and print a table; "
                     "exit 1 when any check fails.")
     p.add_argument("specdir", nargs="?", default=None, metavar="SPECDIR",
-                   help="folder of specs (default: ./specs, else the repository's specs/)")
+                   help="folder of specs (default: the specs kvgrant ships; KVGRANT_SPECS)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="S",
                    help="seconds allowed per config (default 600)")
@@ -44,11 +45,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def default_specdir() -> Path:
-    """``./specs`` when it exists, else ``specs/`` next to the kvgrant package."""
-    local = Path("specs")
-    if local.is_dir():
-        return local
-    return Path(__file__).resolve().parents[2] / "specs"
+    """The specs kvgrant ships (``KVGRANT_SPECS`` overrides; see kvgrant.specfiles)."""
+    return specs_dir()
 
 
 def verify_specs(specdir: str | Path, *, timeout: float | None = 600.0, workers: int = 1,
