@@ -624,6 +624,7 @@ def allocate(geometry: "Geometry | str | Path", *,
                 opts.setdefault("devices", max(devs) + 1)
             else:
                 opts.pop("handle_budget", None)  # a real driver's budget is the driver's own
+                opts.pop("host_pool", None)      # and its pool is the real host's
             driver = open_driver(backend, **opts)
     except BaseException as e:
         tw.close()
