@@ -26,7 +26,7 @@ from pathlib import Path
 from kvgrant.errors import LedgerError, LedgerLockTimeout
 from kvgrant.runtime.hostlock import current_process, locked, process_state
 
-__all__ = ["POOL_ENV", "HostPool"]
+__all__ = ["HostPool", "POOL_ENV"]
 
 POOL_ENV = "KVGRANT_SIM_POOL"
 _MAGIC = b"KVGSPOOL"

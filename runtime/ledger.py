@@ -44,11 +44,11 @@ from kvgrant.runtime.hostlock import current_process, locked, process_state
 
 __all__ = [
     "DEFAULT_LEDGER_PATH",
+    "Holder",
+    "HostLedger",
     "LEDGER_ENV",
     "LEDGER_FORMAT",
     "LEDGER_VERSION",
-    "Holder",
-    "HostLedger",
     "Lease",
     "default_ledger_path",
 ]
