@@ -8,7 +8,8 @@ waits for a line on stdin before releasing and printing ``{"released": ...}``.
 ``python _ledger_worker.py fill POOL BUDGET GO_FILE`` maps one 2 MiB allocation again
 and again, granting each mapping to one device, until ``cuMemSetAccess`` fails (the
 measurement of the issue, on the simulated host); it waits for GO_FILE to exist so that
-several fillers start together, and prints ``{"grants": N, "result": NAME}``.
+several fillers start together, prints ``{"grants": N, "result": NAME}``, holds its
+grants until a line arrives on stdin, then unwinds and prints ``{"live_empty": ...}``.
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def _fill(pool: str, budget: str, go_file: str) -> int:
             drv.unmap(va + i * G, G)
             break
         grants += 1
+    # hold the grants until every filler has failed (as the H200 measurement did)
+    print(json.dumps({"grants": grants, "result": result}), flush=True)
+    sys.stdin.readline()
     if grants:
         drv.unmap(va, grants * G)
     drv.release(h)
     drv.free_address(va, n * G)
-    print(json.dumps({"grants": grants, "result": result, "live_empty": drv.live().is_empty()}),
-          flush=True)
+    print(json.dumps({"live_empty": drv.live().is_empty()}), flush=True)
     return 0
 
 
