@@ -1,7 +1,9 @@
 """``kvgrant alloc GEOMETRY``: allocate the cache on every rank, print it, release it.
 
 The README's main job. Allocation is one transaction over all ranks (one process,
-one GPU per rank): it publishes capacities only when every rank succeeded and
+one GPU per rank), after its driver-handle demand was reserved in the host ledger (the
+budget is one pool per host; ``kvgrant budget`` lists who holds it): it publishes
+capacities only when every rank succeeded and
 otherwise unwinds everything and exits non-zero with the error (call, rank, device,
 plane/region, byte range, CUresult, live counts, free memory). ``--fail-at K`` makes
 the K-th driver call fail, to watch the unwinding; ``--trace FILE`` (or
