@@ -228,8 +228,20 @@ class HostPool:
             lk.__exit__()
 
     def close(self) -> None:
-        """Close the file (what this process still holds stays counted until it
-        gives it back or exits: :class:`SimDriver` gives back on close)."""
-        if self._fd >= 0:
+        """Free this object's slot when it holds nothing, and close the file (what it
+        still holds stays counted until this process exits: :class:`SimDriver` gives
+        its grants back before closing)."""
+        if self._fd < 0:
+            return
+        try:
+            if self._slot >= 0 and os.getpid() == self._pid:
+                lk = self._locked()
+                self._enter(lk)
+                try:
+                    if self._mine_now(self._slots()) == 0:
+                        os.pwrite(self._fd, _SLOT.pack(0, 0, 0, 0), self._slot)
+                finally:
+                    lk.__exit__()
+        finally:
             os.close(self._fd)
             self._fd = -1

@@ -233,3 +233,15 @@ def test_the_environment_names_the_pool(tmp_path: Path, monkeypatch: pytest.Monk
     drv.close()
     monkeypatch.setenv("KVGRANT_SIM_POOL", "")
     assert SimDriver(devices=1).host_pool is None
+
+
+def test_closed_pools_free_their_slots(tmp_path: Path) -> None:
+    for _ in range(5):
+        drv = SimDriver(devices=1, handle_budget=4, host_pool=tmp_path / "pool")
+        va = drv.reserve(drv.G, device=0)
+        h = drv.create(drv.G, 0)
+        drv.map(va, drv.G, h)
+        drv.set_access(va, drv.G, [0])
+        drv.close()  # closed with a live grant: given back, slot freed
+    assert (tmp_path / "pool").stat().st_size == 32 + 32  # the header and one slot, reused
+    assert HostPool(tmp_path / "pool", 4).total() == 0
