@@ -192,6 +192,13 @@ def measure(device: int, per_grant: int, limit: int, go_file: str | None = None,
 
 
 # ------------------------------------------------------------------ many processes
+def _answer(p: "subprocess.Popen[str]") -> dict[str, Any]:
+    line = p.stdout.readline()  # type: ignore[union-attr]
+    if not line:
+        raise RuntimeError(f"process {p.pid} ended without an answer (exit status {p.wait()})")
+    return json.loads(line)
+
+
 def run_many(args: argparse.Namespace) -> dict[str, Any]:
     """Start the processes together, let each fail, then release them all."""
     go = os.path.join(tempfile.mkdtemp(prefix="kvgrant-measure-"), "go")
@@ -207,13 +214,13 @@ def run_many(args: argparse.Namespace) -> dict[str, Any]:
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           text=True))
         for p in procs:
-            json.loads(p.stdout.readline())  # type: ignore[union-attr]  # ready
+            _answer(p)  # ready
         open(go, "w").close()
-        held = [json.loads(p.stdout.readline()) for p in procs]  # type: ignore[union-attr]
+        held = [_answer(p) for p in procs]
         for p in procs:
             p.stdin.write("\n")  # type: ignore[union-attr]
             p.stdin.flush()  # type: ignore[union-attr]
-        done = [json.loads(p.stdout.readline()) for p in procs]  # type: ignore[union-attr]
+        done = [_answer(p) for p in procs]
         for p in procs:
             p.wait(timeout=600)
     finally:
@@ -247,10 +254,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.cuda.init()
-    if args.processes > 1:
-        out = run_many(args)
-    else:
-        out = measure(args.device, args.devices_per_grant, args.limit, args.go_file, args.hold)
+    try:
+        if args.processes > 1:
+            out = run_many(args)
+        else:
+            out = measure(args.device, args.devices_per_grant, args.limit, args.go_file,
+                          args.hold)
+    except (RuntimeError, ImportError) as e:  # no driver, no GPU, a child that failed
+        print(f"measure_handle_budget.py: error: {e}", file=sys.stderr)
+        return 1
     if args.json or args.hold:
         print(json.dumps(out), flush=True)
     else:

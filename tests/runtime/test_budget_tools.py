@@ -80,6 +80,29 @@ def test_acceptance_script_passes_on_the_simulated_host(tmp_path: Path) -> None:
     assert "ACCEPTANCE: PASS" in proc.stdout
 
 
+def test_acceptance_script_cuda_path_on_a_fake_driver(tmp_path: Path) -> None:
+    """The cuda path (measure_handle_budget.py alone and with 3 processes at once, then
+    CudaDriver in every worker) against tests/runtime/fakecuda: a stand-in for
+    cuda.bindings whose grants share one pool file, so the tool's and the script's
+    arithmetic and unwinding run here; it proves nothing about the real driver."""
+    out_json = tmp_path / "acc.json"
+    env = dict(os.environ, FAKECUDA_POOL=str(tmp_path / "fakepool"), FAKECUDA_BUDGET="4000",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).with_name("fakecuda")),
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("KVGRANT_LEDGER", None)
+    env.pop("KVGRANT_SIM_POOL", None)
+    proc = subprocess.run([sys.executable, str(TOOLS / "gpu_ledger_acceptance.py"),
+                           "--i-know-the-gpus-are-idle", "--allocations", "300",
+                           "--json-out", str(out_json)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fig = json.loads(out_json.read_text())
+    assert (fig["budget_one_process"], fig["budget"]) == (4000, 4000)
+    assert (fig["filler"], fig["predicted_b_grants"], fig["actual_b_grants"]) == (3100, 300, 300)
+    assert fig["b_preflight"]["kind"] == "HandleBudgetError"
+    assert all(fig["checks"].values())
+
+
 def test_acceptance_script_refuses_cuda_without_the_flag() -> None:
     proc = subprocess.run([sys.executable, str(TOOLS / "gpu_ledger_acceptance.py")],
                           capture_output=True, text=True, timeout=120)
