@@ -262,7 +262,8 @@ class HostLedger:
     def _open(self) -> int:
         for _ in range(2):
             try:
-                return os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                # never through a symbolic link: the default folder is world-writable
+                return os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
             except FileNotFoundError:
                 self._create()
             except OSError as e:

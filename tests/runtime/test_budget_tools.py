@@ -156,3 +156,23 @@ def test_budget_command_reports_a_bad_ledger_without_a_traceback(tmp_path: Path,
     assert cli_main(["budget", "--ledger", str(path), "--repair", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["holders"] == [] and Path(out["kept_bad_content"]).read_bytes() == b"\x00garbage"
+
+
+def test_alloc_cli_refusal_by_the_ledger_names_the_holder_in_json(tmp_path: Path,
+                                                                  capsys: Any) -> None:
+    path = tmp_path / "ledger.json"
+    small = str(ROOT / "examples" / "small.json")
+    with HostLedger(path).reserve(60, geometry="other", label="packed", budget=10**6,
+                                  reserve=0):
+        rc = cli_main(["alloc", small, "--backend", "sim", "--ledger", str(path),
+                       "--handle-budget", "100", "--handle-reserve", "0", "--json"])
+        out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["kind"] == "HandleBudgetError"
+    assert (out["held"], out["budget"], out["reserve"]) == (60, 100, 0)
+    assert [(h["pid"], h["geometry"]) for h in out["holders"]] == [(os.getpid(), "other")]
+    # with pre-flight off it is recorded unchecked, runs (the sim driver has room), and
+    # leaves nothing behind
+    assert cli_main(["alloc", small, "--backend", "sim", "--ledger", str(path),
+                     "--handle-budget", "100", "--no-preflight", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert HostLedger(path).holders() == []

@@ -233,6 +233,15 @@ def test_a_ledger_this_user_cannot_write_is_a_clear_error(book: HostLedger) -> N
         _take(book, 1)
 
 
+def test_a_symbolic_link_is_not_followed(book: HostLedger, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    book.path.symlink_to(victim)
+    with pytest.raises(LedgerError, match="cannot open it"):
+        _take(book, 1)
+    assert victim.read_bytes() == b"precious"
+
+
 def test_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(LedgerError, match="cannot create it"):
         HostLedger(tmp_path / "no" / "such" / "ledger.json").holders()
