@@ -576,20 +576,6 @@ def allocate(geometry: "Geometry | str | Path", *,
         g = fixed_plan.geometry
 
     # -- pre-flight, before any driver call ------------------------------------
-    declared = inject_bug == "grant_declared_readers"
-
-    def checked(gg: Geometry) -> PhysicalPlan:
-        p = fixed_plan if fixed_plan is not None else _resolve_plan(gg, plan)  # type: ignore[arg-type]
-        if check_contract:
-            from kvgrant.layout.contract import require_contract
-
-            require_contract(gg, p)
-        if preflight:
-            demand[0] = check_handle_budget(gg, p, budget, declared=declared, reserve=reserve)
-        else:
-            demand[0] = handle_demand(gg, p, declared=declared)
-        return p
-
     from kvgrant.layout.preflight import (
         DEFAULT_HANDLE_BUDGET,
         DEFAULT_HANDLE_RESERVE,
@@ -597,9 +583,23 @@ def allocate(geometry: "Geometry | str | Path", *,
         handle_demand,
     )
 
+    declared = inject_bug == "grant_declared_readers"
     budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
     reserve = DEFAULT_HANDLE_RESERVE if handle_reserve is None else handle_reserve
-    demand = [0]
+    demand = 0  # of the plan last checked: what the ledger reserves
+
+    def checked(gg: Geometry) -> PhysicalPlan:
+        nonlocal demand
+        p = fixed_plan if fixed_plan is not None else _resolve_plan(gg, plan)  # type: ignore[arg-type]
+        if check_contract:
+            from kvgrant.layout.contract import require_contract
+
+            require_contract(gg, p)
+        if preflight:
+            demand = check_handle_budget(gg, p, budget, declared=declared, reserve=reserve)
+        else:
+            demand = handle_demand(gg, p, declared=declared)
+        return p
 
     the_plan = checked(g)
     for d in devs:
@@ -616,7 +616,7 @@ def allocate(geometry: "Geometry | str | Path", *,
             backend, backend_reason = _auto_backend(max(devs) + 1)
         book = _host_ledger(ledger, getattr(driver, "name", None) or backend)
         if book is not None:  # this process's share of the host's pool, before any driver call
-            lease = book.reserve(demand[0], geometry=g.name, label=the_plan.label,
+            lease = book.reserve(demand, geometry=g.name, label=the_plan.label,
                                  budget=budget, reserve=reserve, check=preflight, devices=devs)
         if driver is None:
             opts = dict(driver_options or {})
@@ -658,7 +658,7 @@ def allocate(geometry: "Geometry | str | Path", *,
             g = parse_geometry(g.model_dump())
             the_plan = checked(g)
             if lease is not None:
-                lease.resize(demand[0], check=preflight)
+                lease.resize(demand, check=preflight)
     except DriverError as e:
         tw.close()
         if owns:
