@@ -5,7 +5,7 @@ Why: the packer's worth is a number of driver objects, and how far it is from th
 provable lower bound. This prints, for every ``examples/*.json`` and for generated
 layouts (``tools/gen_layout.py``'s exporter model): allocations and mappings per rank
 for the naive plan, the reference rule and the packed plan; the lower bound and
-packed / bound; driver handles for the whole host in one process (sum over ranks of
+packed / bound; driver handles for all ranks of the host (sum over ranks of
 mappings x granted devices) with access granted to owner + importers and to every
 declared reader, and the least any contract-keeping plan needs (the bound's counts, or
 the relaxation weighted by handles, whichever is larger); and the wall and CPU time of
@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                           "generated_summary": _summary(generated) if generated else None,
                           "handle_budget": DEFAULT_HANDLE_BUDGET, "failures": bad}, indent=1))
     else:
-        print("Allocations per rank, total (aliased in brackets); handles for the whole host "
-              f"in one process (budget {DEFAULT_HANDLE_BUDGET:,}), granted to owner + importers "
-              "/ to every declared reader.\n")
+        print("Allocations per rank, total (aliased in brackets); handles for all ranks of the "
+              f"host (budget {DEFAULT_HANDLE_BUDGET:,}, one pool for every process and GPU of "
+              "the host), granted to owner + importers / to every declared reader.\n")
         print("## Examples\n")
         print(_table(examples))
         if generated:

@@ -1,4 +1,4 @@
-"""The ``kvgrant`` command: plan, alloc, verify, conform.
+"""The ``kvgrant`` command: plan, alloc, verify, conform, budget.
 
 Each subcommand lives in ``kvgrant/commands/<name>.py`` with ``add_parser`` and
 ``run``; they are imported only when the CLI starts, so a missing optional piece
@@ -18,7 +18,7 @@ from kvgrant.errors import KVGrantError
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("plan", "alloc", "verify", "conform")
+SUBCOMMANDS = ("plan", "alloc", "verify", "conform", "budget")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,9 @@ catch one class; the leaves say which part failed, never the message text::
     │   └── BackendUnavailable the requested backend cannot run here (no GPU, no driver)
     ├── AllocationError        a multi-rank allocation failed and was unwound
     ├── TraceError             a trace file is malformed (line number)
-    └── ToolError              an external tool (Java, TLC) is missing or failed
+    ├── ToolError              an external tool (Java, TLC) is missing or failed
+    └── LedgerError            the host ledger (or simulated host pool) file is unusable
+        └── LedgerLockTimeout  its lock stayed held (``holder_pid`` names the holder)
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = [
     "GeometryError",
     "HandleBudgetError",
     "KVGrantError",
+    "LedgerError",
+    "LedgerLockTimeout",
     "PlanError",
     "ToolError",
     "TraceError",
@@ -59,14 +63,29 @@ class PlanError(KVGrantError):
 
 
 class HandleBudgetError(PlanError):
-    """Pre-flight refusal: the plan's driver-handle demand exceeds the per-process budget."""
+    """Pre-flight refusal: the plan's driver-handle demand, with what other holders on
+    the host already reserved and the reserve for users kvgrant cannot see, exceeds the
+    host's budget (one pool per host, shared by every process and GPU).
+
+    ``holders`` lists the other ledger holders (dicts with pid, geometry, handles, ...);
+    ``held`` is their sum.
+    """
 
     def __init__(self, message: str, *, demand: int, budget: int,
-                 contributors: list[tuple[str, int]] | None = None) -> None:
+                 contributors: list[tuple[str, int]] | None = None, reserve: int = 0,
+                 held: int = 0, holders: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.demand = demand
         self.budget = budget
         self.contributors = list(contributors or [])
+        self.reserve = reserve
+        self.held = held
+        self.holders = list(holders or [])
+
+    @property
+    def overdraw(self) -> int:
+        """Handles beyond the budget: held + demand + reserve - budget."""
+        return self.held + self.demand + self.reserve - self.budget
 
 
 class DriverError(KVGrantError):
@@ -131,3 +150,24 @@ class TraceError(KVGrantError, ValueError):
 
 class ToolError(KVGrantError):
     """An external tool (Java, TLC) is missing or failed to run."""
+
+
+class LedgerError(KVGrantError):
+    """The host ledger (or the simulated host pool) cannot be used: garbage, truncated,
+    written by a newer kvgrant, another host's, or not writable. ``path`` is the file;
+    nothing was reserved."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class LedgerLockTimeout(LedgerError):
+    """The ledger's lock stayed held past the timeout; ``holder_pid`` is the process
+    holding it when it could be found (else None)."""
+
+    def __init__(self, message: str, *, path: str | None = None,
+                 holder_pid: int | None = None, waited_s: float = 0.0) -> None:
+        super().__init__(message, path=path)
+        self.holder_pid = holder_pid
+        self.waited_s = waited_s

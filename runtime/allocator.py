@@ -4,7 +4,10 @@
 into nothing at all:
 
 1. Before any driver call: the plan is checked against the layout contract and its
-   driver-handle demand against the per-process budget (pre-flight).
+   driver-handle demand, plus a reserve for users kvgrant cannot see, against the
+   host's budget (pre-flight); then the demand is reserved in the host ledger, which
+   refuses it when what other processes on the host hold leaves too little (the budget
+   is one pool per host). The lease is released after shutdown or abort.
 2. Capacity: free memory is measured and KV pages chosen to fit (``memory_limit``)
    before anything is created; a failure is never retried smaller.
 3. One :class:`~kvgrant.runtime.transaction.Transaction` for the whole group: rank by
@@ -23,9 +26,10 @@ conformance checker can be shown to reject it.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from kvgrant.errors import AllocationError, DriverError, PlanError
 from kvgrant.gc_pause import gc_paused
@@ -36,6 +40,9 @@ from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.trace import TraceWriter, clock, event_template, open_trace
 from kvgrant.runtime.transaction import Transaction, attach_cleanup_errors
 from kvgrant.runtime.published import Capacity, Counts, Published
+
+if TYPE_CHECKING:
+    from kvgrant.runtime.ledger import HostLedger, Lease
 
 __all__ = ["Capacity", "Counts", "INJECT_BUGS", "Published", "allocate"]  # re-exported
 
@@ -483,6 +490,8 @@ def allocate(geometry: "Geometry | str | Path", *,
              devices: Sequence[int] | None = None,
              memory_limit: "str | int | MemoryLimit | None" = None,
              handle_budget: int | None = None, preflight: bool = True,
+             handle_reserve: int | None = None,
+             ledger: "HostLedger | str | Path | bool | None" = None,
              check_contract: bool = True,
              trace: "str | Path | IO[str] | TraceWriter | None" = None,
              driver_options: Mapping[str, Any] | None = None,
@@ -507,10 +516,19 @@ def allocate(geometry: "Geometry | str | Path", *,
     memory_limit
         ``None``/``"-0G"``: use what is free; ``"-1G"``: keep 1 GiB free per GPU;
         ``"40G"``: use at most 40 GiB per GPU. Pages are fitted before any create.
-    handle_budget, preflight
-        Pre-flight refuses a plan whose driver-handle demand exceeds ``handle_budget``
-        (default ``DEFAULT_HANDLE_BUDGET``) before any driver call; ``preflight=False``
-        skips it (to reproduce the field failure).
+    handle_budget, handle_reserve, preflight
+        Pre-flight refuses a plan whose driver-handle demand + ``handle_reserve``
+        (default ``DEFAULT_HANDLE_RESERVE``, for users kvgrant cannot see) exceeds the
+        host's ``handle_budget`` (default ``DEFAULT_HANDLE_BUDGET``) before any driver
+        call; ``preflight=False`` skips it and the ledger's refusal (to reproduce the
+        field failure), but the lease is still recorded so others see it.
+    ledger
+        The host ledger (:class:`~kvgrant.runtime.ledger.HostLedger` or its path) in
+        which the demand is reserved before the first driver call and released after
+        shutdown or abort. ``None``: the default ledger (``KVGRANT_LEDGER`` or
+        ``/dev/shm/kvgrant-ledger.json``) for the cuda backend; for sim only when
+        ``KVGRANT_LEDGER`` is set (a simulated driver spends no real handles).
+        ``False``: no ledger.
     check_contract
         Refuse a plan that breaks the layout contract before any driver call
         (``False`` only for benchmark floors that deliberately map no regions).
@@ -527,7 +545,10 @@ def allocate(geometry: "Geometry | str | Path", *,
     Raises
     ------
     ContractError, HandleBudgetError, PlanError
-        Before any driver object exists.
+        Before any driver object exists (HandleBudgetError from the ledger names the
+        other holders).
+    LedgerError
+        The ledger file cannot be used (garbage, newer version, stuck lock).
     AllocationError
         A driver step failed; every rank was unwound (LIFO), nothing was published.
         The error names call, rank, device, plane/region, byte range, CUresult, live
@@ -555,19 +576,29 @@ def allocate(geometry: "Geometry | str | Path", *,
         g = fixed_plan.geometry
 
     # -- pre-flight, before any driver call ------------------------------------
+    from kvgrant.layout.preflight import (
+        DEFAULT_HANDLE_BUDGET,
+        DEFAULT_HANDLE_RESERVE,
+        check_handle_budget,
+        handle_demand,
+    )
+
     declared = inject_bug == "grant_declared_readers"
+    budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
+    reserve = DEFAULT_HANDLE_RESERVE if handle_reserve is None else handle_reserve
+    demand = 0  # of the plan last checked: what the ledger reserves
 
     def checked(gg: Geometry) -> PhysicalPlan:
+        nonlocal demand
         p = fixed_plan if fixed_plan is not None else _resolve_plan(gg, plan)  # type: ignore[arg-type]
         if check_contract:
             from kvgrant.layout.contract import require_contract
 
             require_contract(gg, p)
         if preflight:
-            from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET, check_handle_budget
-
-            budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
-            check_handle_budget(gg, p, budget, declared=declared)
+            demand = check_handle_budget(gg, p, budget, declared=declared, reserve=reserve)
+        else:
+            demand = handle_demand(gg, p, declared=declared)
         return p
 
     the_plan = checked(g)
@@ -579,15 +610,26 @@ def allocate(geometry: "Geometry | str | Path", *,
     # -- driver and capacity ------------------------------------------------------
     owns = driver is None
     backend_reason = "given" if driver is not None else f"asked for {backend!r}"
-    if driver is None:
-        opts = dict(driver_options or {})
-        if backend == "auto":
+    lease: Lease | None = None
+    try:
+        if driver is None and backend == "auto":
             backend, backend_reason = _auto_backend(max(devs) + 1)
-        if backend == "sim":
-            opts.setdefault("devices", max(devs) + 1)
-        else:
-            opts.pop("handle_budget", None)  # a real driver's budget is the driver's own
-        driver = open_driver(backend, **opts)
+        book = _host_ledger(ledger, getattr(driver, "name", None) or backend)
+        if book is not None:  # this process's share of the host's pool, before any driver call
+            lease = book.reserve(demand, geometry=g.name, label=the_plan.label,
+                                 budget=budget, reserve=reserve, check=preflight, devices=devs)
+        if driver is None:
+            opts = dict(driver_options or {})
+            if backend == "sim":
+                opts.setdefault("devices", max(devs) + 1)
+            else:
+                opts.pop("handle_budget", None)  # a real driver's budget is the driver's own
+                opts.pop("host_pool", None)      # and its pool is the real host's
+            driver = open_driver(backend, **opts)
+    except BaseException as e:
+        tw.close()
+        _drop_lease(lease, e)
+        raise
     try:
         if driver.device_count() <= max(devs):
             raise PlanError(f"topology.ranks = {nranks} needs devices {devs} (one GPU per rank); "
@@ -615,18 +657,23 @@ def allocate(geometry: "Geometry | str | Path", *,
 
             g = parse_geometry(g.model_dump())
             the_plan = checked(g)
+            if lease is not None:
+                lease.resize(demand, check=preflight)
     except DriverError as e:
         tw.close()
         if owns:
             driver.close()
-        raise AllocationError(
+        err = AllocationError(
             f"{e.call} failed with {e.result_name} on device {e.device} before anything was "
             f"created; nothing was published. Cause: {e}", cause=e, device=e.device,
-            call=e.call, result_name=e.result_name, live=driver.live().as_dict()) from e
-    except BaseException:
+            call=e.call, result_name=e.result_name, live=driver.live().as_dict())
+        _drop_lease(lease, err)
+        raise err from e
+    except BaseException as e:
         tw.close()
         if owns:
             driver.close()
+        _drop_lease(lease, e)
         raise
 
     capacity = Capacity(pages=g.pages, page_tokens=g.page_tokens,
@@ -639,6 +686,8 @@ def allocate(geometry: "Geometry | str | Path", *,
     with gc_paused():
         t0 = time.perf_counter()
         txn = Transaction()
+        if lease is not None:
+            txn.push(lease.release)  # the last undo: after every handle is gone
         try:
             run.header()
             run.build(txn)
@@ -660,6 +709,32 @@ def allocate(geometry: "Geometry | str | Path", *,
         startup = time.perf_counter() - t0
     return Published(run, teardown, capacity, fit, startup, owns, run.counts(),
                      backend_reason)
+
+
+def _host_ledger(ledger: "HostLedger | str | Path | bool | None", backend: str
+                 ) -> "HostLedger | None":
+    """The ledger to reserve in (see ``allocate``'s ``ledger``), or None."""
+    from kvgrant.runtime.ledger import LEDGER_ENV, HostLedger
+
+    if ledger is False:
+        return None
+    if isinstance(ledger, HostLedger):
+        return ledger
+    if ledger is None or ledger is True:
+        if backend == "cuda" or ledger is True or os.environ.get(LEDGER_ENV):
+            return HostLedger()
+        return None
+    return HostLedger(ledger)
+
+
+def _drop_lease(lease: "Lease | None", err: BaseException) -> None:
+    """Release ``lease`` after a failure; a failed release is attached to ``err``."""
+    if lease is None:
+        return
+    try:
+        lease.release()
+    except Exception as e:  # noqa: BLE001 - never hide the first error
+        attach_cleanup_errors(err, [e])
 
 
 def _auto_backend(needed: int) -> tuple[str, str]:

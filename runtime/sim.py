@@ -22,11 +22,14 @@ the real driver returns):
 * physical memory returns to its device only when the last handle *and* the last
   mapping (and any exported fd) are gone; ``create`` beyond free memory fails with
   CUDA_ERROR_OUT_OF_MEMORY;
-* the per-process driver-handle budget: every (mapping, granted device) pair spends one
-  handle; a ``set_access`` that would exceed ``handle_budget`` fails with
-  CUDA_ERROR_OUT_OF_MEMORY while memory is still free, as measured on an H200 with
-  driver 580 (523,880 grants succeed; the 523,881st fails). Allocations and ungranted
-  mappings spend nothing.
+* the driver-handle budget: every (mapping, granted device) pair spends one handle; a
+  ``set_access`` that would exceed ``handle_budget`` fails with CUDA_ERROR_OUT_OF_MEMORY
+  while memory is still free, as measured on an H200 with driver 580 (523,880 grants
+  succeed; the 523,881st fails). Allocations and ungranted mappings spend nothing. On a
+  real host that budget is one pool for every process and GPU; a driver given a
+  ``host_pool`` (or ``KVGRANT_SIM_POOL``) draws from a pool shared with the SimDrivers of
+  other processes (:mod:`kvgrant.runtime.hostpool`); without one it counts alone, as if
+  it were the only process on its host.
 
 Each of these results was checked against the real driver on an H200 (driver 580,
 see ``docs/drivers.md``), except the budget (measured separately, not re-run), a map
@@ -37,6 +40,7 @@ only "an error" was confirmed.
 from __future__ import annotations
 
 import bisect
+import os
 from collections import Counter
 from typing import Mapping, Sequence
 
@@ -44,6 +48,7 @@ from kvgrant.errors import DriverError
 from kvgrant.runtime.cuda_errors import driver_error
 from kvgrant.runtime.driver import LiveCounts
 from kvgrant.runtime.faults import Fault, FaultPlan, FaultState
+from kvgrant.runtime.hostpool import POOL_ENV, HostPool
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -56,7 +61,7 @@ __all__ = [
 DEFAULT_DEVICES = 8
 DEFAULT_GRANULARITY = 2 * 1024 * 1024
 H200_MEMORY_BYTES = 150_109_880_320         # cuMemGetInfo total of one H200, driver 580
-DEFAULT_HANDLE_BUDGET = 523_880             # (mapping, device) grants one process can hold
+DEFAULT_HANDLE_BUDGET = 523_880             # (mapping, device) grants a host can hold
 
 _VA_BASE = 0x7F00_0000_0000                  # where simulated reservations start
 _PAGE = 1 << 16                              # lazy byte-store page size
@@ -114,8 +119,12 @@ class SimDriver:
     granularity : int
         Allocation granularity G, a power of two (default 2 MiB, as on H200).
     handle_budget : int
-        Per-process (mapping, granted device) pairs before ``set_access`` fails with
-        CUDA_ERROR_OUT_OF_MEMORY.
+        (mapping, granted device) pairs the simulated host holds before ``set_access``
+        fails with CUDA_ERROR_OUT_OF_MEMORY: this driver's alone, or the shared pool's.
+    host_pool : path, HostPool, or None
+        A pool file shared with the SimDrivers of other processes on one simulated host
+        (:class:`~kvgrant.runtime.hostpool.HostPool`, made with ``handle_budget``);
+        None reads ``KVGRANT_SIM_POOL`` (unset or empty: no pool, this driver alone).
     faults : FaultPlan, Fault, list of Fault/dict, or None
         Calls to fail on purpose (see :mod:`kvgrant.runtime.faults`).
     used_by_others : int or mapping device -> int
@@ -130,7 +139,8 @@ class SimDriver:
                  granularity: int = DEFAULT_GRANULARITY,
                  handle_budget: int = DEFAULT_HANDLE_BUDGET,
                  faults: FaultPlan | Fault | Sequence[Fault | Mapping[str, object]] | None = None,
-                 used_by_others: int | Mapping[int, int] = 0) -> None:
+                 used_by_others: int | Mapping[int, int] = 0,
+                 host_pool: "str | os.PathLike[str] | HostPool | None" = None) -> None:
         _require_int("devices", devices, minimum=1)
         _require_int("memory_per_device", memory_per_device, minimum=0)
         _require_int("granularity", granularity, minimum=1)
@@ -166,6 +176,12 @@ class SimDriver:
         self._grants = 0
         self._reserved = 0
         self._closed = False
+        if host_pool is None:
+            host_pool = os.environ.get(POOL_ENV) or None
+        self._owns_pool = host_pool is not None and not isinstance(host_pool, HostPool)
+        self.host_pool: HostPool | None = (
+            HostPool(host_pool, handle_budget) if self._owns_pool  # type: ignore[arg-type]
+            else host_pool)  # type: ignore[assignment]
 
     # ----------------------------------------------------------------- bookkeeping
     def _enter(self, call: str, device: int | None, va: int | None = None,
@@ -420,11 +436,15 @@ class SimDriver:
         assert r is not None
         i = bisect.bisect_left(r.starts, va)
         del r.starts[i:i + len(maps)]
+        dropped = 0
         for m in maps:
             del r.maps[m.va]
-            self._grants -= len(m.access)
+            dropped += len(m.access)
             self._mappings -= 1
             self._drop_ref(m.phys)
+        self._grants -= dropped
+        if self.host_pool is not None and dropped:
+            self.host_pool.give(dropped)
 
     def set_access(self, va: int, size: int, devices: Sequence[int]) -> None:
         call = "cuMemSetAccess"
@@ -438,7 +458,19 @@ class SimDriver:
         wanted = {self._check_device(d, call) for d in devices}
         maps = self._whole_mappings(va, size, call, dev)
         new = sum(len(wanted - m.access) for m in maps)
-        if self._grants + new > self.handle_budget:
+        if self.host_pool is not None:
+            if new:
+                ok, held = self.host_pool.take(new)
+                if not ok:
+                    free = self.memory_per_device - self._others[dev or 0] - self._used[
+                        dev or 0]
+                    raise self._err(
+                        _OOM, f"driver handle budget of the host exhausted: {held} (mapping, "
+                        f"device) grants live on the host ({self._grants} of them this "
+                        f"driver's) + {new} new > budget {self.handle_budget} (pool "
+                        f"{self.host_pool.path}), while {free} bytes are still free on "
+                        f"device {dev}", call, dev, va, size)
+        elif self._grants + new > self.handle_budget:
             free = self.memory_per_device - self._others[dev or 0] - self._used[dev or 0]
             raise self._err(
                 _OOM, f"driver handle budget exhausted: {self._grants} (mapping, device) "
@@ -514,7 +546,13 @@ class SimDriver:
         return bytes(out)
 
     def close(self) -> None:
-        """Refuse further calls (CUDA_ERROR_DEINITIALIZED); live counts stay readable."""
+        """Refuse further calls (CUDA_ERROR_DEINITIALIZED); live counts stay readable.
+        A host pool gets back the grants still live (a destroyed context frees them)."""
+        if not self._closed and self.host_pool is not None:
+            if self._grants:
+                self.host_pool.give(self._grants)
+            if self._owns_pool:
+                self.host_pool.close()
         self._closed = True
 
 

@@ -1,7 +1,9 @@
 """``kvgrant alloc GEOMETRY``: allocate the cache on every rank, print it, release it.
 
 The README's main job. Allocation is one transaction over all ranks (one process,
-one GPU per rank): it publishes capacities only when every rank succeeded and
+one GPU per rank), after its driver-handle demand was reserved in the host ledger (the
+budget is one pool per host; ``kvgrant budget`` lists who holds it): it publishes
+capacities only when every rank succeeded and
 otherwise unwinds everything and exits non-zero with the error (call, rank, device,
 plane/region, byte range, CUresult, live counts, free memory). ``--fail-at K`` makes
 the K-th driver call fail, to watch the unwinding; ``--trace FILE`` (or
@@ -15,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from kvgrant.errors import AllocationError, KVGrantError
+from kvgrant.errors import AllocationError, HandleBudgetError, KVGrantError
 
 from kvgrant.commands._args import count, exit_status, positive_int
 
@@ -50,17 +52,28 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--fail-at", type=positive_int, default=None, metavar="K",
                    help="inject CUDA_ERROR_OUT_OF_MEMORY at the K-th driver call (1-based)")
     p.add_argument("--handle-budget", type=count, default=None, metavar="N",
-                   help="per-process driver-handle budget for the pre-flight check "
-                        "(default 523,880, measured on H200 / driver 580)")
+                   help="the host's driver-handle budget, one pool for every process and GPU "
+                        "(default 523,880, measured on H200 / driver 580; "
+                        "tools/measure_handle_budget.py measures yours)")
+    p.add_argument("--handle-reserve", type=count, default=None, metavar="N",
+                   help="handles kept for users kvgrant cannot see (NCCL, PyTorch, other "
+                        "engines; default 4,096)")
+    p.add_argument("--ledger", default=None, metavar="PATH",
+                   help="host ledger file (default KVGRANT_LEDGER or "
+                        "/dev/shm/kvgrant-ledger.json; used by the sim backend only when given)")
     p.add_argument("--no-preflight", action="store_true",
-                   help="skip the handle-budget pre-flight (reproduces the field failure)")
+                   help="skip the handle-budget pre-flight and the ledger's refusal (the lease "
+                        "is still recorded; reproduces the field failure)")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="run the layout on N ranks that all import each other (e.g. a "
                         "16-rank published layout on the 2 GPUs a test host has)")
     p.add_argument("--devices", default=None, metavar="LIST",
                    help="comma-separated CUDA ordinal of each rank (default 0..ranks-1)")
     p.add_argument("--sim-handle-budget", type=count, default=None, metavar="N",
-                   help="sim backend only: the simulated driver's handle budget")
+                   help="sim backend only: the simulated host's handle budget")
+    p.add_argument("--sim-pool", default=None, metavar="PATH",
+                   help="sim backend only: a handle pool file shared with the sim drivers of "
+                        "other processes (or set KVGRANT_SIM_POOL)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -73,6 +86,8 @@ def _driver_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["faults"] = [Fault(nth=args.fail_at)]
     if args.sim_handle_budget is not None:
         opts["handle_budget"] = args.sim_handle_budget
+    if args.sim_pool is not None:
+        opts["host_pool"] = args.sim_pool
     return opts
 
 
@@ -121,11 +136,16 @@ def run(args: argparse.Namespace) -> int:
         pub = allocate(geometry, plan=args.plan, backend=args.backend, devices=devices,
                        memory_limit=args.memory_limit, handle_budget=args.handle_budget,
                        preflight=not args.no_preflight, trace=args.trace,
+                       handle_reserve=args.handle_reserve, ledger=args.ledger,
                        driver_options=_driver_options(args))
     except KVGrantError as err:
         if args.json:
             out: dict[str, object] = {"ok": False, "kind": type(err).__name__,
                                       "error": str(err)}
+            if isinstance(err, HandleBudgetError):
+                out.update({"demand": err.demand, "budget": err.budget,
+                            "reserve": err.reserve, "held": err.held,
+                            "holders": err.holders})
             if isinstance(err, AllocationError):
                 out.update({"call": err.call, "rank": err.rank, "device": err.device,
                             "result": err.result_name, "target": err.target,

@@ -2,9 +2,9 @@
 
 Prints per rank bytes, allocations, mappings, access grants and driver handles
 (mappings x granted devices), the allocation lower bound, the largest conflict set,
-and the pre-flight: the driver-handle demand of the whole host run as one process
-against the per-process budget, with grants to owner + importers and to every
-declared reader, so a user sees before start-up whether it will fail. ``--json``
+and the pre-flight: the driver-handle demand of all ranks against the host's budget
+(one pool for every process and GPU of the host), with grants to owner + importers
+and to every declared reader, so a user sees before start-up whether it will fail. ``--json``
 prints the same plus every allocation of the packed plan.
 """
 
@@ -29,8 +29,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("geometry", metavar="GEOMETRY", help="geometry JSON file")
     p.add_argument("--handle-budget", type=count, default=DEFAULT_HANDLE_BUDGET,
                    metavar="N",
-                   help=f"driver handles one process may hold (default {DEFAULT_HANDLE_BUDGET:,},"
-                        " measured on an H200 with driver 580)")
+                   help=f"driver handles the whole host may hold, over every process and GPU "
+                        f"(default {DEFAULT_HANDLE_BUDGET:,}, measured on an H200 with driver 580)")
     p.add_argument("--json", action="store_true",
                    help="machine-readable output, including the packed plan's allocations")
     p.set_defaults(run=run)

@@ -1,12 +1,17 @@
-"""Pre-flight: will a host run as one process exhaust the driver-handle budget?
+"""Pre-flight: will a plan exhaust the host's driver-handle budget?
 
-Why: the driver hands out resource handles per process and counts (mapping, granted
-device) pairs. On an H200 with driver 580, ``cuMemSetAccess`` returned
-CUDA_ERROR_OUT_OF_MEMORY after 523,880 single-device grants (261,940 two-device
-grants) of one 2 MiB allocation with 139 GiB free; extra allocations and ungranted
-mappings did not lower that. So the demand is the sum over ranks of mappings x
-granted devices, and a plan that overdraws it can be refused before start-up
-instead of failing half-way through.
+Why: the driver counts (mapping, granted device) pairs against one pool per *host*,
+shared by every process and GPU on it. On H200s with driver 580, ``cuMemSetAccess``
+returned CUDA_ERROR_OUT_OF_MEMORY after 524,007 single-device grants of one 2 MiB
+allocation in a fresh process (523,880 with PyTorch loaded; 261,940 two-device grants)
+with 139 GiB free, and two processes at once failed at the same total together
+(265,147 + 258,740 on two GPUs); extra allocations and ungranted mappings did not
+lower it. So a plan's demand is the sum over its ranks of mappings x granted devices,
+and it fits when that demand, what other kvgrant processes on the host hold (the host
+ledger, :mod:`kvgrant.runtime.ledger`) and a reserve for users kvgrant cannot see
+(NCCL's cuMem buffers, PyTorch expandable segments, other engines) stay within the
+budget. This module checks the part it can see alone (demand + reserve); the ledger
+adds the other holders atomically.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_HANDLE_BUDGET",
+    "DEFAULT_HANDLE_RESERVE",
     "HandleDemand",
     "check_handle_budget",
     "handle_demand",
@@ -30,12 +36,18 @@ __all__ = [
 ]
 
 DEFAULT_HANDLE_BUDGET = 523_880
-"""(mapping, device) grants one process got before cuMemSetAccess failed (H200, driver 580)."""
+"""(mapping, device) grants a host held before cuMemSetAccess failed (H200, driver 580,
+one process with PyTorch loaded; 524,007 in a fresh process). Measure yours with
+``tools/measure_handle_budget.py`` on an idle host."""
+
+DEFAULT_HANDLE_RESERVE = 4_096
+"""Handles kept for users kvgrant cannot see on the host (NCCL cuMem buffers, PyTorch
+expandable segments, another engine); ``--handle-reserve`` changes it."""
 
 
 @dataclass(frozen=True)
 class HandleDemand:
-    """Driver-handle demand of one plan over a whole host run as one process.
+    """Driver-handle demand of one plan over all the ranks it runs (in one process).
 
     ``per_rank[r]`` and ``per_target["plane:NAME" | "region:NAME"]`` each sum to
     ``total``; ``mappings`` counts every mapping of every rank (granted or not).
@@ -90,27 +102,32 @@ def handle_demand(g: "Geometry", plan: "PhysicalPlan", declared: bool = False) -
 
 
 def check_handle_budget(g: "Geometry", plan: "PhysicalPlan",
-                        budget: int = DEFAULT_HANDLE_BUDGET, declared: bool = False) -> int:
-    """Return the demand, or raise :class:`HandleBudgetError` when it exceeds ``budget``.
+                        budget: int = DEFAULT_HANDLE_BUDGET, declared: bool = False, *,
+                        reserve: int = 0) -> int:
+    """Return the demand, or raise :class:`HandleBudgetError` when demand + ``reserve``
+    exceeds ``budget`` (the host's; other kvgrant holders are the ledger's check).
 
     Raises
     ------
     HandleBudgetError
-        Naming demand, budget, the overdraw and the largest contributors (per
+        Naming demand, reserve, budget, the overdraw and the largest contributors (per
         plane/region and per rank); nothing has touched the driver yet.
     ValueError
-        ``budget`` is not a non-negative integer.
+        ``budget`` or ``reserve`` is not a non-negative integer.
     """
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
-        raise ValueError(f"budget = {budget!r}: must be a non-negative integer")
+    for name, v in (("budget", budget), ("reserve", reserve)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} = {v!r}: must be a non-negative integer")
     d = handle_demand_breakdown(g, plan, declared=declared)
-    if d.total <= budget:
+    if d.total + reserve <= budget:
         return d.total
     top = d.contributors(limit=3)
     shown = ", ".join(f"{name} {n:,}" for name, n in top)
     who = "declared readers" if declared else "owner + importers"
+    kept = f" + a reserve of {reserve:,} for other users of the host" if reserve else ""
     raise HandleBudgetError(
         f"{plan.label} plan of {g.name!r} needs {d.total:,} driver handles (mappings x "
-        f"granted devices, grants to {who}, {g.topology.ranks} ranks in one process) but "
-        f"the per-process budget is {budget:,} (over by {d.total - budget:,}); largest: "
-        f"{shown}", demand=d.total, budget=budget, contributors=d.contributors())
+        f"granted devices, grants to {who}, {g.topology.ranks} ranks){kept}, but the "
+        f"host's budget is {budget:,}, one pool for every process and GPU on it (over by "
+        f"{d.total + reserve - budget:,}); largest: {shown}", demand=d.total, budget=budget,
+        contributors=d.contributors(), reserve=reserve)

@@ -197,8 +197,9 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
                          f"{rf.allocations:>12,} {rf.mappings:>9,} {rf.grants:>7,} "
                          f"{rf.handles:>10,} {rf.handles_declared:>18,}")
     lines.append("")
-    lines.append(f"pre-flight: one process for all {g.topology.ranks} ranks, budget "
-                 f"{budget:,} driver handles (mapping x granted device) per process")
+    lines.append(f"pre-flight: all {g.topology.ranks} ranks, budget {budget:,} driver handles "
+                 "(mapping x granted device) for the whole host, shared by every process and "
+                 "GPU on it (what others hold: kvgrant budget)")
     header = f"{'plan':<10} {'grants to':<18} {'demand':>10} {'margin':>10}  verdict"
     lines += [header, "-" * len(header)]
     for f in figures:

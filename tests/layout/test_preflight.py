@@ -1,4 +1,4 @@
-"""Pre-flight: driver-handle demand of a host run as one process, against the budget."""
+"""Pre-flight: driver-handle demand of all ranks, plus a reserve, against the host's budget."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from kvgrant.layout.geometry import Geometry, parse_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.preflight import (
     DEFAULT_HANDLE_BUDGET,
+    DEFAULT_HANDLE_RESERVE,
     check_handle_budget,
     handle_demand,
     handle_demand_breakdown,
@@ -96,6 +97,25 @@ def test_bad_budget_is_a_clear_value_error() -> None:
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="budget"):
             check_handle_budget(g, simple_plan(g), bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="reserve = "):
+            check_handle_budget(g, simple_plan(g), 100, reserve=bad)  # type: ignore[arg-type]
+
+
+def test_the_reserve_counts_against_the_host_budget() -> None:
+    g = parse_geometry(geometry_dict())
+    plan = simple_plan(g)
+    assert check_handle_budget(g, plan, 50, reserve=4) == 46  # 46 + 4 = 50 fits
+    with pytest.raises(HandleBudgetError) as info:
+        check_handle_budget(g, plan, 50, reserve=5)
+    err = info.value
+    assert (err.demand, err.budget, err.reserve, err.overdraw) == (46, 50, 5, 1)
+    text = str(err)
+    assert "reserve of 5" in text and "over by 1" in text
+    assert "one pool for every process and GPU" in text and "per-process" not in text
+
+
+def test_default_budget_and_reserve_are_the_documented_figures() -> None:
+    assert (DEFAULT_HANDLE_BUDGET, DEFAULT_HANDLE_RESERVE) == (523_880, 4_096)
 
 
 def test_published_scale_overdeclared_readers_exceed_the_budget() -> None:

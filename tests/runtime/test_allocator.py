@@ -299,7 +299,8 @@ def test_naive_fails_like_the_field_and_packed_fits_the_same_budget(tmp_path: Pa
     assert sum(drv2.calls.values()) == 0
     # the packed plan: same bytes, same budget, published
     drv3 = SimDriver(devices=3, handle_budget=budget)
-    with allocate(g, plan="packed", driver=drv3, handle_budget=budget) as pub:
+    with allocate(g, plan="packed", driver=drv3, handle_budget=budget,
+                  handle_reserve=0) as pub:
         assert pub.counts.grants == handle_demand(g, packed)
         assert pub.capacity.kv_tokens == g.pages * g.page_tokens
     assert drv3.live().is_empty()

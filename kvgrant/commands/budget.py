@@ -1,0 +1,72 @@
+"""``kvgrant budget``: who holds the host's driver handles, per the host ledger.
+
+The driver-handle budget is one pool for every process and GPU of a host. Every kvgrant
+process records its share in the host ledger before its first driver call; this lists
+the holders (dead ones are reaped first), their total, the budget, the reserve kept for
+users kvgrant cannot see, and the margin left. ``--repair`` makes an unreadable ledger
+usable again (its content is kept next to it). ``--json`` prints one object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from kvgrant.commands._args import count
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> None:
+    from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET, DEFAULT_HANDLE_RESERVE
+
+    p = subparsers.add_parser(
+        "budget", help="list the host ledger: holders of driver handles, total, margin",
+        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("--ledger", default=None, metavar="PATH",
+                   help="ledger file (default KVGRANT_LEDGER or /dev/shm/kvgrant-ledger.json)")
+    p.add_argument("--handle-budget", type=count, default=DEFAULT_HANDLE_BUDGET, metavar="N",
+                   help=f"the host's budget (default {DEFAULT_HANDLE_BUDGET:,})")
+    p.add_argument("--handle-reserve", type=count, default=DEFAULT_HANDLE_RESERVE, metavar="N",
+                   help=f"kept for users kvgrant cannot see (default {DEFAULT_HANDLE_RESERVE:,})")
+    p.add_argument("--repair", action="store_true",
+                   help="make an unreadable ledger usable (only when no kvgrant process runs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgrant.runtime.ledger import HostLedger
+
+    ledger = HostLedger(args.ledger)
+    aside = ledger.repair() if args.repair else None
+    holders = ledger.holders()
+    held = sum(h.handles for h in holders)
+    margin = args.handle_budget - held - args.handle_reserve
+    out: dict[str, Any] = {
+        "ledger": str(ledger.path), "holders": [h.as_dict() for h in holders], "held": held,
+        "budget": args.handle_budget, "reserve": args.handle_reserve, "margin": margin,
+        "reaped": [h.as_dict() for h in ledger.reaped],
+        "repaired": args.repair, "kept_bad_content": None if aside is None else str(aside)}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"host ledger {ledger.path}: {len(holders)} holder(s)")
+    if args.repair:
+        print("  repaired: " + (f"the unreadable content is kept at {aside}; the ledger is "
+                                "empty now" if aside else "the ledger was readable"))
+    for h in ledger.reaped:
+        print(f"  reaped (process gone): {h.describe()}")
+    if holders:
+        print(f"  {'pid':>8} {'geometry':<24} {'plan':<10} {'devices':<12} {'handles':>10}  since")
+        for h in holders:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.since))
+            flag = "" if h.checked else "  (pre-flight off)"
+            print(f"  {h.pid:>8} {h.geometry[:24]:<24} {h.label[:10]:<10} "
+                  f"{','.join(map(str, h.devices))[:12]:<12} {h.handles:>10,}  {since}{flag}")
+    print(f"  held {held:,} + reserve {args.handle_reserve:,} of budget "
+          f"{args.handle_budget:,}: margin {margin:+,}" + ("" if margin >= 0 else
+                                                           "  (OVERCOMMITTED)"))
+    return 0

@@ -1,0 +1,474 @@
+"""The host ledger: every kvgrant process on a host records its driver-handle share.
+
+Why: the driver's handle budget (granted (mapping, device) pairs, about 524k on an H200
+with driver 580) is one pool per host, not per process: two processes on two GPUs
+together failed at the same total as one process alone (docs/drivers.md). A process can
+only predict its failure if it knows what the others hold. So each kvgrant process
+reserves its share here *before its first driver call* and releases it after shutdown
+or abort; a reservation that would not fit, with what the others hold and a reserve for
+users kvgrant cannot see (NCCL, PyTorch, other engines), is refused, naming the holders.
+
+The ledger is one JSON file (default ``/dev/shm/kvgrant-ledger.json``; ``KVGRANT_LEDGER``
+or ``HostLedger(path)`` override it) guarded by ``flock``; no server runs. Entries of
+processes that died, or whose pid now belongs to another process, are reaped under the
+lock. A file that is not a ledger (garbage, truncated, written by a newer kvgrant,
+another host's) is never guessed at: it raises :class:`~kvgrant.errors.LedgerError`
+saying what is wrong and how to repair it (:meth:`HostLedger.repair`, ``kvgrant budget
+--repair``). A lock held past the timeout raises
+:class:`~kvgrant.errors.LedgerLockTimeout` naming the process that holds it.
+
+Format (version 1), one JSON line (anything after the first newline is ignored, so a
+writer that died between writing and truncating leaves a readable file)::
+
+    {"format": "kvgrant-host-ledger", "version": 1, "host": "node7", "boot_id": "...",
+     "holders": [{"id": "...", "pid": 4242, "start": 123456, "pidns": "pid:[4026531836]",
+                  "host": "node7", "geometry": "published-dcp8", "label": "packed",
+                  "handles": 349328, "budget": 523880, "reserve": 4096, "checked": true,
+                  "devices": [0, 1], "since": 1764520000.0}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvgrant.errors import HandleBudgetError, LedgerError, LedgerLockTimeout
+from kvgrant.runtime.hostlock import current_process, locked, process_state
+
+__all__ = [
+    "DEFAULT_LEDGER_PATH",
+    "Holder",
+    "HostLedger",
+    "LEDGER_ENV",
+    "LEDGER_FORMAT",
+    "LEDGER_VERSION",
+    "Lease",
+    "default_ledger_path",
+]
+
+LEDGER_ENV = "KVGRANT_LEDGER"
+LEDGER_FORMAT = "kvgrant-host-ledger"
+LEDGER_VERSION = 1
+DEFAULT_LEDGER_PATH = "/dev/shm/kvgrant-ledger.json"
+_DEFAULT_TIMEOUT_S = 10.0
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "id": str, "pid": int, "start": int, "pidns": str, "host": str, "geometry": str,
+    "label": str, "handles": int, "budget": int, "reserve": int, "checked": bool,
+    "devices": list, "since": (int, float)}
+
+
+def default_ledger_path() -> Path:
+    """``$KVGRANT_LEDGER``, else ``/dev/shm/kvgrant-ledger.json`` (the temp dir where
+    there is no /dev/shm)."""
+    env = os.environ.get(LEDGER_ENV)
+    if env:
+        return Path(env)
+    if os.path.isdir("/dev/shm"):
+        return Path(DEFAULT_LEDGER_PATH)
+    return Path(tempfile.gettempdir()) / "kvgrant-ledger.json"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One reservation in the ledger (one kvgrant allocation, or one rank's share)."""
+
+    id: str
+    pid: int
+    start: int
+    pidns: str
+    host: str
+    geometry: str
+    label: str
+    handles: int
+    budget: int
+    reserve: int
+    checked: bool              # False: recorded with pre-flight off (no refusal)
+    devices: tuple[int, ...] = field(default=())
+    since: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["devices"] = list(self.devices)
+        return d
+
+    def describe(self) -> str:
+        """``pid 4242 'published-dcp8' (packed, devices [0, 1]) 349,328 handles``."""
+        devs = f", devices {list(self.devices)}" if self.devices else ""
+        unchecked = ", pre-flight off" if not self.checked else ""
+        return (f"pid {self.pid} {self.geometry!r} ({self.label}{devs}{unchecked}) "
+                f"{self.handles:,} handles")
+
+
+def _holder(obj: object, i: int) -> Holder:
+    if not isinstance(obj, dict):
+        raise ValueError(f"holders[{i}] is not an object")
+    for name, typ in _FIELDS.items():
+        v = obj.get(name)
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            raise ValueError(f"holders[{i}].{name} = {v!r}: missing or not "
+                             f"{getattr(typ, '__name__', typ)}")
+    if obj["handles"] < 0 or not all(isinstance(d, int) for d in obj["devices"]):
+        raise ValueError(f"holders[{i}]: handles < 0 or devices not integers")
+    return Holder(**{k: obj[k] for k in _FIELDS if k != "devices"},
+                  devices=tuple(obj["devices"]))
+
+
+class _File:
+    """The open ledger file, its lock held, parsed and writable (one operation)."""
+
+    def __init__(self, ledger: "HostLedger", fd: int) -> None:
+        self.ledger = ledger
+        self.fd = fd
+
+    def read(self) -> tuple[dict[str, Any], list[Holder]]:
+        """Parse and check the file; raise LedgerError on anything not a v1 ledger."""
+        path = self.ledger.path
+        chunks = []
+        off = 0
+        while True:
+            b = os.pread(self.fd, 1 << 16, off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
+        raw = b"".join(chunks)
+        fix = (f"kvgrant will not guess who holds driver handles on this host. If no "
+               f"kvgrant process is running here, repair it with `kvgrant budget --repair "
+               f"--ledger {path}` (the old content is kept next to it)")
+        if not raw.strip():
+            raise LedgerError(f"ledger {path} is empty (truncated?): {fix}", path=str(path))
+        line = raw.split(b"\n", 1)[0]
+        try:
+            doc = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LedgerError(f"ledger {path} is not a kvgrant ledger (garbage or truncated: "
+                              f"{e}): {fix}", path=str(path)) from None
+        if not isinstance(doc, dict) or doc.get("format") != LEDGER_FORMAT:
+            raise LedgerError(f"ledger {path} is not a kvgrant ledger (no "
+                              f"\"format\": {LEDGER_FORMAT!r}): {fix}", path=str(path))
+        version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise LedgerError(f"ledger {path}: version = {version!r} is not an integer: "
+                              f"{fix}", path=str(path))
+        if version > LEDGER_VERSION:
+            raise LedgerError(
+                f"ledger {path} was written by a newer kvgrant (ledger version {version}; "
+                f"this kvgrant reads version {LEDGER_VERSION}): use the same kvgrant version "
+                f"on the whole host, or give this one its own ledger with {LEDGER_ENV}= "
+                f"(then neither sees the other's handles)", path=str(path))
+        holders_raw = doc.get("holders")
+        if not isinstance(holders_raw, list):
+            raise LedgerError(f"ledger {path}: \"holders\" is not a list: {fix}",
+                              path=str(path))
+        try:
+            holders = [_holder(h, i) for i, h in enumerate(holders_raw)]
+        except ValueError as e:
+            raise LedgerError(f"ledger {path}: {e}: {fix}", path=str(path)) from None
+        me = current_process()
+        host, boot = doc.get("host"), doc.get("boot_id")
+        if boot and me.boot_id and boot != me.boot_id:
+            if host != socket.gethostname():
+                raise LedgerError(
+                    f"ledger {path} belongs to host {host!r} (boot {boot}), not this host "
+                    f"{socket.gethostname()!r}: the handle budget is per host; give each host "
+                    f"its own ledger (a path not shared between hosts)", path=str(path))
+            holders = []  # same host, another boot: every holder is gone
+        return doc, holders
+
+    def write(self, holders: Sequence[Holder]) -> None:
+        me = current_process()
+        doc = {"format": LEDGER_FORMAT, "version": LEDGER_VERSION,
+               "host": socket.gethostname(), "boot_id": me.boot_id,
+               "holders": [h.as_dict() for h in holders]}
+        data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        try:
+            os.pwrite(self.fd, data, 0)
+            os.ftruncate(self.fd, len(data))
+        except OSError as e:
+            raise LedgerError(f"ledger {self.ledger.path}: cannot write it: {e}",
+                              path=str(self.ledger.path)) from None
+
+
+def _reap(holders: list[Holder]) -> tuple[list[Holder], list[Holder]]:
+    """(live or unknown, dead) holders."""
+    keep, dead = [], []
+    for h in holders:
+        (dead if process_state(h.pid, h.start, h.pidns, "") == "dead" else keep).append(h)
+    return keep, dead
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} = {value!r}: must be an integer >= 0")
+    return value
+
+
+class HostLedger:
+    """The ledger file of one host (see the module docstring).
+
+    Parameters
+    ----------
+    path
+        The ledger file (default :func:`default_ledger_path`). It is created on first
+        use, readable and writable by every user (mode 0666): the pool is the host's.
+    lock_timeout_s
+        How long an operation waits for the lock before
+        :class:`~kvgrant.errors.LedgerLockTimeout` (operations take microseconds; a
+        lock held for seconds belongs to a stuck process).
+    """
+
+    def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
+                 lock_timeout_s: float = _DEFAULT_TIMEOUT_S) -> None:
+        self.path = Path(path) if path is not None else default_ledger_path()
+        if not (isinstance(lock_timeout_s, (int, float)) and lock_timeout_s > 0):
+            raise ValueError(f"lock_timeout_s = {lock_timeout_s!r}: must be a number > 0")
+        self.lock_timeout_s = float(lock_timeout_s)
+        self.reaped: list[Holder] = []   # holders the last operation found dead
+
+    def __repr__(self) -> str:
+        return f"HostLedger({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ plumbing
+    def _create(self) -> None:
+        """Create the file with an empty ledger, atomically (link of a full temp
+        file), so the ledger file is never seen empty."""
+        d = self.path.parent
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".kvgrant-ledger-", dir=d)
+        except OSError as e:
+            raise LedgerError(f"ledger {self.path}: cannot create it in {d}: {e}",
+                              path=str(self.path)) from None
+        try:
+            os.fchmod(fd, 0o666)
+            _File(self, fd).write([])
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass  # someone else created it first: use theirs
+            except OSError as e:
+                raise LedgerError(f"ledger {self.path}: cannot create it: {e}",
+                                  path=str(self.path)) from None
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+
+    def _open(self) -> int:
+        for _ in range(2):
+            try:
+                # never through a symbolic link: the default folder is world-writable
+                return os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                self._create()
+            except OSError as e:
+                raise LedgerError(
+                    f"ledger {self.path}: cannot open it for reading and writing: {e} (every "
+                    f"kvgrant process on the host must be able to write it; fix its mode, or "
+                    f"set {LEDGER_ENV})", path=str(self.path)) from None
+        raise LedgerError(f"ledger {self.path}: it disappeared while being created",
+                          path=str(self.path))
+
+    def _session(self) -> "_Session":
+        return _Session(self)
+
+    # ------------------------------------------------------------------ API
+    def holders(self, *, reap: bool = True) -> list[Holder]:
+        """Every holder recorded now; with ``reap``, dead ones are removed first (and
+        listed in :attr:`reaped`)."""
+        with self._session() as f:
+            _, holders = f.read()
+            if reap:
+                keep, self.reaped = _reap(holders)
+                if self.reaped:
+                    f.write(keep)
+                return keep
+            return holders
+
+    def reserve(self, handles: int, *, geometry: str, label: str, budget: int,
+                reserve: int, check: bool = True, devices: Sequence[int] = ()) -> "Lease":
+        """Record ``handles`` for this process, atomically with the check.
+
+        Under the lock: reap dead holders; when ``check``, refuse unless
+        ``sum(holders) + handles + reserve <= budget``; record the entry.
+        ``check=False`` (pre-flight off) records without refusing, so others still
+        see it.
+
+        Raises
+        ------
+        HandleBudgetError
+            Naming every holder (pid, geometry, handles), the budget, the reserve and
+            the overdraw; nothing was recorded.
+        LedgerError, LedgerLockTimeout
+            The ledger file cannot be used (nothing was recorded).
+        ValueError
+            A count is not an integer >= 0.
+        """
+        for name, v in (("handles", handles), ("budget", budget), ("reserve", reserve)):
+            _check_count(name, v)
+        me = current_process()
+        h = Holder(id=uuid.uuid4().hex, pid=me.pid, start=me.start, pidns=me.pidns,
+                   host=socket.gethostname(), geometry=str(geometry), label=str(label),
+                   handles=handles, budget=budget, reserve=reserve, checked=bool(check),
+                   devices=tuple(int(d) for d in devices), since=round(time.time(), 3))
+        with self._session() as f:
+            _, holders = f.read()
+            keep, self.reaped = _reap(holders)
+            if check:
+                self._refuse_unless_fits(keep, h)
+            f.write([*keep, h])
+        return Lease(self, h)
+
+    def _refuse_unless_fits(self, others: list[Holder], h: Holder) -> None:
+        held = sum(o.handles for o in others)
+        total = held + h.handles + h.reserve
+        if total <= h.budget:
+            return
+        who = "; ".join(o.describe() for o in others) or "none"
+        raise HandleBudgetError(
+            f"{h.geometry!r} ({h.label}) needs {h.handles:,} driver handles, but this host's "
+            f"budget is {h.budget:,} and {held:,} are already reserved in its ledger by "
+            f"[{who}], with a reserve of {h.reserve:,} for users kvgrant cannot see: "
+            f"{held:,} + {h.handles:,} + {h.reserve:,} = {total:,}, over by "
+            f"{total - h.budget:,}. The budget is one pool for every process and GPU of the "
+            f"host (ledger {self.path}; `kvgrant budget` lists it)",
+            demand=h.handles, budget=h.budget, reserve=h.reserve, held=held,
+            holders=[o.as_dict() for o in others])
+
+    def _update(self, lease: "Lease", handles: int | None, check: bool) -> Holder | None:
+        """Resize (``handles``) or remove (None) the lease's entry; returns the new one."""
+        with self._session() as f:
+            _, holders = f.read()
+            keep, self.reaped = _reap(holders)
+            others = [o for o in keep if o.id != lease.holder.id]
+            if handles is None:
+                if len(others) != len(holders):
+                    f.write(others)
+                return None
+            new = replace(lease.holder, handles=handles, checked=lease.holder.checked and check)
+            if check and handles > lease.holder.handles:
+                self._refuse_unless_fits(others, new)
+            f.write([*others, new])
+            return new
+
+    def repair(self) -> Path | None:
+        """Make the file a usable ledger again, keeping what can be kept.
+
+        A readable ledger only loses its dead holders (returns None). An unreadable
+        one (garbage, truncated, newer version, another host's) is copied to
+        ``<path>.bad-<time>`` (returned) and replaced by an empty ledger: the holders
+        it recorded are forgotten, so run this only when they are gone.
+        """
+        with self._session() as f:
+            try:
+                _, holders = f.read()
+            except LedgerError:
+                pass
+            else:
+                keep, self.reaped = _reap(holders)
+                f.write(keep)
+                return None
+            raw = b""
+            off = 0
+            while b := os.pread(f.fd, 1 << 16, off):
+                raw += b
+                off += len(b)
+            aside = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}-{os.getpid()}")
+            try:
+                aside.write_bytes(raw)
+            except OSError as e:
+                raise LedgerError(f"ledger {self.path}: cannot keep the bad content at "
+                                  f"{aside}: {e}", path=str(self.path)) from None
+            f.write([])
+            return aside
+
+
+class _Session:
+    """Open + lock the ledger for one operation (closed on exit)."""
+
+    def __init__(self, ledger: HostLedger) -> None:
+        self.ledger = ledger
+        self.fd = -1
+        self._lock: locked | None = None
+
+    def __enter__(self) -> _File:
+        self.fd = self.ledger._open()
+        self._lock = locked(self.fd, self.ledger.lock_timeout_s)
+        try:
+            self._lock.__enter__()
+        except TimeoutError as e:
+            os.close(self.fd)
+            pid = getattr(e, "holder_pid", None)
+            who = (f"process {pid} holds it" + _cmdline(pid)) if pid else \
+                "the holder could not be found in /proc/locks"
+            raise LedgerLockTimeout(
+                f"ledger {self.ledger.path}: its lock is still held after "
+                f"{self.ledger.lock_timeout_s:g} s ({who}); a kvgrant process holds it only "
+                f"for microseconds, so that process is stuck: end it, then retry",
+                path=str(self.ledger.path), holder_pid=pid,
+                waited_s=getattr(e, "waited_s", 0.0)) from None
+        return _File(self.ledger, self.fd)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._lock is not None:
+                self._lock.__exit__()
+        finally:
+            os.close(self.fd)
+
+
+def _cmdline(pid: int | None) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return f" ({cmd[:120]})" if cmd else ""
+
+
+class Lease:
+    """This process's reservation in a :class:`HostLedger`; release it after the last
+    driver handle it covers is gone. ``release()`` is idempotent; as a context manager
+    it releases on exit. A process that dies without releasing is reaped by the next
+    ledger operation on the host."""
+
+    def __init__(self, ledger: HostLedger, holder: Holder) -> None:
+        self.ledger = ledger
+        self.holder = holder
+        self.released = False
+
+    @property
+    def handles(self) -> int:
+        return self.holder.handles
+
+    def resize(self, handles: int, *, check: bool = True) -> None:
+        """Change the reserved count (e.g. after pages were fitted to free memory);
+        growing is checked like :meth:`HostLedger.reserve` (HandleBudgetError, and the
+        lease keeps its old size)."""
+        _check_count("handles", handles)
+        if self.released:
+            raise ValueError("resize() of a released lease")
+        new = self.ledger._update(self, handles, check)
+        assert new is not None
+        self.holder = new
+
+    def release(self) -> None:
+        """Remove the entry (a second call does nothing)."""
+        if self.released:
+            return
+        self.ledger._update(self, None, False)
+        self.released = True
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease({self.holder.describe()}, ledger={str(self.ledger.path)!r})"
