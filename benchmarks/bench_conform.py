@@ -28,14 +28,18 @@ from kvgrant.conformance.replay import replay
 from kvgrant.conformance.tla_trace import check_trace_tlc, check_traces_tlc
 from kvgrant.conformance.trace_io import load_trace
 from kvgrant.errors import AllocationError
-from kvgrant.runtime.allocator import INJECT_BUGS, allocate
+from kvgrant.runtime.allocator import allocate
+from kvgrant.runtime.mutant_engines import MUTANT_ENGINES, allocate_mutant
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _record(geometry: str, out: Path, **kw: object) -> Path:
+def _record(geometry: str, out: Path, *, bug: str | None = None, **kw: object) -> Path:
     try:
-        allocate(ROOT / geometry, backend="sim", trace=out, **kw).release()  # type: ignore[arg-type]
+        if bug is None:
+            allocate(ROOT / geometry, backend="sim", trace=out, **kw).release()  # type: ignore[arg-type]
+        else:
+            allocate_mutant(bug, ROOT / geometry, backend="sim", trace=out, **kw).release()
     except AllocationError:
         pass  # a failed attempt is traced too (Fail, Abort, unwind)
     return out
@@ -97,9 +101,9 @@ def bench_mutants(tmp: Path, with_tlc: bool) -> dict[str, object]:
     out: dict[str, object] = {"trace_mutants": len(cases),
                               "python_killed": mutation_score(cases, py).killed}
     runtime = []
-    for bug in sorted(INJECT_BUGS):
+    for bug in sorted(MUTANT_ENGINES):
         runtime.append(load_trace(_record("examples/small.json", tmp / f"{bug}.ndjson",
-                                          plan="packed", inject_bug=bug)))
+                                          plan="packed", bug=bug)))
     out["runtime_mutants"] = len(runtime)
     out["python_runtime_rejected"] = sum(not replay(t).accepted for t in runtime)
     if with_tlc:

@@ -4,7 +4,7 @@ The CUDA backend is imported lazily (by :func:`open_driver`), so this package im
 without a GPU or a driver.
 """
 
-from kvgrant.runtime.allocator import INJECT_BUGS, Capacity, Counts, Published, allocate
+from kvgrant.runtime.allocator import Capacity, Counts, Published, allocate
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
 from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, open_trace
@@ -16,7 +16,6 @@ __all__ = [
     "Counts",
     "DeviceBuffer",
     "Driver",
-    "INJECT_BUGS",
     "LiveCounts",
     "MemoryLimit",
     "PageFit",

@@ -20,7 +20,7 @@ from kvgrant.runtime.transaction import Teardown, attach_cleanup_errors
 from kvgrant.runtime.views import DeviceBuffer
 
 if TYPE_CHECKING:
-    from kvgrant.runtime.allocator import _Run
+    from kvgrant.runtime.engine import Engine
 
 __all__ = ["Capacity", "Counts", "Published"]
 
@@ -93,16 +93,16 @@ class Published:
     ``ShutdownComplete``.
     """
 
-    def __init__(self, run: _Run, teardown: Teardown, capacity: Capacity, fit: PageFit,
-                 startup_s: float, owns_driver: bool, counts: Counts,
+    def __init__(self, engine: "Engine", teardown: Teardown, capacity: Capacity,
+                 fit: PageFit, startup_s: float, owns_driver: bool, counts: Counts,
                  backend_reason: str = "") -> None:
-        self._run = run
+        self._engine = engine
         self._teardown = teardown
         self._owns_driver = owns_driver
-        self.geometry: Geometry = run.g
-        self.plan: PhysicalPlan = run.plan
-        self.driver: Driver = run.driver
-        self.devices: tuple[int, ...] = tuple(run.devices)
+        self.geometry: Geometry = engine.g
+        self.plan: PhysicalPlan = engine.plan
+        self.driver: Driver = engine.driver
+        self.devices: tuple[int, ...] = tuple(engine.devices)
         self.capacity = capacity
         self.fit = fit
         self.counts = counts
@@ -112,11 +112,9 @@ class Published:
         #: why this backend was used (``auto`` falls back to sim when GPUs are missing)
         self.backend_reason = backend_reason
         #: [rank][plane name] -> VA of the plane
-        self.plane_va: list[dict[str, int]] = [
-            {p: st.base + o for p, o in run.plane_off.items()} for st in run.ranks]
+        self.plane_va: list[dict[str, int]] = engine.plane_vas()
         #: [rank][region name] -> VA of row 0 (row i is at + i * row_bytes)
-        self.region_va: list[dict[str, int]] = [
-            {reg: st.base + o for reg, o in run.region_off.items()} for st in run.ranks]
+        self.region_va: list[dict[str, int]] = engine.region_vas()
 
     @property
     def ranks(self) -> int:
@@ -124,13 +122,13 @@ class Published:
 
     @property
     def trace_path(self) -> Path | None:
-        return self._run.trace.path
+        return self._engine.trace.path
 
     @property
     def trace_error(self) -> BaseException | None:
         """Why the trace is incomplete (a write failed), or None. Tracing never
         aborts the allocation it records; the caller decides what to do."""
-        return self._run.trace.error
+        return self._engine.trace.error
 
     def row_va(self, rank: int, region: str, row: int) -> int:
         """VA of ``row`` of ``region`` on ``rank``."""
@@ -165,7 +163,7 @@ class Published:
         """Wait until every trace line so far is on file. Publish only hands the lines
         to the trace renderer (start-up does not wait for formatting); call this before
         reading the trace of a live cache."""
-        self._run.trace.flush()
+        self._engine.trace.flush()
 
     def summary(self) -> dict[str, Any]:
         """Capacities and object counts, JSON-ready (what ``kvgrant alloc`` prints)."""
@@ -188,18 +186,11 @@ class Published:
         if self.released:
             return
         self.released = True
-        run = self._run
         t0 = time.perf_counter()
         try:
             with gc_paused():
-                run.phase = "ShuttingDown"
-                run._group("Unpublish")
-                errors = self._teardown.run()
-                if not errors:
-                    run.phase = "Shutdown"
-                    run._group("ShutdownComplete")
+                errors = self._engine.shutdown(self._teardown)
         finally:
-            run.trace.close()
             self.release_s = time.perf_counter() - t0
         if self._owns_driver:
             self.driver.close()

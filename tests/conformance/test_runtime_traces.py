@@ -21,7 +21,8 @@ SMALL_EXAMPLES = [p for p in EXAMPLES if p.name.startswith("small")]
 H200_TRACES = sorted((ROOT / "tests" / "fixtures" / "h200").glob("*.ndjson"))
 
 from kvgrant.errors import HandleBudgetError  # noqa: E402
-from kvgrant.runtime.allocator import INJECT_BUGS, allocate  # noqa: E402
+from kvgrant.runtime.allocator import allocate  # noqa: E402
+from kvgrant.runtime.mutant_engines import MUTANT_ENGINES, allocate_mutant  # noqa: E402
 from kvgrant.runtime.faults import Fault  # noqa: E402
 from kvgrant.runtime.sim import SimDriver  # noqa: E402
 
@@ -39,8 +40,11 @@ def _record(geometry: Path, path: Path, *, plan: str = "packed",
             preflight: bool = True) -> SimDriver:
     drv = SimDriver(devices=_ranks(geometry), faults=faults)
     try:
-        pub = allocate(geometry, plan=plan, driver=drv, trace=path, inject_bug=inject_bug,
-                       preflight=preflight)
+        if inject_bug is None:
+            pub = allocate(geometry, plan=plan, driver=drv, trace=path, preflight=preflight)
+        else:
+            pub = allocate_mutant(inject_bug, geometry, plan=plan, driver=drv, trace=path,
+                                  preflight=preflight)
     except AllocationError:
         return drv
     pub.release()
@@ -104,7 +108,7 @@ def test_every_fault_injection_trace_conforms(geometry, tmp_path) -> None:
     assert len(faults) > 20
 
 
-@pytest.mark.parametrize("bug", sorted(INJECT_BUGS))
+@pytest.mark.parametrize("bug", sorted(MUTANT_ENGINES))
 def test_runtime_mutants_are_rejected(bug, tmp_path) -> None:
     geometry = ROOT / "examples" / "small.json"
     path = tmp_path / f"{bug}.ndjson"
@@ -126,17 +130,17 @@ def test_tlc_agrees_on_runtime_traces_and_mutants(tmp_path) -> None:
     paths = [tmp_path / "clean.ndjson", tmp_path / "fault.ndjson"]
     _record(geometry, paths[0])
     _record(geometry, paths[1], faults=[Fault(call="cuMemMap", nth=4)])
-    for bug in sorted(INJECT_BUGS):
+    for bug in sorted(MUTANT_ENGINES):
         paths.append(tmp_path / f"{bug}.ndjson")
         _record(geometry, paths[-1], inject_bug=bug)
     traces = [load_trace(p) for p in paths]
     py = [replay(t) for t in traces]
     tlc = check_traces_tlc(traces, jobs=2)
-    assert [v.accepted for v in py] == [True, True] + [False] * len(INJECT_BUGS)
+    assert [v.accepted for v in py] == [True, True] + [False] * len(MUTANT_ENGINES)
     for p, a, b in zip(paths, py, tlc):
         assert (a.accepted, a.index) == (b.accepted, b.index), p.name
     score = sum(not v.accepted for v in tlc[2:])
-    assert score == len(INJECT_BUGS)
+    assert score == len(MUTANT_ENGINES)
 
 
 @pytest.mark.skipif(not H200_TRACES, reason="no H200 trace fixtures under tests/fixtures/h200")

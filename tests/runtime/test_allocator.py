@@ -11,7 +11,8 @@ from kvgrant.conformance.replay import replay_file
 from kvgrant.errors import AllocationError, ContractError, HandleBudgetError, PlanError
 from kvgrant.layout.geometry import load_geometry
 from kvgrant.layout.plan import PhysicalPlan
-from kvgrant.runtime.allocator import INJECT_BUGS, Published, allocate
+from kvgrant.runtime.allocator import Published, allocate
+from kvgrant.runtime.mutant_engines import MUTANT_ENGINES, REJECTED_AT, allocate_mutant
 from kvgrant.runtime.faults import Fault
 from kvgrant.runtime.sim import SimDriver
 from kvgrant.runtime.trace import TRACE_ENV
@@ -245,31 +246,39 @@ def test_trace_events_carry_call_result_and_state(tmp_path: Path) -> None:
     assert all(e["state"]["phase"] == "Allocating" for e in grants)
 
 
-REJECTED_AT = {"grant_declared_readers": "Grant", "map_before_create": "Map",
-               "publish_early": "Publish", "skip_release": "Free",
-               "unmap_backing_first": "Unmap"}
+def test_every_mutant_engine_has_an_expected_rejection() -> None:
+    assert set(REJECTED_AT) == set(MUTANT_ENGINES)
 
 
-def test_every_inject_bug_has_an_expected_rejection() -> None:
-    assert set(REJECTED_AT) == INJECT_BUGS
-
-
-@pytest.mark.parametrize("bug", sorted(INJECT_BUGS))
-def test_injected_bugs_produce_rejected_traces(tmp_path: Path, bug: str) -> None:
+@pytest.mark.parametrize("bug", sorted(MUTANT_ENGINES))
+def test_mutant_engines_produce_rejected_traces(tmp_path: Path, bug: str) -> None:
     g = small_geometry()
     trace = tmp_path / f"{bug}.ndjson"
     drv = SimDriver(devices=3)
-    allocate(g, plan=chunk_plan(g), driver=drv, trace=trace, preflight=False,
-             inject_bug=bug).release()
+    allocate_mutant(bug, g, plan=chunk_plan(g), driver=drv, trace=trace,
+                    preflight=False).release()
     v = replay_file(trace)
     assert not v.accepted, bug
     assert v.event is not None and v.event.action == REJECTED_AT[bug], v.summary()
 
 
-def test_unknown_inject_bug_is_refused() -> None:
-    with pytest.raises(ValueError, match="inject_bug"):
-        allocate(small_geometry(), plan="packed", driver=SimDriver(devices=3),
-                 inject_bug="nope")
+def test_the_same_run_without_a_mutant_is_accepted(tmp_path: Path) -> None:
+    g = small_geometry()
+    trace = tmp_path / "clean.ndjson"
+    allocate(g, plan=chunk_plan(g), driver=SimDriver(devices=3), trace=trace,
+             preflight=False).release()
+    assert replay_file(trace).accepted
+
+
+def test_unknown_mutant_is_refused() -> None:
+    with pytest.raises(ValueError, match="bug = 'nope'"):
+        allocate_mutant("nope", small_geometry(), plan="packed", driver=SimDriver(devices=3))
+
+
+def test_allocate_has_no_test_switch() -> None:
+    import inspect
+
+    assert "inject_bug" not in inspect.signature(allocate).parameters
 
 
 # ------------------------------------------------------------------ plans and budget

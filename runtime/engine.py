@@ -1,0 +1,510 @@
+"""The allocation engine: every rank's driver steps, their undos, and their trace events.
+
+Why apart from :mod:`kvgrant.runtime.allocator`: preparing an attempt (plan, pre-flight,
+ledger, capacity) is decided before any driver object exists; this module is what runs
+between the first ``Reserve`` and ``Publish`` (or the last undo of ``Abort``), and on
+shutdown. Its loop is tracing's hot path: successful events are one tuple appended to the
+trace's list, from templates made once per (rank, action, phase, flags) (docs/allocator.md
+"Traces").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NoReturn, Sequence
+
+from kvgrant.errors import AllocationError, DriverError
+from kvgrant.layout.geometry import Geometry
+from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.runtime.driver import Driver
+from kvgrant.runtime.published import Counts
+from kvgrant.runtime.trace import TraceWriter, clock, event_template
+from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
+
+__all__ = ["Engine", "StepFailed"]
+
+_OK = "CUDA_SUCCESS"
+_STATE = ('{"phase": "%s", "va": %s, "created": %d, "mapped": %d, "alias_mapped": %d, '
+          '"grants": %d, "ready": %s, "failed": %s}')
+_ALLOC = '{"alloc": %d}'
+# action -> (driver call, has alloc, has va, has size): the shape of its trace line
+_SHAPES: dict[str, tuple[str | None, bool, bool, bool]] = {
+    "Reserve": ("cuMemAddressReserve", False, True, True),
+    "Create": ("cuMemCreate", True, False, True),
+    "Map": ("cuMemMap", True, True, True),
+    "MapAlias": ("cuMemMap", True, True, True),
+    "Grant": ("cuMemSetAccess", True, True, True),
+    "RankReady": (None, False, False, False),
+    "Free": ("cuMemAddressFree", False, True, True),
+    "Release": ("cuMemRelease", True, False, False),
+    "Unmap": ("cuMemUnmap", True, True, True),
+}
+_UNMAP = '{"alloc": %d, "mapping": "%s"}'
+_GRANT = '{"alloc": %d, "mapping": "%s", "devices": %s}'
+_GIB = float(1 << 30)
+
+
+class _Rank:
+    """Per-rank abstract state (the model's counters) plus what unwinding needs.
+
+    ``tpls`` caches trace-line templates; they bake in the flags and the phase, so
+    changing a flag (or the phase, see ``Engine.phase``) empties the cache.
+    """
+
+    __slots__ = ("rank", "device", "_va", "created", "mapped", "alias_mapped", "grants",
+                 "_ready", "_failed", "plane_grants", "alias_grants", "base", "size", "tpls")
+
+    def __init__(self, rank: int, device: int, allocs: int) -> None:
+        self.rank = rank
+        self.device = device
+        self._va = False
+        self.created = 0
+        self.mapped = 0
+        self.alias_mapped = 0
+        self.grants = 0
+        self._ready = False
+        self._failed = False
+        self.plane_grants = [0] * allocs   # devices granted on each plane mapping
+        self.alias_grants = [0] * allocs
+        self.base = 0
+        self.size = 0
+        self.tpls: dict[str, str] = {}
+
+    @property
+    def va(self) -> bool:
+        return self._va
+
+    @va.setter
+    def va(self, value: bool) -> None:
+        self._va = value
+        self.tpls.clear()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+        self.tpls.clear()
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    @failed.setter
+    def failed(self, value: bool) -> None:
+        self._failed = value
+        self.tpls.clear()
+
+    def state(self, phase: str) -> str:
+        """The model's counters after an event, JSON-encoded (hot path of tracing)."""
+        return _STATE % (phase, "true" if self.va else "false", self.created, self.mapped,
+                         self.alias_mapped, self.grants, "true" if self.ready else "false",
+                         "true" if self.failed else "false")
+
+
+class StepFailed(Exception):
+    """A driver step failed; carries where, for the AllocationError."""
+
+    def __init__(self, cause: DriverError, rank: int, device: int, call: str, target: str,
+                 byte_range: tuple[int, int] | None, va: int | None, size: int | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.rank = rank
+        self.device = device
+        self.call = call
+        self.target = target
+        self.byte_range = byte_range
+        self.va = va
+        self.size = size
+
+
+
+def _fmt_free(free: Mapping[int, int]) -> str:
+    return "{" + ", ".join(f"{d}: {n / _GIB:.2f} GiB" for d, n in sorted(free.items())) + "}"
+
+
+
+class Engine:
+    """One allocation attempt: the driver steps, their undos and their trace events.
+
+    :func:`kvgrant.runtime.allocator.allocate` prepares (plan, pre-flight, capacity),
+    then runs :meth:`build` inside a :class:`Transaction` and :meth:`publish`, or
+    :meth:`abort`; the published cache calls :meth:`shutdown`. Tests derive mutants from
+    this class (tests/runtime/mutant_engines.py) to show the conformance checker rejects
+    their traces; the production loop has no test switches. ``declared`` grants every
+    declared reader instead of owner + importers: the field behaviour, kept to show that
+    the checker rejects it.
+    """
+
+    def __init__(self, g: Geometry, plan: PhysicalPlan, driver: Driver, devices: Sequence[int],
+                 trace: TraceWriter, *, declared: bool = False) -> None:
+        self.g = g
+        self.plan = plan
+        self.allocs: tuple[Allocation, ...] = plan.allocations
+        self.driver = driver
+        self.devices = list(devices)
+        self.trace = trace
+        # the trace's hot path: one tuple per event (see TraceWriter.recorder)
+        self._record = trace.recorder() if trace.enabled else None
+        self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
+        self._phase = "Allocating"
+        # trace-template keys of alias grants, one per region
+        self.alias_key = {reg.name: "Grant alias:" + reg.name for reg in g.regions}
+        G = g.granularity
+        # VA layout of a rank: planes then regions, geometry order, G-aligned offsets.
+        off = 0
+        self.plane_off: dict[str, int] = {}
+        for p in g.planes:
+            self.plane_off[p.name] = off
+            off += g.plane_bytes(p.name)
+        self.region_off: dict[str, int] = {}
+        for reg in g.regions:
+            self.region_off[reg.name] = off
+            off += g.region_bytes(reg.name)
+        self.reserve_bytes = off
+        self.G = G
+        # CUDA ordinals each mapping is granted to: [rank][region or None]
+        self.grant_plane: list[list[int]] = []
+        self.grant_region: list[dict[str, list[int]]] = []
+        for r in range(len(self.devices)):
+            self.grant_plane.append(sorted(self.devices[x] for x in
+                                           g.granted_devices(r, declared=declared)))
+            self.grant_region.append({
+                reg.name: sorted(self.devices[x] for x in
+                                 g.granted_devices(r, reg.name, declared=declared))
+                for reg in g.regions})
+
+    # ------------------------------------------------------------------ tracing
+    def header(self) -> None:
+        if not self.trace.enabled:
+            return
+        g = self.g
+        aliased = [i for i, a in enumerate(self.allocs) if a.region is not None]
+        owner_only = [i for i in aliased
+                      if g.region_by_name[self.allocs[i].region].access == "owner"]  # type: ignore[index]
+        n = len(self.devices)
+        self.trace.header(
+            ranks=n, allocs=len(self.allocs), aliased=aliased, owner_only=owner_only,
+            importers={str(r): list(g.importers(r)) for r in range(n)},
+            declared_readers={str(r): list(g.declared_readers(r)) for r in range(n)},
+            geometry=g.name, plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
+            devices={str(r): d for r, d in enumerate(self.devices)})
+
+    def _ev(self, st: _Rank, action: str, args: str, call: str | None,
+            result: str | None, va: int | None = None, size: int | None = None) -> None:
+        """One rank event; ``args`` is already JSON (see the ``_ALLOC`` formats)."""
+        self.trace.event_json(st.rank, action, args, call, result, st.state(self.phase),
+                              device=st.device, va=va, size=size)
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        for st in self.ranks:  # templates bake the phase in
+            st.tpls.clear()
+
+    def _tpl(self, st: _Rank, key: str) -> str:
+        """Build the line template of a successful rank event (see event_template).
+
+        ``key`` is ``"Action"`` or ``"Action sub"`` (``Grant plane``, ``Grant
+        alias:REGION``, ``Unmap plane``, ``Unmap alias``).
+        """
+        action, _, sub = key.partition(" ")
+        call, has_alloc, has_va, has_size = _SHAPES[action]
+        if action == "Grant":
+            mapping, _, region = sub.partition(":")
+            devs = self.grant_plane[st.rank] if mapping == "plane" else \
+                self.grant_region[st.rank][region]
+            args = '{"alloc": %d, "mapping": "' + mapping + '", "devices": ' + str(devs) + "}"
+        elif action == "Unmap":
+            args = '{"alloc": %d, "mapping": "' + sub + '"}'
+        else:
+            args = _ALLOC if has_alloc else "{}"
+
+        def t(b: bool) -> str:
+            return "true" if b else "false"
+
+        state = ('{"phase": "' + self._phase + '", "va": ' + t(st.va) + ', "created": %d, '
+                 '"mapped": %d, "alias_mapped": %d, "grants": %d, "ready": ' + t(st.ready)
+                 + ', "failed": ' + t(st.failed) + "}")
+        tpl = event_template(st.rank, action, args, call, None if call is None else _OK,
+                             st.device, "%d" if has_va else "null",
+                             "%d" if has_size else "null", state)
+        st.tpls[key] = tpl
+        return tpl
+
+    def _tpl_of(self, st: _Rank) -> Callable[[str], str | None]:
+        """``key -> template`` for this rank as it is now; None for every key when
+        tracing is off (the templates bake in flags and phase: look up again after
+        either changes)."""
+        if not self.trace.enabled:
+            return lambda key: None
+        return lambda key: st.tpls.get(key) or self._tpl(st, key)
+
+    def _ok(self, st: _Rank, key: str, *values: int) -> None:
+        """Trace a successful rank event: ``values`` are its alloc, va, size (as shaped)."""
+        tpl = st.tpls.get(key) or self._tpl(st, key)
+        self._record((tpl, clock(), *values, st.created, st.mapped,  # type: ignore[misc]
+                      st.alias_mapped, st.grants))
+        self.trace.ship_if_full()
+
+    def _group(self, action: str, args: dict[str, Any] | None = None) -> None:
+        if self.trace.enabled:
+            self.trace.event(None, action, args or {}, None, None, {"phase": self.phase})
+
+    # ------------------------------------------------------------ failed steps
+    def _fail(self, st: _Rank, err: DriverError, action: str, args: str, call: str,
+              target: str, byte_range: tuple[int, int] | None, va: int | None,
+              size: int | None) -> StepFailed:
+        st.failed = True
+        if self.trace.enabled:
+            self._ev(st, action, args, call, err.result_name, va, size)
+        return StepFailed(err, st.rank, st.device, call, target, byte_range, va, size)
+
+    def _alloc_target(self, a: Allocation, mapping: str) -> tuple[str, tuple[int, int]]:
+        if mapping == "alias":
+            assert a.region is not None and a.region_offset is not None
+            return (f"region {a.region!r}", (a.region_offset, a.region_offset + a.length))
+        return (f"plane {a.plane!r}", (a.plane_offset, a.plane_offset + a.length))
+
+    # --------------------------------------------------------------- forward
+    def build(self, txn: Transaction) -> None:
+        """Every rank, in order; raises StepFailed on the first failed driver step."""
+        for st in self.ranks:
+            self._build_rank(st, txn)
+            st.ready = True
+            if self.trace.enabled:
+                self._ok(st, "RankReady")
+
+    def _build_rank(self, st: _Rank, txn: Transaction) -> None:
+        d = self.driver
+        tr = self.trace.enabled
+        r = st.rank
+        dev = st.device
+        size = self.reserve_bytes
+        try:
+            base = d.reserve(size, self.G, device=dev)
+        except DriverError as e:
+            raise self._fail(st, e, "Reserve", "{}", "cuMemAddressReserve", "reservation",
+                             (0, size), None, size) from e
+        st.va = True
+        st.base = base
+        st.size = size
+        if tr:
+            self._ok(st, "Reserve", base, size)
+        txn.push(self._undo_free, st, base, size)
+
+        plane_va = {n: base + o for n, o in self.plane_off.items()}
+        region_va = {n: base + o for n, o in self.region_off.items()}
+        grant_plane = self.grant_plane[r]
+        grant_region = self.grant_region[r]
+        # Tracing's hot path, inlined: the rank's flags and the phase stay fixed for the
+        # whole loop, so its line templates are looked up once (each record is then one
+        # tuple; docs/allocator.md has what a traced event costs).
+        rec = self._record
+        ship = self.trace.ship_if_full  # ships a full chunk, between driver calls
+        tpl = self._tpl_of(st)
+        t_create, t_map, t_alias = tpl("Create"), tpl("Map"), tpl("MapAlias")
+        t_grant = tpl("Grant plane")
+        t_grant_alias = {reg: tpl(key) for reg, key in self.alias_key.items()}
+        for i, a in enumerate(self.allocs):
+            n = a.length
+            # Create
+            try:
+                h = d.create(n, dev)
+            except DriverError as e:
+                tgt, rng = self._alloc_target(a, "plane")
+                raise self._fail(st, e, "Create", _ALLOC % i, "cuMemCreate", tgt, rng,
+                                 None, n) from e
+            st.created += 1
+            if tr:
+                rec((t_create, clock(), i, n,  # type: ignore[misc]
+                     st.created, st.mapped, st.alias_mapped, st.grants))
+            txn.push(self._undo_release, st, i, h)
+            # Map (plane)
+            pva = plane_va[a.plane] + a.plane_offset
+            try:
+                d.map(pva, n, h)
+            except DriverError as e:
+                tgt, rng = self._alloc_target(a, "plane")
+                raise self._fail(st, e, "Map", _ALLOC % i, "cuMemMap", tgt, rng, pva, n) from e
+            st.mapped += 1
+            if tr:
+                rec((t_map, clock(), i, pva, n,  # type: ignore[misc]
+                     st.created, st.mapped, st.alias_mapped, st.grants))
+            txn.push(self._undo_unmap, st, i, "plane", pva, n)
+            # MapAlias
+            ava = 0
+            if a.region is not None:
+                ava = region_va[a.region] + a.region_offset  # type: ignore[operator]
+                try:
+                    d.map(ava, n, h)
+                except DriverError as e:
+                    tgt, rng = self._alloc_target(a, "alias")
+                    raise self._fail(st, e, "MapAlias", _ALLOC % i, "cuMemMap", tgt, rng,
+                                     ava, n) from e
+                st.alias_mapped += 1
+                if tr:
+                    rec((t_alias, clock(), i, ava, n,  # type: ignore[misc]
+                         st.created, st.mapped, st.alias_mapped, st.grants))
+                txn.push(self._undo_unmap, st, i, "alias", ava, n)
+            # Grant (plane)
+            self._grant(st, i, a, "plane", pva, n, grant_plane, t_grant)
+            if a.region is not None:
+                self._grant(st, i, a, "alias", ava, n, grant_region[a.region],
+                            t_grant_alias[a.region])
+            if tr:
+                ship()
+
+    def _grant(self, st: _Rank, i: int, a: Allocation, mapping: str, va: int, n: int,
+               devs: list[int], template: str | None) -> None:
+        """One cuMemSetAccess; ``template`` is the trace line's (None when untraced)."""
+        try:
+            self.driver.set_access(va, n, devs)
+        except DriverError as e:
+            tgt, rng = self._alloc_target(a, mapping)
+            raise self._fail(st, e, "Grant", _GRANT % (i, mapping, devs),
+                             "cuMemSetAccess", tgt, rng, va, n) from e
+        k = len(devs)
+        st.grants += k
+        if mapping == "plane":
+            st.plane_grants[i] = k
+        else:
+            st.alias_grants[i] = k
+        if template is not None:
+            self._record((template, clock(), i, va, n,  # type: ignore[misc]
+                          st.created, st.mapped, st.alias_mapped, st.grants))
+
+    # --------------------------------------------------------------- undos
+    def _undo_free(self, st: _Rank, va: int, size: int) -> None:
+        try:
+            self.driver.free_address(va, size)
+        except DriverError as e:
+            if self.trace.enabled:
+                self._ev(st, "Free", "{}", "cuMemAddressFree", e.result_name, va, size)
+            raise
+        st.va = False
+        st.ready = False
+        if self.trace.enabled:
+            self._ok(st, "Free", va, size)
+
+    def _undo_release(self, st: _Rank, i: int, handle: int) -> None:
+        try:
+            self.driver.release(handle)
+        except DriverError as e:
+            if self.trace.enabled:
+                self._ev(st, "Release", _ALLOC % i, "cuMemRelease", e.result_name)
+            raise
+        st.created -= 1
+        if self.trace.enabled:
+            self._ok(st, "Release", i)
+
+    def _undo_unmap(self, st: _Rank, i: int, mapping: str, va: int, n: int) -> None:
+        try:
+            self.driver.unmap(va, n)
+        except DriverError as e:
+            if self.trace.enabled:
+                self._ev(st, "Unmap", _UNMAP % (i, mapping), "cuMemUnmap", e.result_name, va, n)
+            raise
+        if mapping == "plane":
+            st.mapped -= 1
+            st.grants -= st.plane_grants[i]
+            st.plane_grants[i] = 0
+        else:
+            st.alias_mapped -= 1
+            st.grants -= st.alias_grants[i]
+            st.alias_grants[i] = 0
+        if self.trace.enabled:
+            self._ok(st, "Unmap plane" if mapping == "plane" else "Unmap alias", i, va, n)
+
+    # --------------------------------------------------------------- results
+    def counts(self) -> Counts:
+        n = len(self.ranks)
+        A = len(self.allocs)
+        aliased = sum(1 for a in self.allocs if a.region is not None)
+        grants = sum(st.grants for st in self.ranks)
+        return Counts(ranks=n, reservations=n, allocations=n * A, mappings=n * (A + aliased),
+                      alias_mappings=n * aliased, set_access_calls=n * (A + aliased),
+                      grants=grants)
+
+    # -------------------------------------------------------------- group steps
+    def publish(self) -> None:
+        """Every rank is ready: publish (the trace's ``Publish``)."""
+        self.phase = "Published"
+        self._group("Publish")
+
+    def interrupted(self, txn: Transaction, err: BaseException) -> None:
+        """Something other than a driver step failed (a bug, ``KeyboardInterrupt``):
+        unwind the same way, traced as ``Abort`` with no failed rank, and let it go on."""
+        self.phase = "Aborting"
+        self._group("Abort", {"failed_rank": None})
+        errors = txn.rollback()
+        self.trace.close()
+        attach_cleanup_errors(err, errors)
+
+    def shutdown(self, teardown: Teardown) -> list[BaseException]:
+        """``Unpublish``, the committed undo stack (LIFO), ``ShutdownComplete``;
+        returns the undos that failed (the rest still ran)."""
+        try:
+            self.phase = "ShuttingDown"
+            self._group("Unpublish")
+            errors = teardown.run()
+            if not errors:
+                self.phase = "Shutdown"
+                self._group("ShutdownComplete")
+        finally:
+            self.trace.close()
+        return errors
+
+    def plane_vas(self) -> list[dict[str, int]]:
+        """[rank][plane] -> VA of the plane."""
+        return [{p: st.base + o for p, o in self.plane_off.items()} for st in self.ranks]
+
+    def region_vas(self) -> list[dict[str, int]]:
+        """[rank][region] -> VA of its row 0."""
+        return [{r: st.base + o for r, o in self.region_off.items()} for st in self.ranks]
+
+    def abort(self, txn: Transaction, f: StepFailed, free_before: dict[int, int],
+              owns: bool) -> NoReturn:
+        """Unwind every rank after a failed step and raise the AllocationError."""
+        driver = self.driver
+        live_at_failure = driver.live().as_dict()
+        self.phase = "Aborting"
+        self._group("Abort", {"failed_rank": f.rank})
+        errors = txn.rollback()
+        if not errors:
+            self.phase = "Aborted"
+            self._group("AbortComplete")
+        self.trace.close()
+        try:
+            free_after: dict[int, int] = {d: driver.free_memory(d)[0] for d in self.devices}
+        except DriverError as e:
+            errors.append(e)
+            free_after = {}
+        live_after = driver.live()
+        if owns:
+            driver.close()
+        e = f.cause
+        lo, hi = f.byte_range if f.byte_range else (0, 0)
+        where = f"va {f.va:#x}+{f.size:#x}" if f.va is not None else f"size {f.size:#x}" \
+            if f.size is not None else "no va"
+        live_txt = ", ".join(f"{k}={v}" for k, v in live_at_failure.items())
+        after_txt = "nothing left" if live_after.is_empty() else ", ".join(
+            f"{k}={v}" for k, v in live_after.as_dict().items())
+        msg = (f"{f.call} failed with {e.result_name} on rank {f.rank} (device {f.device}): "
+               f"{f.target} bytes [{lo:#x}, {hi:#x}) ({where}); live at failure: {live_txt}; "
+               f"after unwinding: {after_txt}; free per device before: {_fmt_free(free_before)}, "
+               f"after: {_fmt_free(free_after) if free_after else 'unknown'}; nothing was "
+               f"published. Cause: {e}")
+        if errors:
+            msg += f"; {len(errors)} undo(s) failed, first: {errors[0]}"
+        if self.trace.error is not None:
+            msg += f"; the trace is incomplete: writing it failed: {self.trace.error}"
+        raise AllocationError(msg, cause=e, rank=f.rank, device=f.device, call=f.call,
+                              result_name=e.result_name, target=f.target, byte_range=f.byte_range,
+                              live=live_at_failure, free_before=free_before, free_after=free_after,
+                              cleanup_errors=errors) from e

@@ -1,0 +1,143 @@
+"""Runtime mutants: engines that commit exactly one ordering bug, for the conformance
+self-test (their traces must be rejected at the named action).
+
+Why subclasses here, not switches in the engine: the production loop stays free of test
+branches, and a mutant is a few overridden lines next to the one it breaks. Never used
+by :func:`~kvgrant.runtime.allocator.allocate`; tests and benchmarks reach them through
+:func:`allocate_mutant`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from kvgrant.layout.geometry import Geometry
+from kvgrant.runtime.allocator import run_transaction
+from kvgrant.runtime.engine import Engine, _Rank
+from kvgrant.runtime.prepare import prepare
+from kvgrant.runtime.published import Published
+from kvgrant.runtime.transaction import Transaction
+
+__all__ = ["MUTANT_ENGINES", "REJECTED_AT", "allocate_mutant"]
+
+
+class GrantDeclaredReaders(Engine):
+    """Grants every declared reader (the field failure), not owner + importers."""
+
+    def __init__(self, *args: Any, declared: bool = False, **kw: Any) -> None:
+        super().__init__(*args, declared=True, **kw)
+
+
+class PublishEarly(Engine):
+    """Publishes before the last rank's RankReady."""
+
+    def build(self, txn: Transaction) -> None:
+        last = len(self.ranks) - 1
+        for st in self.ranks:
+            self._build_rank(st, txn)
+            if st.rank == last:
+                Engine.publish(self)
+            st.ready = True
+            if self.trace.enabled:
+                self._ok(st, "RankReady")
+
+    def publish(self) -> None:
+        """Already published inside :meth:`build`."""
+
+
+class _PlaneUnmapAfterAlias:
+    """A transaction front that pushes each aliased allocation's plane unmap after its
+    alias unmap, so unwinding (LIFO) unmaps the backing before its alias."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self.txn = txn
+        self.held: tuple[Callable[..., Any], tuple[Any, ...]] | None = None
+
+    def push(self, fn: Callable[..., Any], *args: Any) -> None:
+        is_unmap = getattr(fn, "__name__", "") == "_undo_unmap"
+        if is_unmap and args[2] == "plane":
+            self.flush()
+            self.held = (fn, args)
+            return
+        if is_unmap and args[2] == "alias":
+            self.txn.push(fn, *args)
+            self.flush()
+            return
+        self.flush()
+        self.txn.push(fn, *args)
+
+    def flush(self) -> None:
+        if self.held is not None:
+            fn, args = self.held
+            self.held = None
+            self.txn.push(fn, *args)
+
+
+class UnmapBackingFirst(Engine):
+    """Unwinds the plane mapping before the alias mapping of the same allocation."""
+
+    def build(self, txn: Transaction) -> None:
+        front = _PlaneUnmapAfterAlias(txn)
+        try:
+            super().build(front)  # type: ignore[arg-type]
+        finally:
+            front.flush()
+
+
+class SkipRelease(Engine):
+    """Never releases rank 0's first handle on shutdown (and no event says so)."""
+
+    def _undo_release(self, st: _Rank, i: int, handle: int) -> None:
+        if self.phase == "ShuttingDown" and i == 0 and st.rank == 0:
+            return
+        super()._undo_release(st, i, handle)
+
+
+class MapBeforeCreate(Engine):
+    """Traces rank 0's first Map before the Create it depends on."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        record = self._record
+        if record is None:
+            return
+        held: list[tuple[Any, ...]] = []
+        state = {"done": False}
+
+        def swapping(rec: tuple[Any, ...]) -> None:
+            if state["done"]:
+                record(rec)
+            elif held:  # the Map of the held Create: emit it first, one handle fewer
+                state["done"] = True
+                record(rec[:5] + (rec[5] - 1,) + rec[6:])
+                record(held.pop())
+            elif '"rank": 0, "action": "Create"' in rec[0]:
+                held.append(rec)
+            else:
+                record(rec)
+        self._record = swapping
+
+
+MUTANT_ENGINES: dict[str, type[Engine]] = {
+    "grant_declared_readers": GrantDeclaredReaders,
+    "map_before_create": MapBeforeCreate,
+    "publish_early": PublishEarly,
+    "skip_release": SkipRelease,
+    "unmap_backing_first": UnmapBackingFirst,
+}
+
+#: the action at which the conformance checker must reject each mutant's trace
+REJECTED_AT = {"grant_declared_readers": "Grant", "map_before_create": "Map",
+               "publish_early": "Publish", "skip_release": "Free",
+               "unmap_backing_first": "Unmap"}
+
+
+def allocate_mutant(bug: str, geometry: "Geometry | str | Path", **kw: Any) -> Published:
+    """:func:`allocate` with the engine of mutant ``bug`` (one of :data:`MUTANT_ENGINES`)."""
+    try:
+        engine = MUTANT_ENGINES[bug]
+    except KeyError:
+        raise ValueError(f"bug = {bug!r}: must be one of {sorted(MUTANT_ENGINES)}") from None
+    prep = prepare(geometry, declared=engine is GrantDeclaredReaders, **kw)
+    return run_transaction(prep, engine)

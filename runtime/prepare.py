@@ -1,0 +1,248 @@
+"""Preparing an allocation attempt: everything decided before the first driver step.
+
+Why apart from the engine (:mod:`kvgrant.runtime.engine`): a refusal here (bad plan,
+broken contract, pre-flight, the host ledger, too little memory) happens before any
+driver object exists, so nothing needs unwinding but the trace, the driver this module
+opened and the ledger lease; :meth:`Prepared.discard` does exactly that.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from kvgrant.errors import AllocationError, DriverError, PlanError
+from kvgrant.layout.geometry import Geometry, load_geometry
+from kvgrant.layout.plan import PhysicalPlan
+from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
+from kvgrant.runtime.driver import Driver, open_driver
+from kvgrant.runtime.published import Capacity
+from kvgrant.runtime.trace import TraceWriter, open_trace
+from kvgrant.runtime.transaction import attach_cleanup_errors
+
+if TYPE_CHECKING:
+    from kvgrant.runtime.ledger import HostLedger, Lease
+
+__all__ = ["Prepared", "prepare"]
+
+
+@dataclass
+class Prepared:
+    """An attempt ready to run: fitted geometry, checked plan, open driver, capacity,
+    the host-ledger lease and the trace writer (both released by the transaction)."""
+
+    geometry: Geometry
+    plan: PhysicalPlan
+    devices: list[int]
+    driver: Driver
+    owns_driver: bool
+    backend_reason: str
+    capacity: Capacity
+    fit: PageFit
+    free_before: dict[int, int]
+    lease: "Lease | None"
+    trace: TraceWriter
+    declared: bool = False
+
+    def discard(self, err: BaseException) -> None:
+        """Give back what was prepared without running it (``err`` gets any failure)."""
+        self.trace.close()
+        if self.owns_driver:
+            self.driver.close()
+        _drop_lease(self.lease, err)
+
+
+def prepare(geometry: "Geometry | str | Path", *,
+            plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
+            driver: Driver | None = None, backend: str = "auto",
+            devices: Sequence[int] | None = None,
+            memory_limit: "str | int | MemoryLimit | None" = None,
+            handle_budget: int | None = None, preflight: bool = True,
+            handle_reserve: int | None = None,
+            ledger: "HostLedger | str | Path | bool | None" = None,
+            check_contract: bool = True,
+            trace: "str | Path | IO[str] | TraceWriter | None" = None,
+            driver_options: Mapping[str, Any] | None = None,
+            declared: bool = False) -> Prepared:
+    """Plan, check and size an attempt (the arguments are :func:`allocate`'s).
+
+    ``declared`` sizes the pre-flight demand for grants to every declared reader (the
+    field behaviour the conformance self-test reproduces).
+    """
+    g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
+    limit = parse_memory_limit(memory_limit)
+    nranks = g.topology.ranks
+    devs = list(range(nranks)) if devices is None else [int(d) for d in devices]
+    if len(devs) != nranks or len(set(devs)) != nranks:
+        raise PlanError(f"devices = {devs}: need {nranks} distinct CUDA ordinals, one per rank "
+                        f"of topology.ranks = {nranks}")
+    fixed_plan = plan if isinstance(plan, PhysicalPlan) else None
+    if fixed_plan is not None:
+        if fixed_plan.geometry is not g and fixed_plan.geometry != g:
+            raise PlanError(f"plan {fixed_plan.label!r} was made for geometry "
+                            f"{fixed_plan.geometry.name!r}, not for {g.name!r} as given")
+        g = fixed_plan.geometry
+
+    # -- pre-flight, before any driver call ------------------------------------
+    from kvgrant.layout.preflight import (
+        DEFAULT_HANDLE_BUDGET,
+        DEFAULT_HANDLE_RESERVE,
+        check_handle_budget,
+        handle_demand,
+    )
+
+    budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
+    reserve = DEFAULT_HANDLE_RESERVE if handle_reserve is None else handle_reserve
+    demand = 0  # of the plan last checked: what the ledger reserves
+
+    def checked(gg: Geometry) -> PhysicalPlan:
+        nonlocal demand
+        p = fixed_plan if fixed_plan is not None else _resolve_plan(gg, plan)  # type: ignore[arg-type]
+        if check_contract:
+            from kvgrant.layout.contract import require_contract
+
+            require_contract(gg, p)
+        if preflight:
+            demand = check_handle_budget(gg, p, budget, declared=declared, reserve=reserve)
+        else:
+            demand = handle_demand(gg, p, declared=declared)
+        return p
+
+    the_plan = checked(g)
+    for d in devs:
+        if d < 0:
+            raise PlanError(f"devices = {devs}: CUDA ordinals must be >= 0")
+    tw = open_trace(trace)  # a bad trace path fails here, before any driver exists
+
+    # -- driver and capacity ------------------------------------------------------
+    owns = driver is None
+    backend_reason = "given" if driver is not None else f"asked for {backend!r}"
+    lease: Lease | None = None
+    try:
+        if driver is None and backend == "auto":
+            backend, backend_reason = _auto_backend(max(devs) + 1)
+        book = _host_ledger(ledger, getattr(driver, "name", None) or backend)
+        if book is not None:  # this process's share of the host's pool, before any driver call
+            lease = book.reserve(demand, geometry=g.name, label=the_plan.label,
+                                 budget=budget, reserve=reserve, check=preflight, devices=devs)
+        if driver is None:
+            opts = dict(driver_options or {})
+            if backend == "sim":
+                opts.setdefault("devices", max(devs) + 1)
+            else:
+                opts.pop("handle_budget", None)  # a real driver's budget is the driver's own
+                opts.pop("host_pool", None)      # and its pool is the real host's
+            driver = open_driver(backend, **opts)
+    except BaseException as e:
+        tw.close()
+        _drop_lease(lease, e)
+        raise
+    try:
+        if driver.device_count() <= max(devs):
+            raise PlanError(f"topology.ranks = {nranks} needs devices {devs} (one GPU per rank); "
+                            f"the {getattr(driver, 'name', '?')} backend has "
+                            f"{driver.device_count()} device(s)")
+        for d in sorted(set(devs)):
+            gran = driver.granularity(d)
+            if g.granularity % gran:
+                raise PlanError(f"granularity = {g.granularity}: not a multiple of device {d}'s "
+                                f"allocation granularity {gran}")
+        free_before = _free_map(driver, devs)
+        fit = fit_pages(g, free_before, limit)
+        if fit.reduced:
+            if fixed_plan is not None:
+                from kvgrant.runtime.capacity import rank_bytes
+
+                tight = min(fit.budget.values())
+                raise PlanError(
+                    f"memory_limit = {limit.text!r}: plan {fixed_plan.label!r} needs "
+                    f"{g.pages} pages = {rank_bytes(g)} bytes per rank, but the tightest "
+                    f"device leaves {tight} bytes usable ({fit.pages} pages); pass a plan "
+                    "label or planner instead of a fixed plan to fit pages")
+            g = g.model_copy(update={"pages": fit.pages})
+            from kvgrant.layout.geometry import parse_geometry
+
+            g = parse_geometry(g.model_dump())
+            the_plan = checked(g)
+            if lease is not None:
+                lease.resize(demand, check=preflight)
+    except DriverError as e:
+        tw.close()
+        if owns:
+            driver.close()
+        err = AllocationError(
+            f"{e.call} failed with {e.result_name} on device {e.device} before anything was "
+            f"created; nothing was published. Cause: {e}", cause=e, device=e.device,
+            call=e.call, result_name=e.result_name, live=driver.live().as_dict())
+        _drop_lease(lease, err)
+        raise err from e
+    except BaseException as e:
+        tw.close()
+        if owns:
+            driver.close()
+        _drop_lease(lease, e)
+        raise
+
+    capacity = Capacity(pages=g.pages, page_tokens=g.page_tokens,
+                        rows={reg.name: reg.rows for reg in g.regions},
+                        bytes_per_rank=fit.bytes_per_rank, requested_pages=fit.requested,
+                        memory_limit=limit.text)
+
+    return Prepared(g, the_plan, devs, driver, owns, backend_reason, capacity, fit,
+                    free_before, lease, tw, declared)
+
+
+def _resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"
+                  ) -> PhysicalPlan:
+    if isinstance(plan, PhysicalPlan):
+        return plan
+    if callable(plan):
+        return plan(g)
+    from kvgrant.layout.plans import make_plan
+
+    return make_plan(g, plan)
+
+
+def _free_map(driver: Driver, devices: Sequence[int]) -> dict[int, int]:
+    return {d: driver.free_memory(d)[0] for d in devices}
+
+
+def _host_ledger(ledger: "HostLedger | str | Path | bool | None", backend: str
+                 ) -> "HostLedger | None":
+    """The ledger to reserve in (see ``allocate``'s ``ledger``), or None."""
+    from kvgrant.runtime.ledger import LEDGER_ENV, HostLedger
+
+    if ledger is False:
+        return None
+    if isinstance(ledger, HostLedger):
+        return ledger
+    if ledger is None or ledger is True:
+        if backend == "cuda" or ledger is True or os.environ.get(LEDGER_ENV):
+            return HostLedger()
+        return None
+    return HostLedger(ledger)
+
+
+def _drop_lease(lease: "Lease | None", err: BaseException) -> None:
+    """Release ``lease`` after a failure; a failed release is attached to ``err``."""
+    if lease is None:
+        return
+    try:
+        lease.release()
+    except Exception as e:  # noqa: BLE001 - never hide the first error
+        attach_cleanup_errors(err, [e])
+
+
+def _auto_backend(needed: int) -> tuple[str, str]:
+    """``auto``: cuda when a usable GPU exists for every rank, else sim (and why)."""
+    from kvgrant.runtime.cuda import usable_device_count
+
+    have = usable_device_count()
+    if have == 0:
+        return "sim", "auto: no usable CUDA GPU"
+    if have < needed:
+        return "sim", (f"auto: {needed} ranks need {needed} GPUs, this host has {have} "
+                       f"(run the layout on fewer ranks with --ranks {have})")
+    return "cuda", f"auto: {have} CUDA GPU(s)"
