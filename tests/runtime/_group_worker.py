@@ -1,0 +1,146 @@
+"""One process of a test group: ``python _group_worker.py SPEC.json RANK``.
+
+Joins a gloo group through a FileStore, then runs the scenario the spec names and writes
+what it saw to ``<out>/rank<R>.json`` (the test reads those; it never trusts an exit code
+alone). Scenarios:
+
+* ``once``: one allocate_rank; the owner writes a pattern into its planes, every
+  importer reads it back through its own mapping; optional ``faults`` / ``kill_at``.
+* ``sweep``: for k in 1..calls, one attempt where rank ``fault_rank`` fails its k-th
+  driver call; after each, this process's live counts, open fds and sim pool are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from kvgrant.layout.geometry import parse_geometry
+from kvgrant.runtime.faults import Fault
+from kvgrant.runtime.fdpass import open_fd_count
+from kvgrant.runtime.group import allocate_rank
+from kvgrant.runtime.sim import SimDriver
+
+PATTERN = 0x5A
+
+
+class KillingSim(SimDriver):
+    """A SimDriver that SIGKILLs its own process at its ``kill_at``-th driver call."""
+
+    def __init__(self, kill_at: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.kill_at = kill_at
+
+    def _enter(self, call: str, device: int | None, va: int | None = None,
+               size: int | None = None) -> None:
+        if sum(self.calls.values()) + 1 >= self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super()._enter(call, device, va, size)
+
+
+def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace: str | None,
+             faults: list[Fault] | None, kill_at: int | None) -> dict[str, Any]:
+    n = g.topology.ranks
+    if kill_at is not None:
+        drv: SimDriver = KillingSim(kill_at, devices=n, faults=faults)
+    else:
+        drv = SimDriver(devices=n, faults=faults)
+    res: dict[str, Any] = {}
+    try:
+        pub = allocate_rank(g, rank, driver=drv, trace=trace, timeout_s=spec["timeout_s"],
+                            device=rank)
+    except Exception as e:  # noqa: BLE001 - recorded for the test
+        res.update(ok=False, kind=type(e).__name__, error=str(e),
+                   failed=sorted(getattr(e, "failed", {})),
+                   missing=list(getattr(e, "missing", [])))
+    else:
+        res.update(ok=True, imports_from=list(pub.imports_from),
+                   calls=sum(drv.calls.values()))
+        reads = {}
+        if spec.get("pattern"):
+            for p in g.planes:
+                buf = pub.plane(rank, p.name)
+                drv.write(buf.ptr, bytes([PATTERN ^ rank]) * 4096, rank)
+            _sync(spec, rank, "written")
+            for o in pub.imports_from:
+                for p in g.planes:
+                    buf = pub.plane(o, p.name)
+                    reads[f"{o}:{p.name}"] = drv.read(buf.ptr, 4096, rank) == bytes(
+                        [PATTERN ^ o]) * 4096
+                    res["device_of_view"] = buf.device
+            _sync(spec, rank, "read")
+        res["reads"] = reads
+        pub.release()
+    res["live"] = drv.live().as_dict()
+    res["open_shareables"] = drv.open_shareables()
+    res["shared"] = len(drv._shared)
+    res["used"] = list(drv._used)
+    res["fds"] = open_fd_count()
+    res["fdlist"] = _fdlist()
+    return res
+
+
+def _fdlist() -> dict[str, str]:
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[name] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass
+    return out
+
+
+def _sync(spec: dict[str, Any], rank: int, what: str) -> None:
+    """A file barrier between the scenario's steps (the group's own vote is done)."""
+    d = Path(spec["out"]) / f"sync-{what}"
+    d.mkdir(exist_ok=True)
+    (d / str(rank)).touch()
+    deadline = time.monotonic() + 30
+    while len(list(d.iterdir())) < spec["world"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    out = Path(spec["out"])
+    import torch.distributed as dist
+
+    store = dist.FileStore(spec["store"], spec["world"])
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=spec["world"])
+    g = parse_geometry(spec["geometry"])
+    record: dict[str, Any] = {"rank": rank, "pid": os.getpid()}
+    try:
+        fds0 = open_fd_count()
+        record["fds0"] = fds0
+        record["fdlist0"] = _fdlist()
+        trace_dir = spec.get("trace_dir")
+        if spec["scenario"] == "once":
+            faults = None
+            if spec.get("fault_rank") == rank:
+                faults = [Fault(nth=spec["fault_nth"])]
+            kill_at = spec.get("kill_at") if spec.get("kill_rank") == rank else None
+            trace = f"{trace_dir}/rank{rank}.ndjson" if trace_dir else None
+            record["attempts"] = [_attempt(spec, rank, g, record, trace, faults, kill_at)]
+        else:
+            record["attempts"] = []
+            for k in range(1, spec["calls"] + 1):
+                faults = [Fault(nth=k)] if spec["fault_rank"] == rank else None
+                trace = f"{trace_dir}/k{k}-rank{rank}.ndjson" if trace_dir else None
+                res = _attempt(spec, rank, g, record, trace, faults, None)
+                res["k"] = k
+                record["attempts"].append(res)
+    except BaseException:
+        record["crash"] = traceback.format_exc()
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
