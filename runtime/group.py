@@ -189,6 +189,11 @@ class _Channel:
         got = self.store.compare_set(key, "", json.dumps(proposal, sort_keys=True))
         return json.loads(got)
 
+    def peek(self, name: str, slot: int) -> dict[str, Any] | None:
+        """``slot``'s value of gather ``name`` if it has written it, else None."""
+        key = self._key(name, slot)
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
     def dead(self, slots: Sequence[int]) -> list[int]:
         return [s for s in slots if s in self.pids and _pid_gone(self.pids[s])]
 
@@ -196,7 +201,8 @@ class _Channel:
                ) -> tuple[list[dict[str, Any] | None], list[int], list[int]]:
         """All-gather ``value``; returns (values by slot, missing slots, dead slots).
 
-        Waits at most ``timeout_s``; stops early when a missing peer's process is gone.
+        Waits at most ``timeout_s``, and no longer once every rank still missing is a
+        dead same-host process (the living ones notice the death too, and answer).
 
         Raises
         ------
@@ -221,7 +227,7 @@ class _Channel:
             if dec is not None and dec.get("decision") == "abort":
                 raise _Abandoned(dec)
             dead = self.dead(sorted(missing))
-            if dead or time.monotonic() >= deadline:
+            if len(dead) == len(missing) or time.monotonic() >= deadline:
                 return got, sorted(missing), dead
             time.sleep(pause)
             pause = min(pause * 2, _POLL_S[1])
@@ -537,7 +543,7 @@ class _GroupRun:
                     got = server.take(o, i, deadline, lambda: check(o))
                 except GroupError as e:
                     raise _StepFailed(f"rank {self.rank} stopped importing from rank {o}: {e}",
-                                      e, peer=o) from e
+                                      e, peer=-1 if e.peer is None else e.peer) from e
                 iargs = {"owner": o, "alloc": i}
                 try:
                     if got.size != n:
@@ -862,7 +868,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                     "error": _err_text(setup_error) if setup_error else None})
             except _Abandoned as ab:
                 got, missing, dead = [], [], []
-                fail = _StepFailed(f"rank {rank} stopped: {ab}", ab)
+                fail = _StepFailed(f"rank {rank} stopped: {ab}", ab, peer=-1)
             if fail is None and (missing or setup_error is not None
                                  or any(x and x["error"] for x in got)):
                 bad = {int(x["rank"]): x["error"] for x in got if x and x["error"]}
@@ -871,7 +877,9 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                         f"rank {rank} did not start: " + "; ".join(
                             [f"rank {r} failed: {t}" for r, t in sorted(bad.items())]
                             + [f"rank {_rank_of(chan, s)} did not answer" for s in missing]))
-                fail = _StepFailed(text, setup_error or GroupError(text))
+                culprit = min(bad) if bad else _rank_of(chan, missing[0]) if missing else None
+                fail = _StepFailed(text, setup_error or GroupError(text),
+                                   peer=None if setup_error is not None else culprit)
             if fail is None:
                 per_dev: dict[int, int] = {}
                 for x in got:
@@ -903,6 +911,11 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                     clients.clear()
 
                     def check(o: int) -> None:
+                        vote = chan.peek("vote", chan.slot_of[o])
+                        if vote is not None and not vote["ready"]:
+                            raise GroupError(f"rank {o} voted failed while rank {rank} "
+                                             f"waited for its fds: {vote.get('error')}",
+                                             rank=rank, peer=o)
                         dec = chan.decision()
                         if dec is not None and dec.get("decision") == "abort":
                             raise GroupError(f"rank {rank} stopped: the group decided to "
@@ -916,9 +929,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                     run.ev("RankReady", {}, None, None)
                 except _StepFailed as f:
                     fail = f
-                    for c in clients.values():
-                        c.finish(f.text)
-                    clients.clear()
+                    _tell_importers(run, recs, clients, f.text)
             # -- the vote, before any barrier ----------------------------------
             vote: dict[str, Any] = {"rank": rank, "ready": fail is None}
             if fail is not None:
@@ -931,7 +942,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                         _missing_reason(chan, missing, dead, timeout_s), _failed(votes), [
                             _rank_of(chan, s) for s in missing])
                 elif all(v and v["ready"] for v in votes):
-                    proposal = {"decision": "publish", "failed": {}, "missing": [],
+                    proposal = {"decision": "publish", "failed": [], "missing": [],
                                 "reason": ""}
                 else:
                     proposal = _abort_decision("a rank failed", _failed(votes), [])
@@ -942,7 +953,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
             if fail is not None:
                 vargs["error"] = fail.text
             run.ev("Vote", vargs, "all_gather", "SUCCESS")
-            failed = {int(k): v for k, v in decision.get("failed", {}).items()}
+            failed = _failed_of(decision)
             run.ev("Decide", {"decision": decision["decision"], "failed": sorted(failed),
                               "missing": sorted(decision.get("missing", []))}, None, None)
             server.close()
@@ -965,8 +976,8 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         if isinstance(e, GroupError) and getattr(e, "_kvgrant_unwound", False):
             raise
         # an unexpected error (KeyboardInterrupt, a bug): unwind, then let it go
-        for c in clients.values():
-            c.finish(_err_text(e))
+        if run is not None:
+            _tell_importers(run, recs, clients, _err_text(e))
         server.close()
         try:
             chan.decide(_abort_decision(f"rank {rank} raised {_err_text(e)}",
@@ -987,6 +998,21 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         raise
 
 
+def _tell_importers(run: _GroupRun, recs: Mapping[int, Mapping[str, Any]],
+                    clients: dict[int, FdClient], error: str) -> None:
+    """After a failure: tell every importer (connected or not) that no more fds come,
+    so none waits for them until its deadline. Best effort, a second at most each."""
+    for r in run.importers:
+        c = clients.pop(r, None)
+        if c is None:
+            try:
+                c = FdClient(run.rank, r, recs[r]["addr"], time.monotonic() + 1.0)
+            except OSError:
+                continue
+        c.finish(error)
+    clients.clear()
+
+
 def _rank_of(chan: _Channel, slot: int) -> int:
     for r, s in chan.slot_of.items():
         if s == slot:
@@ -994,15 +1020,25 @@ def _rank_of(chan: _Channel, slot: int) -> int:
     return slot
 
 
-def _failed(votes: Sequence[dict[str, Any] | None]) -> dict[int, str]:
-    return {int(v["rank"]): str(v.get("error")) for v in votes if v and not v["ready"]}
+def _failed(votes: Sequence[dict[str, Any] | None]) -> list[list[Any]]:
+    """``[rank, first error, peer]`` of every rank that voted failed; ``peer`` is the
+    rank whose failure stopped it (None: its own step failed)."""
+    return [[int(v["rank"]), str(v.get("error")), v.get("peer")]
+            for v in votes if v and not v["ready"]]
 
 
-def _abort_decision(reason: str, failed: Mapping[int, str], missing: Sequence[int]
-                    ) -> dict[str, Any]:
-    return {"decision": "abort", "reason": reason,
-            "failed": {str(r): t for r, t in sorted(failed.items())},
+def _abort_decision(reason: str, failed: Sequence[Sequence[Any]] | Mapping[int, str],
+                    missing: Sequence[int]) -> dict[str, Any]:
+    rows = ([[r, t, None] for r, t in failed.items()] if isinstance(failed, Mapping)
+            else [list(x) for x in failed])
+    return {"decision": "abort", "reason": reason, "failed": sorted(rows, key=lambda x: x[0]),
             "missing": sorted(missing)}
+
+
+def _failed_of(decision: Mapping[str, Any]) -> dict[int, str]:
+    """rank -> first error, ranks whose own step failed first (the root causes)."""
+    rows = sorted(decision.get("failed", []), key=lambda x: (x[2] is not None, x[0]))
+    return {int(r): str(t) for r, t, _ in rows}
 
 
 def _missing_reason(chan: _Channel, missing: Sequence[int], dead: Sequence[int],
@@ -1018,7 +1054,7 @@ def _missing_reason(chan: _Channel, missing: Sequence[int], dead: Sequence[int],
 
 
 def _abandoned_error(rank: int, decision: Mapping[str, Any]) -> GroupError:
-    failed = {int(k): v for k, v in decision.get("failed", {}).items()}
+    failed = _failed_of(decision)
     return GroupError(f"the group aborted before start-up: {decision.get('reason')}; nothing "
                       "was created", rank=rank, failed=failed,
                       missing=list(decision.get("missing", [])))
@@ -1045,9 +1081,9 @@ def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
     live_after = driver.live()
     if owns:
         driver.close()
-    failed = {int(k): v for k, v in decision.get("failed", {}).items()}
+    failed = _failed_of(decision)
     missing = list(decision.get("missing", []))
-    parts = [f"rank {r} failed: {t}" for r, t in sorted(failed.items())]
+    parts = [f"rank {r} failed: {t}" for r, t in failed.items()]
     if missing:
         parts.append(str(decision.get("reason")))
     after = "nothing left" if live_after.is_empty() else ", ".join(

@@ -23,9 +23,9 @@ from typing import Any
 
 from kvgrant.layout.geometry import parse_geometry
 from kvgrant.runtime.faults import Fault
-from kvgrant.runtime.fdpass import open_fd_count
 from kvgrant.runtime.group import allocate_rank
 from kvgrant.runtime.sim import SimDriver
+from kvgrant.runtime.trace import TraceWriter
 
 PATTERN = 0x5A
 
@@ -53,7 +53,8 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
         drv = SimDriver(devices=n, faults=faults)
     res: dict[str, Any] = {}
     try:
-        pub = allocate_rank(g, rank, driver=drv, trace=trace, timeout_s=spec["timeout_s"],
+        tw = TraceWriter(trace, renderer="thread") if trace else None
+        pub = allocate_rank(g, rank, driver=drv, trace=tw, timeout_s=spec["timeout_s"],
                             device=rank)
     except Exception as e:  # noqa: BLE001 - recorded for the test
         res.update(ok=False, kind=type(e).__name__, error=str(e),
@@ -81,18 +82,29 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
     res["open_shareables"] = drv.open_shareables()
     res["shared"] = len(drv._shared)
     res["used"] = list(drv._used)
-    res["fds"] = open_fd_count()
     res["fdlist"] = _fdlist()
     return res
 
 
 def _fdlist() -> dict[str, str]:
+    """Open fds and what they are, minus gloo's TCP sockets (gloo opens and closes
+    those on its own schedule; kvgrant never opens a TCP socket)."""
+    tcp: set[str] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as fh:
+                tcp.update(line.split()[9] for line in list(fh)[1:])
+        except OSError:
+            pass
     out = {}
     for name in os.listdir("/proc/self/fd"):
         try:
-            out[name] = os.readlink(f"/proc/self/fd/{name}")
+            target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
-            pass
+            continue
+        if target.startswith("socket:[") and target[8:-1] in tcp:
+            continue
+        out[name] = target
     return out
 
 
@@ -117,8 +129,6 @@ def main() -> None:
     g = parse_geometry(spec["geometry"])
     record: dict[str, Any] = {"rank": rank, "pid": os.getpid()}
     try:
-        fds0 = open_fd_count()
-        record["fds0"] = fds0
         record["fdlist0"] = _fdlist()
         trace_dir = spec.get("trace_dir")
         if spec["scenario"] == "once":
@@ -129,13 +139,19 @@ def main() -> None:
             trace = f"{trace_dir}/rank{rank}.ndjson" if trace_dir else None
             record["attempts"] = [_attempt(spec, rank, g, record, trace, faults, kill_at)]
         else:
+            clean = _attempt(spec, rank, g, record, None, None, None)
+            record["clean"] = clean
+            (out / f"calls{rank}").write_text(str(clean.get("calls", 0)))
+            _sync(spec, rank, "clean")
             record["attempts"] = []
-            for k in range(1, spec["calls"] + 1):
-                faults = [Fault(nth=k)] if spec["fault_rank"] == rank else None
-                trace = f"{trace_dir}/k{k}-rank{rank}.ndjson" if trace_dir else None
-                res = _attempt(spec, rank, g, record, trace, faults, None)
-                res["k"] = k
-                record["attempts"].append(res)
+            for fr in spec["fault_ranks"]:
+                calls = int((out / f"calls{fr}").read_text())
+                for k in range(1, calls + 1):
+                    faults = [Fault(nth=k)] if fr == rank else None
+                    trace = f"{trace_dir}/f{fr}-k{k}-rank{rank}.ndjson" if trace_dir else None
+                    res = _attempt(spec, rank, g, record, trace, faults, None)
+                    res.update(k=k, fault_rank=fr)
+                    record["attempts"].append(res)
     except BaseException:
         record["crash"] = traceback.format_exc()
     (out / f"rank{rank}.json").write_text(json.dumps(record))

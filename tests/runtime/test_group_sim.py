@@ -1,0 +1,201 @@
+"""The group runtime (one process per rank) on the simulated driver, across real processes.
+
+Each test starts its worker processes (tests/runtime/_group_worker.py, a gloo group
+through a FileStore) with a hard timeout and kills every one that is still there in a
+``finally``. Workers report what they saw in JSON files; a test never trusts an exit
+code alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgrant.errors import GroupError, HandleBudgetError
+from kvgrant.layout.geometry import parse_geometry
+from kvgrant.layout.plans import make_plan
+from kvgrant.layout.preflight import handle_demand
+from kvgrant.runtime.fdpass import HANDLE_TYPE, FdClient, FdServer, open_fd_count
+from kvgrant.runtime.group import _check_host_budget, rank_demand
+
+from tests.runtime._group_traces import check_group
+from tests.runtime._small import G, MIB, scaled, small_geometry
+
+if importlib.util.find_spec("torch") is None:  # not imported here: workers import it
+    pytest.skip("the group runtime needs torch (pip install 'kvgrant[group]')",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_group_worker.py")
+HARD_TIMEOUT_S = 240     # whole group, torch imports included (2 shared CPU cores in CI)
+EMPTY = {"handles": 0, "mappings": 0, "grants": 0, "reserved_bytes": 0, "reservations": 0}
+
+# One plane of 2 G with one aliased G: 2 allocations per rank, ~20 driver calls a rank.
+TINY = {"name": "tiny", "granularity": G, "pages": 4, "page_tokens": 16,
+        "planes": [{"name": "a", "bytes_per_page": MIB}],
+        "regions": [{"name": "snapshot", "rows": 1, "row_bytes": G}],
+        "aliases": [{"region": "snapshot", "offset": 0, "plane": "a", "plane_offset": 0,
+                     "length": G}],
+        "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
+
+
+def run_group(tmp_path: Path, geometry: dict[str, Any], **spec: Any) -> list[dict[str, Any]]:
+    """Run one worker per rank to the end (or kill them at the hard timeout)."""
+    world = geometry["topology"]["ranks"]
+    full = {"store": str(tmp_path / "store"), "world": world, "geometry": geometry,
+            "out": str(tmp_path), "timeout_s": 20, "scenario": "once",
+            "trace_dir": str(tmp_path)}
+    full.update(spec)
+    (tmp_path / "spec.json").write_text(json.dumps(full))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / "spec.json"), str(r)],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+             for r in range(world)]
+    try:
+        deadline = time.monotonic() + HARD_TIMEOUT_S
+        for p in procs:
+            p.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stderr is not None:
+                p.stderr.close()
+    out = []
+    for r in range(world):
+        path = tmp_path / f"rank{r}.json"
+        out.append(json.loads(path.read_text()) if path.exists() else None)
+    for rec in out:
+        if rec is not None:
+            assert "crash" not in rec, rec["crash"]
+    return out
+
+
+def unwound(rec: dict[str, Any], attempt: dict[str, Any]) -> None:
+    """Nothing of the attempt is left in that process: driver objects, fds, sim memory."""
+    assert attempt["live"] == EMPTY
+    assert attempt["open_shareables"] == 0 and attempt["shared"] == 0
+    assert not any(attempt["used"])
+    assert attempt["fdlist"] == rec["fdlist0"]
+
+
+def test_three_processes_publish_and_read_each_others_bytes(tmp_path: Path) -> None:
+    g = scaled(small_geometry(), 3).model_dump()   # every rank imports the other two
+    recs = run_group(tmp_path, g, pattern=True)
+    for r, rec in enumerate(recs):
+        (a,) = rec["attempts"]
+        assert a["ok"], a
+        assert a["imports_from"] == [o for o in range(3) if o != r]
+        assert a["reads"] and all(a["reads"].values()), a["reads"]  # the owner's bytes
+        assert a["device_of_view"] == r            # read through the importer's own device
+        unwound(rec, a)
+    decision = check_group([tmp_path / f"rank{r}.ndjson" for r in range(3)])
+    assert decision == "publish"
+
+
+def test_a_fault_at_every_driver_call_of_either_process_unwinds_every_process(
+        tmp_path: Path) -> None:
+    recs = run_group(tmp_path, TINY, scenario="sweep", fault_ranks=[0, 1])
+    for rec in recs:
+        assert rec["clean"]["ok"]
+        unwound(rec, rec["clean"])
+    by_rank = [{(a["fault_rank"], a["k"]): a for a in rec["attempts"]} for rec in recs]
+    keys = sorted(by_rank[0])
+    assert keys == sorted(by_rank[1])
+    for fr in (0, 1):
+        assert len([k for k in keys if k[0] == fr]) == recs[fr]["clean"]["calls"]
+    for fr, k in keys:
+        for r in (0, 1):
+            a = by_rank[r][(fr, k)]
+            assert not a["ok"], (fr, k, r)
+            assert a["kind"] == "GroupError"
+            assert fr in a["failed"], (fr, k, r, a["error"])
+            assert f"rank {fr} failed:" in a["error"] and "injected fault" in a["error"]
+            unwound(recs[r], a)
+        assert check_group([tmp_path / f"f{fr}-k{k}-rank{r}.ndjson" for r in (0, 1)]) == "abort"
+
+
+def test_kill_9_of_one_process_during_start_up_aborts_the_others_naming_it(
+        tmp_path: Path) -> None:
+    g = scaled(small_geometry(), 3).model_dump()
+    # rank 1 SIGKILLs itself at its 6th driver call (inside its own build)
+    recs = run_group(tmp_path, g, kill_rank=1, kill_at=6, timeout_s=30)
+    assert recs[1] is None                      # it died without a word
+    for r in (0, 2):
+        (a,) = recs[r]["attempts"]
+        assert not a["ok"] and a["kind"] == "GroupError"
+        assert a["missing"] == [1], a["error"]
+        assert "rank 1 died" in a["error"]
+        unwound(recs[r], a)
+    check_group([tmp_path / f"rank{r}.ndjson" for r in range(3)], dead={1})
+    head, *events = (json.loads(x) for x in (tmp_path / "rank1.ndjson").read_text().splitlines())
+    assert not any(e["action"] in ("AbortComplete", "ShutdownComplete", "Vote") for e in events)
+
+
+# ------------------------------------------------- in-process pieces (no group needed)
+def test_fd_server_takes_fds_from_an_owner_it_imports_from() -> None:
+    before = open_fd_count()
+    server = FdServer(1, "unit")
+    server.start({0: os.getpid()})
+    data = os.memfd_create("kvgrant-test")
+    os.write(data, b"owner bytes")
+    try:
+        c = FdClient(0, 1, server.address, time.monotonic() + 5)
+        c.send(0, data, G, 0, time.monotonic() + 5)
+        c.finish()
+        got = server.take(0, 0, time.monotonic() + 5)
+        assert (got.owner, got.alloc, got.size, got.handle_type) == (0, 0, G, HANDLE_TYPE)
+        assert os.pread(got.fd, 11, 0) == b"owner bytes"    # the same file, another fd
+        os.close(got.fd)
+        with pytest.raises(GroupError, match="said done"):
+            server.take(0, 1, time.monotonic() + 5)
+    finally:
+        os.close(data)
+        server.close()
+    assert open_fd_count() == before
+
+
+def test_fd_server_refuses_a_sender_it_does_not_import_from_and_closes_its_fds() -> None:
+    before = open_fd_count()
+    server = FdServer(1, "unit")
+    server.start({0: 1})          # owner 0 is pid 1 here: this process is nobody it imports from
+    data = os.memfd_create("kvgrant-test")
+    try:
+        c = FdClient(0, 1, server.address, time.monotonic() + 5)
+        try:
+            c.send(0, data, G, 0, time.monotonic() + 5)
+        except OSError:
+            pass                  # the receiver may already have closed the connection
+        c.finish()
+        with pytest.raises(GroupError, match="refused a connection") as info:
+            server.take(0, 0, time.monotonic() + 5)
+        assert f"peer pid {os.getpid()}" in str(info.value)
+    finally:
+        os.close(data)
+        server.close()
+    assert open_fd_count() == before
+
+
+def test_host_demand_sums_to_the_one_process_demand_and_refusal_names_every_share() -> None:
+    g = parse_geometry(small_geometry().model_dump())
+    plan = make_plan(g, "packed")
+    shares = [rank_demand(g, plan, r) for r in range(g.topology.ranks)]
+    assert sum(shares) == handle_demand(g, plan)
+    hosts = ["a", "a", "b"]
+    per_host = _check_host_budget(g, plan, hosts, budget=10**6)
+    assert per_host == {"a": shares[0] + shares[1], "b": shares[2]}
+    with pytest.raises(HandleBudgetError) as info:
+        _check_host_budget(g, plan, hosts, budget=shares[0] + shares[1] - 1)
+    msg = str(info.value)
+    assert f"rank 0 {shares[0]:,}" in msg and f"rank 1 {shares[1]:,}" in msg
+    assert "host 'a'" in msg and "host 'b'" not in msg
