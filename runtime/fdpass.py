@@ -266,7 +266,7 @@ class FdServer:
                     raise GroupError(self._refused[0], rank=self.rank, peer=owner)
                 if box.failed is not None:
                     raise GroupError(f"owner rank {owner} failed before sending allocation "
-                                     f"{alloc}: {box.failed}", rank=self.rank, peer=owner)
+                                     f"{alloc}: {box.failed[:200]}", rank=self.rank, peer=owner)
                 if box.ended is not None or box.done:
                     what = box.ended or f"owner {owner} said done"
                     raise GroupError(f"rank {self.rank} got no fd of allocation {alloc} from "

@@ -913,8 +913,8 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                     def check(o: int) -> None:
                         vote = chan.peek("vote", chan.slot_of[o])
                         if vote is not None and not vote["ready"]:
-                            raise GroupError(f"rank {o} voted failed while rank {rank} "
-                                             f"waited for its fds: {vote.get('error')}",
+                            raise GroupError(f"rank {o} voted failed (its error is above) "
+                                             f"while rank {rank} waited for its fds",
                                              rank=rank, peer=o)
                         dec = chan.decision()
                         if dec is not None and dec.get("decision") == "abort":
