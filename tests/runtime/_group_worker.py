@@ -30,27 +30,53 @@ from kvgrant.runtime.trace import TraceWriter
 PATTERN = 0x5A
 
 
-class KillingSim(SimDriver):
-    """A SimDriver that SIGKILLs its own process at its ``kill_at``-th driver call."""
+def _killing(base: type) -> type:
+    """``base`` driver that SIGKILLs its own process at its ``kill_at``-th driver call."""
 
-    def __init__(self, kill_at: int, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.kill_at = kill_at
+    class Killing(base):  # type: ignore[misc, valid-type]
+        def __init__(self, kill_at: int, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.kill_at = kill_at
 
-    def _enter(self, call: str, device: int | None, va: int | None = None,
-               size: int | None = None) -> None:
-        if sum(self.calls.values()) + 1 >= self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        super()._enter(call, device, va, size)
+        def _enter(self, call: str, device: int | None, va: int | None = None,
+                   size: int | None = None) -> None:
+            if sum(self.calls.values()) + 1 >= self.kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            super()._enter(call, device, va, size)
+    return Killing
+
+
+def _driver(spec: dict[str, Any], n: int, faults: list[Fault] | None,
+            kill_at: int | None) -> Any:
+    if spec.get("backend") == "cuda":
+        from kvgrant.runtime.cuda import CudaDriver
+
+        base: type = CudaDriver
+        kw: dict[str, Any] = {"faults": faults}
+    else:
+        base, kw = SimDriver, {"devices": n, "faults": faults}
+    return _killing(base)(kill_at, **kw) if kill_at is not None else base(**kw)
+
+
+def _mappings(pub: Any, g: Any) -> list[tuple[str, int]]:
+    """(what, va) of every mapping this process made: own plane + alias, imported plane
+    + alias of importers-access regions."""
+    out = []
+    for r in [pub.rank, *pub.imports_from]:
+        for i, a in enumerate(pub.plan.allocations):
+            out.append((f"rank {r} alloc {i} plane", pub.plane_va[r][a.plane] + a.plane_offset))
+            if a.region is not None and (r == pub.rank or
+                                         g.region_by_name[a.region].access == "importers"):
+                out.append((f"rank {r} alloc {i} alias",
+                            pub.region_va[r][a.region] + (a.region_offset or 0)))
+    return out
 
 
 def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace: str | None,
              faults: list[Fault] | None, kill_at: int | None) -> dict[str, Any]:
     n = g.topology.ranks
-    if kill_at is not None:
-        drv: SimDriver = KillingSim(kill_at, devices=n, faults=faults)
-    else:
-        drv = SimDriver(devices=n, faults=faults)
+    drv = _driver(spec, n, faults, kill_at)
+    cuda = drv.name == "cuda"
     res: dict[str, Any] = {}
     try:
         tw = TraceWriter(trace, renderer="thread") if trace else None
@@ -62,26 +88,54 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
                    missing=list(getattr(e, "missing", [])))
     else:
         res.update(ok=True, imports_from=list(pub.imports_from),
-                   calls=sum(drv.calls.values()))
-        reads = {}
+                   calls=sum(drv.calls.values()), startup_s=pub.startup_s,
+                   counts=pub.counts.as_dict())
+        if spec.get("access"):
+            # cuMemGetAccess of every mapping, for every device: only our own
+            wrong = []
+            for what, va in _mappings(pub, g):
+                for d in range(drv.device_count()):
+                    if drv.get_access(va, d) != (d == rank):
+                        wrong.append(f"{what} va {va:#x}: device {d}")
+            res["access_wrong"] = wrong
+            res["access_checked"] = len(_mappings(pub, g))
+        reads: dict[str, bool] = {}
         if spec.get("pattern"):
             for p in g.planes:
                 buf = pub.plane(rank, p.name)
-                drv.write(buf.ptr, bytes([PATTERN ^ rank]) * 4096, rank)
+                if cuda:
+                    buf.as_tensor().fill_(PATTERN ^ rank)
+                    import torch
+
+                    torch.cuda.synchronize(rank)
+                else:
+                    drv.write(buf.ptr, bytes([PATTERN ^ rank]) * 4096, rank)
             _sync(spec, rank, "written")
             for o in pub.imports_from:
                 for p in g.planes:
                     buf = pub.plane(o, p.name)
-                    reads[f"{o}:{p.name}"] = drv.read(buf.ptr, 4096, rank) == bytes(
-                        [PATTERN ^ o]) * 4096
                     res["device_of_view"] = buf.device
+                    if cuda:   # a kernel on our own GPU reads the owner's bytes
+                        t = buf.as_tensor()
+                        reads[f"{o}:{p.name}"] = bool((t == (PATTERN ^ o)).all().item())
+                        res["tensor_device"] = str(t.device)
+                    else:
+                        reads[f"{o}:{p.name}"] = drv.read(buf.ptr, 4096, rank) == bytes(
+                            [PATTERN ^ o]) * 4096
             _sync(spec, rank, "read")
         res["reads"] = reads
+        if spec.get("alias_regression"):
+            from tests.runtime.test_alias_regression import alias_regression, pick_live_rows
+
+            res["alias_bad"] = alias_regression(pub, pick_live_rows(g, 0), ranks=[rank])
         pub.release()
     res["live"] = drv.live().as_dict()
-    res["open_shareables"] = drv.open_shareables()
-    res["shared"] = len(drv._shared)
-    res["used"] = list(drv._used)
+    if not cuda:
+        res["open_shareables"] = drv.open_shareables()
+        res["shared"] = len(drv._shared)
+        res["used"] = list(drv._used)
+    else:
+        drv.close()
     res["fdlist"] = _fdlist()
     return res
 

@@ -91,10 +91,12 @@ def unwound(rec: dict[str, Any], attempt: dict[str, Any]) -> None:
 
 def test_three_processes_publish_and_read_each_others_bytes(tmp_path: Path) -> None:
     g = scaled(small_geometry(), 3).model_dump()   # every rank imports the other two
-    recs = run_group(tmp_path, g, pattern=True)
+    recs = run_group(tmp_path, g, pattern=True, access=True, alias_regression=True)
     for r, rec in enumerate(recs):
         (a,) = rec["attempts"]
         assert a["ok"], a
+        assert a["access_checked"] > 0 and a["access_wrong"] == []   # own device only
+        assert a["alias_bad"] == []
         assert a["imports_from"] == [o for o in range(3) if o != r]
         assert a["reads"] and all(a["reads"].values()), a["reads"]  # the owner's bytes
         assert a["device_of_view"] == r            # read through the importer's own device
