@@ -852,7 +852,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
     assert server is not None and tw is not None and lease is not None
 
     # -- 3. build, 4. vote, decide, publish or abort -----------------------------------
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()   # reset when the build starts: start-up as the allocator's
     txn = Transaction()
     txn.push(lease.release)              # the last undo of abort and of shutdown
     clients: dict[int, FdClient] = {}
@@ -902,6 +902,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
             # drain what owners send even if this rank fails, so no sender blocks
             server.start({o: recs[o]["pid"] for o in run.owners})
             if fail is None:
+                t0 = time.perf_counter()
                 try:
                     run.build_own(txn)
                     addrs = {r: recs[r]["addr"] for r in run.importers}
