@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 from kvgrant.errors import GroupError
 
-__all__ = ["HANDLE_TYPE", "FdClient", "FdServer", "Received", "open_fd_count"]
+__all__ = ["FdClient", "FdServer", "HANDLE_TYPE", "Received", "open_fd_count"]
 
 #: The handle type every message carries (cuMemExportToShareableHandle's POSIX fd).
 HANDLE_TYPE = "posix_fd"

@@ -201,3 +201,32 @@ def test_host_demand_sums_to_the_one_process_demand_and_refusal_names_every_shar
     msg = str(info.value)
     assert f"rank 0 {shares[0]:,}" in msg and f"rank 1 {shares[1]:,}" in msg
     assert "host 'a'" in msg and "host 'b'" not in msg
+
+
+# ------------------------------------------------------------------------------ CLI
+def _cli(*args: str, timeout: float = HARD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "kvgrant.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_procs_runs_one_process_per_rank_and_writes_one_trace_each(tmp_path: Path) -> None:
+    out = _cli("alloc", "examples/small.json", "--procs", "3", "--backend", "sim", "--json",
+               "--trace", str(tmp_path / "traces"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["ok"] and doc["mode"] == "group" and doc["procs"] == 3
+    by_rank = {r["rank"]: r for r in doc["ranks"]}
+    # small.json: ranks 0 and 1 import each other; rank 2 imports from nobody
+    assert [by_rank[r]["imports_from"] for r in range(3)] == [[1], [0], []]
+    assert len({by_rank[r]["pid"] for r in range(3)}) == 3
+    for r in range(3):
+        assert not any(by_rank[r]["live_after_release"].values())
+    files = sorted((tmp_path / "traces").glob("rank*.ndjson"))
+    assert len(files) == 3 and check_group(files) == "publish"
+
+
+def test_cli_procs_must_match_the_layouts_ranks() -> None:
+    out = _cli("alloc", "examples/small.json", "--procs", "2", "--backend", "sim", timeout=60)
+    assert out.returncode == 2
+    assert "--procs = 2" in out.stderr and "topology.ranks = 3" in out.stderr
