@@ -839,7 +839,12 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
             free = driver.free_memory(device)[0]
         except (KVGrantError, OSError) as e:
             setup_error = e
-    except BaseException:
+    except BaseException as e:
+        try:  # nobody else may wait for this rank until the deadline
+            chan.decide(_abort_decision(f"rank {rank} failed before start-up: {_err_text(e)}",
+                                        {rank: _err_text(e)}, []))
+        except Exception:  # noqa: BLE001 - the store may be gone too
+            pass
         if server is not None:
             server.close()
         if lease is not None:
