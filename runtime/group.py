@@ -378,7 +378,8 @@ class _GroupRun:
         except DriverError as e:
             result, cause = e.result_name, e
         except OSError as e:  # memfd / socket trouble inside a step
-            result, cause = errno.errorcode.get(e.errno or 0, "OSError"), e  # type: ignore[assignment]
+            code = errno.ETIMEDOUT if isinstance(e, TimeoutError) else e.errno or 0
+            result, cause = errno.errorcode.get(code, "OSError"), e  # type: ignore[assignment]
         self.st.failed = True
         self.ev(action, args, call, result, va, size)
         where = f" at va {va:#x}+{size:#x}" if va is not None and size is not None else ""
@@ -799,6 +800,12 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                      if rec["host"] == host and rec["pidns"] == ns and rec["pid"] != os.getpid()}
         hosts = [recs[r]["host"] for r in range(n)]
         devices = [int(recs[r]["device"]) for r in range(n)]
+        apart = [(o, i) for o in range(n) for i in g.importers(o) if hosts[o] != hosts[i]]
+        if apart:
+            raise GroupError("; ".join(
+                f"rank {i} (host {hosts[i]!r}) imports from rank {o} (host {hosts[o]!r})"
+                for o, i in apart) + ": POSIX fds do not cross hosts, so an import group "
+                "must live on one host; nothing was created", rank=rank)
         if preflight:
             _check_host_budget(g, the_plan, hosts, budget)
     except BaseException:

@@ -78,6 +78,14 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
     drv = _driver(spec, n, faults, kill_at)
     cuda = drv.name == "cuda"
     res: dict[str, Any] = {}
+    probe = None
+    if spec.get("free_check"):
+        # this GPU's free bytes, through an uncounted driver (the same primary context;
+        # no context on any other GPU, so the test can measure those from outside)
+        from kvgrant.runtime.cuda import CudaDriver
+
+        probe = CudaDriver()
+        res["free_before"] = probe.free_memory(rank)[0]
     try:
         tw = TraceWriter(trace, renderer="thread") if trace else None
         pub = allocate_rank(g, rank, driver=drv, trace=tw, timeout_s=spec["timeout_s"],
@@ -129,6 +137,18 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
 
             res["alias_bad"] = alias_regression(pub, pick_live_rows(g, 0), ranks=[rank])
         pub.release()
+    if probe is not None:
+        deadline = time.monotonic() + 30   # a dead peer's imports of ours go when it does
+        res["free_after"] = probe.free_memory(rank)[0]
+        while res["free_after"] != res["free_before"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+            res["free_after"] = probe.free_memory(rank)[0]
+        # hold here, aborted but alive, while the test measures the other GPU
+        Path(spec["out"], f"aborted-{rank}").touch()
+        deadline = time.monotonic() + 120
+        while not Path(spec["out"], "measured").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        probe.close()
     res["live"] = drv.live().as_dict()
     if not cuda:
         res["open_shareables"] = drv.open_shareables()

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from kvgrant.layout.geometry import load_geometry, on_ranks
+from kvgrant.layout.geometry import load_geometry, on_ranks, parse_geometry
+from kvgrant.layout.plans import make_plan
 
 from tests.runtime.conftest import _cuda_devices
 from tests.runtime.test_group_sim import ROOT, run_group
@@ -82,17 +83,40 @@ def test_two_processes_grant_only_their_own_device_and_read_the_peer_through_it(
 
 def test_kill_9_during_start_up_leaves_both_gpus_free_once_the_survivor_aborted(
         tmp_path: Path) -> None:
+    g = _published_on_2()
+    plan = make_plan(parse_geometry(g), "packed")
+    A = len(plan.allocations)
+    aliased = sum(a.region is not None for a in plan.allocations)
+    # rank 1 dies a hundred calls into its imports: it has made, exported and sent all its
+    # allocations, and rank 0 may hold imported handles of them when it aborts
+    kill_at = 3 + 4 * A + 2 * aliased + 100
     before = _free_memory()
-    # rank 1 dies at its 500th driver call: hundreds of allocations made, none sent yet
-    recs = run_group(tmp_path, _published_on_2(), backend="cuda", kill_rank=1, kill_at=500,
-                     timeout_s=60)
+    seen: dict[str, list[int]] = {}
+
+    def measure_while_the_survivor_waits() -> None:
+        marker = tmp_path / "aborted-0"
+        deadline = time.monotonic() + 200
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if marker.exists():
+            # rank 1 is dead, rank 0 has aborted (its imports of rank 1 released) and
+            # still runs, holding only its context on GPU 0: GPU 1 must be back
+            seen["held"] = _free_memory()
+        (tmp_path / "measured").touch()
+
+    recs = run_group(tmp_path, g, backend="cuda", kill_rank=1, kill_at=kill_at, timeout_s=60,
+                     free_check=True, watch=measure_while_the_survivor_waits)
     assert recs[1] is None
     (a,) = recs[0]["attempts"]
     assert not a["ok"] and a["missing"] == [1] and "rank 1 died" in a["error"], a
     assert a["live"]["handles"] == a["live"]["mappings"] == a["live"]["reservations"] == 0
+    # GPU 0, measured by the survivor after its abort: what it made is gone
+    assert a["free_after"] == a["free_before"], (a["free_before"], a["free_after"])
+    assert "held" in seen, "the survivor never reported its abort"
+    assert seen["held"][1] == before[1], f"GPU 1 free before {before[1]}, after abort {seen['held'][1]}"
     deadline = time.monotonic() + 60
     after = _free_memory()
     while after != before and time.monotonic() < deadline:  # the driver frees on exit
         time.sleep(1)
         after = _free_memory()
-    assert after == before, f"free bytes per GPU before {before}, after {after}"
+    assert after == before, f"free bytes per GPU before {before}, after exit {after}"

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -47,8 +47,10 @@ TINY = {"name": "tiny", "granularity": G, "pages": 4, "page_tokens": 16,
         "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
 
 
-def run_group(tmp_path: Path, geometry: dict[str, Any], **spec: Any) -> list[dict[str, Any]]:
-    """Run one worker per rank to the end (or kill them at the hard timeout)."""
+def run_group(tmp_path: Path, geometry: dict[str, Any], *,
+              watch: Callable[[], None] | None = None, **spec: Any) -> list[dict[str, Any]]:
+    """Run one worker per rank to the end (or kill them at the hard timeout); ``watch``
+    runs while they do."""
     world = geometry["topology"]["ranks"]
     full = {"store": str(tmp_path / "store"), "world": world, "geometry": geometry,
             "out": str(tmp_path), "timeout_s": 20, "scenario": "once",
@@ -62,6 +64,8 @@ def run_group(tmp_path: Path, geometry: dict[str, Any], **spec: Any) -> list[dic
              for r in range(world)]
     try:
         deadline = time.monotonic() + HARD_TIMEOUT_S
+        if watch is not None:
+            watch()
         for p in procs:
             p.wait(timeout=max(deadline - time.monotonic(), 1))
     finally:
