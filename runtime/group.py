@@ -609,6 +609,19 @@ class _Mapped(dict):  # type: ignore[type-arg]
         self._pub._view_device(rank)  # raises GroupError naming what is mapped
 
 
+class _PeerRegions(dict):  # type: ignore[type-arg]
+    """region -> VA of one rank's slot; a peer's owner-only region is a clear error."""
+
+    def __init__(self, owner: int, me: int, items: Mapping[str, int]) -> None:
+        super().__init__(items)
+        self._owner, self._me = owner, me
+
+    def __missing__(self, region: str) -> int:
+        raise GroupError(f"region {region!r} of rank {self._owner} is not mapped in the "
+                         f"process of rank {self._me} (owner-only regions are not imported)",
+                         rank=self._me, peer=self._owner)
+
+
 class GroupPublished(Published):
     """What :func:`allocate_rank` returns: the :class:`Published` shape for one process.
 
@@ -626,9 +639,12 @@ class GroupPublished(Published):
         self.importers: tuple[int, ...] = tuple(run.importers)
         self.plane_va = _Mapped(self, {  # type: ignore[assignment]
             sl.rank: {p: sl.base + o for p, o in run.plane_off.items()} for sl in run.ranks})
+        g = run.g
         self.region_va = _Mapped(self, {  # type: ignore[assignment]
-            sl.rank: {reg: sl.base + o for reg, o in run.region_off.items()}
-            for sl in run.ranks})
+            sl.rank: _PeerRegions(sl.rank, run.rank, {
+                reg: sl.base + o for reg, o in run.region_off.items()
+                if sl.rank == run.rank or g.region_by_name[reg].access == "importers"})
+            for sl in run.ranks})   # a peer's owner-only rows are not mapped here
 
     def _view_device(self, rank: int) -> int:
         if rank not in self.plane_va:

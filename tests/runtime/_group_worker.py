@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kvgrant.errors import GroupError
 from kvgrant.layout.geometry import parse_geometry
 from kvgrant.runtime.faults import Fault
 from kvgrant.runtime.group import allocate_rank
@@ -30,8 +31,8 @@ from kvgrant.runtime.trace import TraceWriter
 PATTERN = 0x5A
 
 
-def _killing(base: type) -> type:
-    """``base`` driver that SIGKILLs its own process at its ``kill_at``-th driver call."""
+def _killing(base: type, sig: int) -> type:
+    """``base`` driver that sends ``sig`` to its own process at its ``kill_at``-th call."""
 
     class Killing(base):  # type: ignore[misc, valid-type]
         def __init__(self, kill_at: int, **kw: Any) -> None:
@@ -40,14 +41,14 @@ def _killing(base: type) -> type:
 
         def _enter(self, call: str, device: int | None, va: int | None = None,
                    size: int | None = None) -> None:
-            if sum(self.calls.values()) + 1 >= self.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if sum(self.calls.values()) + 1 == self.kill_at:
+                os.kill(os.getpid(), sig)
             super()._enter(call, device, va, size)
     return Killing
 
 
 def _driver(spec: dict[str, Any], n: int, faults: list[Fault] | None,
-            kill_at: int | None) -> Any:
+            kill_at: int | None, sig: int = signal.SIGKILL) -> Any:
     if spec.get("backend") == "cuda":
         from kvgrant.runtime.cuda import CudaDriver
 
@@ -55,7 +56,7 @@ def _driver(spec: dict[str, Any], n: int, faults: list[Fault] | None,
         kw: dict[str, Any] = {"faults": faults}
     else:
         base, kw = SimDriver, {"devices": n, "faults": faults}
-    return _killing(base)(kill_at, **kw) if kill_at is not None else base(**kw)
+    return _killing(base, sig)(kill_at, **kw) if kill_at is not None else base(**kw)
 
 
 def _mappings(pub: Any, g: Any) -> list[tuple[str, int]]:
@@ -75,7 +76,10 @@ def _mappings(pub: Any, g: Any) -> list[tuple[str, int]]:
 def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace: str | None,
              faults: list[Fault] | None, kill_at: int | None) -> dict[str, Any]:
     n = g.topology.ranks
-    drv = _driver(spec, n, faults, kill_at)
+    sig = signal.SIGKILL
+    if kill_at is None and spec.get("stop_rank") == rank:
+        kill_at, sig = spec["stop_at"], signal.SIGSTOP
+    drv = _driver(spec, n, faults, kill_at, sig)
     cuda = drv.name == "cuda"
     res: dict[str, Any] = {}
     probe = None
@@ -107,6 +111,14 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
                         wrong.append(f"{what} va {va:#x}: device {d}")
             res["access_wrong"] = wrong
             res["access_checked"] = len(_mappings(pub, g))
+        owner_only = [reg.name for reg in g.regions if reg.access == "owner"]
+        if owner_only and pub.imports_from:
+            try:
+                pub.row(pub.imports_from[0], owner_only[0], 0)
+            except GroupError:
+                res["peer_owner_only_row"] = "refused"
+            else:
+                res["peer_owner_only_row"] = "given"
         reads: dict[str, bool] = {}
         if spec.get("pattern"):
             for p in g.planes:

@@ -48,7 +48,8 @@ TINY = {"name": "tiny", "granularity": G, "pages": 4, "page_tokens": 16,
 
 
 def run_group(tmp_path: Path, geometry: dict[str, Any], *,
-              watch: Callable[[], None] | None = None, **spec: Any) -> list[dict[str, Any]]:
+              watch: Callable[[list[subprocess.Popen[bytes]]], None] | None = None,
+              **spec: Any) -> list[dict[str, Any]]:
     """Run one worker per rank to the end (or kill them at the hard timeout); ``watch``
     runs while they do."""
     world = geometry["topology"]["ranks"]
@@ -65,7 +66,7 @@ def run_group(tmp_path: Path, geometry: dict[str, Any], *,
     try:
         deadline = time.monotonic() + HARD_TIMEOUT_S
         if watch is not None:
-            watch()
+            watch(procs)
         for p in procs:
             p.wait(timeout=max(deadline - time.monotonic(), 1))
     finally:
@@ -101,6 +102,7 @@ def test_three_processes_publish_and_read_each_others_bytes(tmp_path: Path) -> N
         assert a["ok"], a
         assert a["access_checked"] > 0 and a["access_wrong"] == []   # own device only
         assert a["alias_bad"] == []
+        assert a["peer_owner_only_row"] == "refused"   # a peer's 'exec' rows are not mapped
         assert a["imports_from"] == [o for o in range(3) if o != r]
         assert a["reads"] and all(a["reads"].values()), a["reads"]  # the owner's bytes
         assert a["device_of_view"] == r            # read through the importer's own device
@@ -146,6 +148,28 @@ def test_kill_9_of_one_process_during_start_up_aborts_the_others_naming_it(
     check_group([tmp_path / f"rank{r}.ndjson" for r in range(3)], dead={1})
     head, *events = (json.loads(x) for x in (tmp_path / "rank1.ndjson").read_text().splitlines())
     assert not any(e["action"] in ("AbortComplete", "ShutdownComplete", "Vote") for e in events)
+
+
+def test_a_rank_that_stops_answering_is_named_after_the_deadline(tmp_path: Path) -> None:
+    g = scaled(small_geometry(), 3).model_dump()
+
+    def kill_the_stopped_one_once_the_others_reported(procs: list[Any]) -> None:
+        deadline = time.monotonic() + HARD_TIMEOUT_S - 30
+        while time.monotonic() < deadline and not all(
+                (tmp_path / f"rank{r}.json").exists() for r in (0, 2)):
+            time.sleep(0.1)
+        procs[1].kill()          # SIGSTOPped: it would never end on its own
+
+    # rank 1 SIGSTOPs itself at its 6th driver call: alive, silent
+    recs = run_group(tmp_path, g, stop_rank=1, stop_at=6, timeout_s=3,
+                     watch=kill_the_stopped_one_once_the_others_reported)
+    assert recs[1] is None
+    for r in (0, 2):
+        (a,) = recs[r]["attempts"]
+        assert not a["ok"] and a["kind"] == "GroupError"
+        assert a["missing"] == [1], a["error"]
+        assert "rank 1 did not answer within 3 s" in a["error"]
+        unwound(recs[r], a)
 
 
 # ------------------------------------------------- in-process pieces (no group needed)
