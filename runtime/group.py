@@ -129,6 +129,30 @@ def take_ledger_lease(ledger: Any, *, handles: int, geometry: Geometry, label: s
     return ledger.reserve(handles, geometry=geometry, label=label, budget=budget, reserve=0)
 
 
+def _ensure_fd_room(need: int) -> None:
+    """Make room for ``need`` more open fds (RLIMIT_NOFILE's soft limit, up to the hard).
+
+    Why: the fd receiver holds an owner's fds until this process imports them (it is
+    still making its own memory), up to one per allocation and owner; the simulated
+    driver keeps a memfd and an mmap (Python's mmap holds its own dup of the fd) per
+    exported allocation and an mmap per imported one. A soft limit of 1024 fails a
+    published-scale layout half-way (EMFILE), so ask for room before anything is made.
+    """
+    import resource
+
+    from kvgrant.runtime.fdpass import open_fd_count
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = open_fd_count() + need + 64
+    inf = resource.RLIM_INFINITY
+    if soft == inf or soft >= want:
+        return
+    if hard != inf and hard < want:
+        raise GroupError(f"this process may open {hard} fds (RLIMIT_NOFILE hard limit) but "
+                         f"the fd exchange needs about {want}; raise it (ulimit -Hn)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 # ------------------------------------------------------------------- channel
 def _pid_gone(pid: int) -> bool:
     """True when ``pid`` (same pid namespace) no longer runs: absent, or a zombie."""
@@ -777,6 +801,8 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
     the_plan: PhysicalPlan | None = None
     try:
         the_plan = checked(g)
+        owners = [o for o in range(n) if o != rank and rank in g.importers(o)]
+        _ensure_fd_room(len(the_plan.allocations) * (2 * len(owners) + 2))
         server = FdServer(rank, f"{chan.attempt}")
     except (KVGrantError, OSError) as e:
         local_error = e

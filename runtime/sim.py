@@ -437,7 +437,7 @@ class SimDriver:
             self._check_device(device, call)
             size = os.fstat(fd).st_size
             phys = _Phys(size, device)
-            phys.mm = mmap.mmap(fd, size)    # the mapping keeps the memory; fd not kept
+            phys.mm = mmap.mmap(fd, size)    # keeps the memory (and its own dup of the fd)
             phys.key = key
             phys.foreign = True
             self._shared[key] = phys
