@@ -154,7 +154,11 @@ class FdServer:
             sock, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        pid, uid, _ = _peer_cred(sock)
+        try:
+            pid, uid, _ = _peer_cred(sock)
+        except OSError as err:
+            self._refuse(sock, f"no peer credentials ({err.strerror or err})")
+            return
         owner = self._allowed.get(pid)
         why = None
         if uid != self._uid:
