@@ -258,3 +258,13 @@ def test_cli_procs_must_match_the_layouts_ranks() -> None:
     out = _cli("alloc", "examples/small.json", "--procs", "2", "--backend", "sim", timeout=60)
     assert out.returncode == 2
     assert "--procs = 2" in out.stderr and "topology.ranks = 3" in out.stderr
+
+
+def test_group_modules_pin_their_public_names() -> None:
+    import kvgrant.runtime as rt
+    from kvgrant.runtime import fdpass, group, group_launch
+
+    for m in (fdpass, group, group_launch):
+        assert m.__all__ == sorted(m.__all__) and all(hasattr(m, n) for n in m.__all__)
+    assert rt.allocate_rank is group.allocate_rank and rt.GroupPublished is group.GroupPublished
+    assert issubclass(GroupError, Exception) and "GroupError" in __import__("kvgrant").__all__
