@@ -811,43 +811,10 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
              "demand": rank_demand(g, the_plan, rank) if the_plan is not None else None,
              "error": _err_text(local_error) if local_error else None}
     try:
-        try:
-            got, missing, dead = chan.gather("hello", hello)
-        except _Abandoned as ab:
-            raise _abandoned_error(rank, ab.decision) from None
-        if missing:
-            dec = chan.decide(_abort_decision(
-                f"rank(s) {missing} did not join within {timeout_s:g} s", {}, missing))
-            raise _abandoned_error(rank, dec)
-        recs: dict[int, dict[str, Any]] = {}
-        for s, rec in enumerate(got):
-            assert rec is not None
-            r = int(rec["rank"])
-            if r in recs:
-                raise GroupError(f"two processes claim rank {r} (group members "
-                                 f"{recs[r]['slot']} and {s})", rank=rank)
-            rec["slot"] = s
-            recs[r] = rec
-        if sorted(recs) != list(range(n)):
-            raise GroupError(f"the group's ranks are {sorted(recs)}, not 0..{n - 1}", rank=rank)
-        errors = {r: rec["error"] for r, rec in recs.items() if rec["error"]}
-        if errors:
-            raise GroupError("the group did not start; nothing was created: " + "; ".join(
-                f"rank {r} failed: {t}" for r, t in sorted(errors.items())), rank=rank,
-                failed=errors)
+        recs = _join(chan, hello, g, rank, timeout_s)
         assert the_plan is not None and server is not None
-        chan.slot_of = {r: rec["slot"] for r, rec in recs.items()}
-        ns = _pidns()
-        chan.pids = {rec["slot"]: rec["pid"] for rec in recs.values()
-                     if rec["host"] == host and rec["pidns"] == ns and rec["pid"] != os.getpid()}
         hosts = [recs[r]["host"] for r in range(n)]
         devices = [int(recs[r]["device"]) for r in range(n)]
-        apart = [(o, i) for o in range(n) for i in g.importers(o) if hosts[o] != hosts[i]]
-        if apart:
-            raise GroupError("; ".join(
-                f"rank {i} (host {hosts[i]!r}) imports from rank {o} (host {hosts[o]!r})"
-                for o, i in apart) + ": POSIX fds do not cross hosts, so an import group "
-                "must live on one host; nothing was created", rank=rank)
         if preflight:
             _check_host_budget(g, the_plan, hosts, budget)
     except BaseException:
@@ -986,24 +953,9 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                     fail = f
                     _tell_importers(run, recs, clients, f.text)
             # -- the vote, before any barrier ----------------------------------
-            vote: dict[str, Any] = {"rank": rank, "ready": fail is None}
             if fail is not None:
                 run.st.failed = True
-                vote.update(error=fail.text, peer=fail.peer)
-            try:
-                votes, missing, dead = chan.gather("vote", vote)
-                if missing:
-                    proposal = _abort_decision(
-                        _missing_reason(chan, missing, dead, timeout_s), _failed(votes), [
-                            _rank_of(chan, s) for s in missing])
-                elif all(v and v["ready"] for v in votes):
-                    proposal = {"decision": "publish", "failed": [], "missing": [],
-                                "reason": ""}
-                else:
-                    proposal = _abort_decision("a rank failed", _failed(votes), [])
-                decision = chan.decide(proposal)
-            except _Abandoned as ab:
-                decision = ab.decision
+            decision = _vote(chan, rank, fail, timeout_s)
             vargs: dict[str, Any] = {"ready": fail is None}
             if fail is not None:
                 vargs["error"] = fail.text
@@ -1051,6 +1003,78 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
             driver.close()
         attach_cleanup_errors(e, errors)
         raise
+
+
+def _vote(chan: _Channel, rank: int, fail: _StepFailed | None, timeout_s: float
+          ) -> dict[str, Any]:
+    """All-gather this rank's vote, propose a decision, return the group's decision.
+
+    Publish only when every rank voted ready; a rank missing at the deadline (or dead)
+    makes it abort. ``compare_set`` keeps the first proposal written, so every rank
+    follows the same decision even when their views of the votes differ.
+    """
+    vote: dict[str, Any] = {"rank": rank, "ready": fail is None}
+    if fail is not None:
+        vote.update(error=fail.text, peer=fail.peer)
+    try:
+        votes, missing, dead = chan.gather("vote", vote)
+    except _Abandoned as ab:
+        return ab.decision
+    if missing:
+        proposal = _abort_decision(_missing_reason(chan, missing, dead, timeout_s),
+                                   _failed(votes), [_rank_of(chan, s) for s in missing])
+    elif all(v and v["ready"] for v in votes):
+        proposal = {"decision": "publish", "failed": [], "missing": [], "reason": ""}
+    else:
+        proposal = _abort_decision("a rank failed", _failed(votes), [])
+    return chan.decide(proposal)
+
+
+def _join(chan: _Channel, hello: Mapping[str, Any], g: Geometry, rank: int,
+          timeout_s: float) -> dict[int, dict[str, Any]]:
+    """The hello all-gather and its checks; returns rank -> hello record (with ``slot``).
+
+    Every rank gets the same records, so every rank raises the same refusal: ranks that
+    are not 0..N-1, a rank's own error (plan, contract, fds, socket), an importer on
+    another host than its owner (POSIX fds do not cross hosts).
+    """
+    n = g.topology.ranks
+    try:
+        got, missing, _ = chan.gather("hello", hello)
+    except _Abandoned as ab:
+        raise _abandoned_error(rank, ab.decision) from None
+    if missing:
+        dec = chan.decide(_abort_decision(
+            f"rank(s) {missing} did not join within {timeout_s:g} s", {}, missing))
+        raise _abandoned_error(rank, dec)
+    recs: dict[int, dict[str, Any]] = {}
+    for s, rec in enumerate(got):
+        assert rec is not None
+        r = int(rec["rank"])
+        if r in recs:
+            raise GroupError(f"two processes claim rank {r} (group members "
+                             f"{recs[r]['slot']} and {s})", rank=rank)
+        rec["slot"] = s
+        recs[r] = rec
+    if sorted(recs) != list(range(n)):
+        raise GroupError(f"the group's ranks are {sorted(recs)}, not 0..{n - 1}", rank=rank)
+    errors = {r: rec["error"] for r, rec in recs.items() if rec["error"]}
+    if errors:
+        raise GroupError("the group did not start; nothing was created: " + "; ".join(
+            f"rank {r} failed: {t}" for r, t in sorted(errors.items())), rank=rank,
+            failed=errors)
+    chan.slot_of = {r: rec["slot"] for r, rec in recs.items()}
+    ns, host = _pidns(), hello["host"]
+    chan.pids = {rec["slot"]: rec["pid"] for rec in recs.values()
+                 if rec["host"] == host and rec["pidns"] == ns and rec["pid"] != os.getpid()}
+    hosts = [recs[r]["host"] for r in range(n)]
+    apart = [(o, i) for o in range(n) for i in g.importers(o) if hosts[o] != hosts[i]]
+    if apart:
+        raise GroupError("; ".join(
+            f"rank {i} (host {hosts[i]!r}) imports from rank {o} (host {hosts[o]!r})"
+            for o, i in apart) + ": POSIX fds do not cross hosts, so an import group "
+            "must live on one host; nothing was created", rank=rank)
+    return recs
 
 
 def _tell_importers(run: _GroupRun, recs: Mapping[int, Mapping[str, Any]],
