@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Protocol, Sequence
 
-from kvgrant.errors import (AllocationError, DriverError, GroupError, HandleBudgetError,
+from kvgrant.errors import (DriverError, GroupError, HandleBudgetError,
                             KVGrantError, PlanError)
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
