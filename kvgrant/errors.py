@@ -11,6 +11,7 @@ catch one class; the leaves say which part failed, never the message text::
     ├── DriverError            a VMM driver call failed (call, CUresult, device, VA range)
     │   └── BackendUnavailable the requested backend cannot run here (no GPU, no driver)
     ├── AllocationError        a multi-rank allocation failed and was unwound
+    │   └── GroupError         a group of processes (one rank each) did not publish
     ├── TraceError             a trace file is malformed (line number)
     ├── ToolError              an external tool (Java, TLC) is missing or failed
     └── LedgerError            the host ledger (or simulated host pool) file is unusable
@@ -27,6 +28,7 @@ __all__ = [
     "ContractError",
     "DriverError",
     "GeometryError",
+    "GroupError",
     "HandleBudgetError",
     "KVGrantError",
     "LedgerError",
@@ -138,6 +140,23 @@ class AllocationError(KVGrantError):
         self.free_before = dict(free_before or {})
         self.free_after = dict(free_after or {})
         self.cleanup_errors = list(cleanup_errors or [])
+
+
+class GroupError(AllocationError):
+    """A group of processes, one rank each, aborted together (or could not start).
+
+    ``rank`` is the process that raises; ``failed`` maps each rank that voted failed to
+    its first error; ``missing`` lists the ranks that died or did not answer before the
+    deadline; ``peer`` is the other rank a step was waiting on, if any.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, peer: int | None = None,
+                 failed: dict[int, str] | None = None, missing: list[int] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(message, rank=rank, **kwargs)
+        self.peer = peer
+        self.failed = dict(failed or {})
+        self.missing = list(missing or [])
 
 
 class TraceError(KVGrantError, ValueError):

@@ -1,12 +1,14 @@
-"""kvgrant.runtime: the driver interface, the transactional allocator, traces, views.
+"""kvgrant.runtime: the driver interface, the transactional allocator, traces, views,
+and the group runtime (one process per rank: :func:`allocate_rank`).
 
-The CUDA backend is imported lazily (by :func:`open_driver`), so this package imports
-without a GPU or a driver.
+The CUDA backend is imported lazily (by :func:`open_driver`), and torch only when a
+group is used, so this package imports without a GPU, a driver or torch.
 """
 
 from kvgrant.runtime.allocator import Capacity, Counts, Published, allocate
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
+from kvgrant.runtime.group import GroupPublished, allocate_rank
 from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, open_trace
 from kvgrant.runtime.transaction import Teardown, Transaction
 from kvgrant.runtime.views import DeviceBuffer, as_tensor
@@ -16,6 +18,7 @@ __all__ = [
     "Counts",
     "DeviceBuffer",
     "Driver",
+    "GroupPublished",
     "LiveCounts",
     "MemoryLimit",
     "PageFit",
@@ -25,6 +28,7 @@ __all__ = [
     "TraceWriter",
     "Transaction",
     "allocate",
+    "allocate_rank",
     "as_tensor",
     "fit_pages",
     "open_driver",

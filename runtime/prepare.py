@@ -25,7 +25,7 @@ from kvgrant.runtime.transaction import attach_cleanup_errors
 if TYPE_CHECKING:
     from kvgrant.runtime.ledger import HostLedger, Lease
 
-__all__ = ["Prepared", "prepare"]
+__all__ = ["Prepared", "host_ledger", "prepare", "resolve_plan"]
 
 
 @dataclass
@@ -99,7 +99,7 @@ def prepare(geometry: "Geometry | str | Path", *,
 
     def checked(gg: Geometry) -> PhysicalPlan:
         nonlocal demand
-        p = fixed_plan if fixed_plan is not None else _resolve_plan(gg, plan)  # type: ignore[arg-type]
+        p = fixed_plan if fixed_plan is not None else resolve_plan(gg, plan)  # type: ignore[arg-type]
         if check_contract:
             from kvgrant.layout.contract import require_contract
 
@@ -123,7 +123,7 @@ def prepare(geometry: "Geometry | str | Path", *,
     try:
         if driver is None and backend == "auto":
             backend, backend_reason = _auto_backend(max(devs) + 1)
-        book = _host_ledger(ledger, getattr(driver, "name", None) or backend)
+        book = host_ledger(ledger, getattr(driver, "name", None) or backend)
         if book is not None:  # this process's share of the host's pool, before any driver call
             lease = book.reserve(demand, geometry=g.name, label=the_plan.label,
                                  budget=budget, reserve=reserve, check=preflight, devices=devs)
@@ -194,7 +194,7 @@ def prepare(geometry: "Geometry | str | Path", *,
                     free_before, lease, tw, declared)
 
 
-def _resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"
+def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"
                   ) -> PhysicalPlan:
     if isinstance(plan, PhysicalPlan):
         return plan
@@ -209,7 +209,7 @@ def _free_map(driver: Driver, devices: Sequence[int]) -> dict[int, int]:
     return {d: driver.free_memory(d)[0] for d in devices}
 
 
-def _host_ledger(ledger: "HostLedger | str | Path | bool | None", backend: str
+def host_ledger(ledger: "HostLedger | str | Path | bool | None", backend: str
                  ) -> "HostLedger | None":
     """The ledger to reserve in (see ``allocate``'s ``ledger``), or None."""
     from kvgrant.runtime.ledger import LEDGER_ENV, HostLedger

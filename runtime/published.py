@@ -140,7 +140,7 @@ class Published:
     def plane(self, rank: int, plane: str) -> DeviceBuffer:
         """The whole plane (``pages * bytes_per_page`` bytes) of ``rank``."""
         nbytes = self.capacity.pages * self.geometry.plane_by_name[plane].bytes_per_page
-        return DeviceBuffer(self.plane_va[rank][plane], nbytes, self.devices[rank],
+        return DeviceBuffer(self.plane_va[rank][plane], nbytes, self._view_device(rank),
                             getattr(self.driver, "name", "cuda"))
 
     def page(self, rank: int, plane: str, page: int) -> DeviceBuffer:
@@ -153,8 +153,13 @@ class Published:
     def row(self, rank: int, region: str, row: int) -> DeviceBuffer:
         """Row ``row`` of ``region`` on ``rank`` (``row_bytes`` bytes)."""
         reg = self.geometry.region_by_name[region]
-        return DeviceBuffer(self.row_va(rank, region, row), reg.row_bytes, self.devices[rank],
-                            getattr(self.driver, "name", "cuda"))
+        return DeviceBuffer(self.row_va(rank, region, row), reg.row_bytes,
+                            self._view_device(rank), getattr(self.driver, "name", "cuda"))
+
+    def _view_device(self, rank: int) -> int:
+        """The CUDA ordinal through which ``rank``'s memory is viewed: its own device
+        here; a group process views an imported peer through its own device."""
+        return self.devices[rank]
 
     def live(self) -> LiveCounts:
         return self.driver.live()

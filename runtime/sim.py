@@ -22,6 +22,13 @@ the real driver returns):
 * physical memory returns to its device only when the last handle *and* the last
   mapping (and any exported fd) are gone; ``create`` beyond free memory fails with
   CUDA_ERROR_OUT_OF_MEMORY;
+* exported handles are real fds: the first export moves the allocation's bytes into a
+  memfd (named after its device), each export returns a new fd of it, and another
+  process's SimDriver imports that fd by mapping the same memfd, so bytes one process
+  writes are the bytes the other reads (the group runtime passes these fds over a Unix
+  socket). Imported memory counts against the owner's device use, not the importer's;
+  lazily, because a memfd per allocation would spend an fd per allocation that is
+  never shared (a published-scale one-process run has tens of thousands);
 * the driver-handle budget: every (mapping, granted device) pair spends one handle; a
   ``set_access`` that would exceed ``handle_budget`` fails with CUDA_ERROR_OUT_OF_MEMORY
   while memory is still free, as measured on an H200 with driver 580 (523,880 grants
@@ -40,6 +47,7 @@ only "an error" was confirmed.
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 from collections import Counter
 from typing import Mapping, Sequence
@@ -64,6 +72,7 @@ H200_MEMORY_BYTES = 150_109_880_320         # cuMemGetInfo total of one H200, dr
 DEFAULT_HANDLE_BUDGET = 523_880             # (mapping, device) grants a host can hold
 
 _VA_BASE = 0x7F00_0000_0000                  # where simulated reservations start
+_MEMFD_PREFIX = "kvgrant-sim-dev"            # memfd name: the owner's device follows
 _PAGE = 1 << 16                              # lazy byte-store page size
 
 _INVALID = "CUDA_ERROR_INVALID_VALUE"
@@ -75,15 +84,25 @@ _NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"
 
 
 class _Phys:
-    """Physical memory of one cuMemCreate; freed when ``refs`` drops to zero."""
+    """Physical memory of one cuMemCreate; freed when ``refs`` drops to zero.
 
-    __slots__ = ("size", "device", "refs", "pages")
+    Bytes live in lazy 64 KiB ``pages`` until the memory is first exported; then they
+    move into a memfd (``memfd``, mapped as ``mm``) so that another process that imports
+    an fd of it maps the very same bytes. ``foreign`` memory was imported from another
+    process: its bytes are the owner's and are not counted in this driver's device use.
+    """
+
+    __slots__ = ("size", "device", "refs", "pages", "memfd", "mm", "key", "foreign")
 
     def __init__(self, size: int, device: int) -> None:
         self.size = size
         self.device = device
         self.refs = 0                      # live handles + mappings + open fds
         self.pages: dict[int, bytearray] = {}
+        self.memfd: int | None = None      # owner side: kept open to export more fds
+        self.mm: mmap.mmap | None = None   # the shared bytes once exported or imported
+        self.key: tuple[int, int] | None = None  # (st_dev, st_ino) of the memfd
+        self.foreign = False
 
 
 class _Mapping:
@@ -170,8 +189,8 @@ class SimDriver:
         self._res: dict[int, _Reservation] = {}
         self._handles: dict[int, _Phys] = {}
         self._next_handle = 1
-        self._fds: dict[int, _Phys] = {}
-        self._next_fd = 1000
+        self._fds: dict[int, _Phys] = {}        # fds this driver exported, still open
+        self._shared: dict[tuple[int, int], _Phys] = {}  # memfd (dev, inode) -> memory
         self._mappings = 0
         self._grants = 0
         self._reserved = 0
@@ -263,8 +282,17 @@ class SimDriver:
     def _drop_ref(self, phys: _Phys) -> None:
         phys.refs -= 1
         if phys.refs == 0:
-            self._used[phys.device] -= phys.size
+            if not phys.foreign:
+                self._used[phys.device] -= phys.size
             phys.pages.clear()
+            if phys.key is not None:
+                self._shared.pop(phys.key, None)
+            if phys.mm is not None:
+                phys.mm.close()
+                phys.mm = None
+            if phys.memfd is not None:
+                os.close(phys.memfd)
+                phys.memfd = None
 
     # -------------------------------------------------------------------- queries
     def device_count(self) -> int:
@@ -362,23 +390,72 @@ class SimDriver:
         self._drop_ref(phys)
 
     def export_handle(self, handle: int) -> int:
+        """cuMemExportToShareableHandle: a real fd (a dup of the memory's memfd).
+
+        The first export moves the bytes into a memfd, so a process that imports the fd
+        maps the same bytes (writes on one side are reads on the other). Each export is
+        a new fd that keeps the memory alive until :meth:`close_shareable`.
+        """
         call = "cuMemExportToShareableHandle"
         phys = self._handles.get(handle)
         self._enter(call, phys.device if phys else None)
         if phys is None:
             raise self._err(_INVALID, f"handle = {handle!r}: not a live handle", call)
-        fd = self._next_fd
-        self._next_fd += 1
+        if phys.mm is None:
+            self._share(phys)
+        if phys.memfd is None:  # imported memory: re-export what we were given
+            raise self._err(_NOT_SUPPORTED, f"handle = {handle!r}: imported memory is not "
+                            "re-exported by the simulator", call, phys.device)
+        fd = os.dup(phys.memfd)
+        os.set_inheritable(fd, False)
         self._fds[fd] = phys
         phys.refs += 1
         return fd
 
+    def _share(self, phys: _Phys) -> None:
+        """Back ``phys`` by a memfd (named after its device) and move its bytes there."""
+        fd = os.memfd_create(f"{_MEMFD_PREFIX}{phys.device}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, phys.size)      # sparse: costs nothing until written
+            mm = mmap.mmap(fd, phys.size)
+        except BaseException:
+            os.close(fd)
+            raise
+        for p, page in phys.pages.items():
+            mm[p * _PAGE:p * _PAGE + _PAGE] = page
+        phys.pages.clear()
+        st = os.fstat(fd)
+        phys.memfd, phys.mm, phys.key = fd, mm, (st.st_dev, st.st_ino)
+        self._shared[phys.key] = phys
+
     def import_handle(self, fd: int) -> int:
+        """cuMemImportFromShareableHandle of an fd exported by a SimDriver (this one or
+        one in another process). The fd stays open; the caller closes it
+        (:meth:`close_shareable`), as with the real driver."""
         call = "cuMemImportFromShareableHandle"
         phys = self._fds.get(fd)
-        self._enter(call, phys.device if phys else None)
+        key: tuple[int, int] | None = None
+        device: int | None = phys.device if phys else None
+        if phys is None and isinstance(fd, int) and not isinstance(fd, bool):
+            try:
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino)
+                phys = self._shared.get(key)
+                device = phys.device if phys else _memfd_device(fd)
+            except OSError:
+                device = None
+        self._enter(call, device)
         if phys is None:
-            raise self._err(_INVALID, f"fd = {fd!r}: not an open exported handle", call)
+            if key is None or device is None:
+                raise self._err(_INVALID, f"fd = {fd!r}: not an open fd of memory exported by "
+                                "a simulated driver", call)
+            self._check_device(device, call)
+            size = os.fstat(fd).st_size
+            phys = _Phys(size, device)
+            phys.mm = mmap.mmap(fd, size)    # keeps the memory (and its own dup of the fd)
+            phys.key = key
+            phys.foreign = True
+            self._shared[key] = phys
         handle = self._next_handle
         self._next_handle += 1
         self._handles[handle] = phys
@@ -386,9 +463,18 @@ class SimDriver:
         return handle
 
     def close_shareable(self, fd: int) -> None:
+        """Close an fd: one this driver exported (it stops holding the memory) or one
+        received from another process after importing it."""
         phys = self._fds.pop(fd, None)
         if phys is None:
-            raise ValueError(f"fd = {fd!r}: not an open fd exported by this driver")
+            if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+                raise ValueError(f"fd = {fd!r}: not an open fd")
+            try:
+                os.close(fd)
+            except OSError as err:
+                raise ValueError(f"fd = {fd!r}: not an open fd ({err.strerror})") from None
+            return
+        os.close(fd)
         self._drop_ref(phys)
 
     # ----------------------------------------------------------------- mappings
@@ -517,6 +603,11 @@ class SimDriver:
         self._check_device(device, call)
         done = 0
         for m, off, n in self._segments(va, len(view), device, call):
+            mm = m.phys.mm
+            if mm is not None:               # shared memory: the memfd's bytes
+                mm[off:off + n] = view[done:done + n]
+                done += n
+                continue
             pages = m.phys.pages
             while n:
                 p, o = divmod(off, _PAGE)
@@ -535,6 +626,10 @@ class SimDriver:
         self._check_device(device, call)
         out = bytearray()
         for m, off, n in self._segments(va, size, device, call):
+            mm = m.phys.mm
+            if mm is not None:
+                out += mm[off:off + n]
+                continue
             pages = m.phys.pages
             while n:
                 p, o = divmod(off, _PAGE)
@@ -554,6 +649,19 @@ class SimDriver:
             if self._owns_pool:
                 self.host_pool.close()
         self._closed = True
+
+
+def _memfd_device(fd: int) -> int | None:
+    """The device in a simulated export's memfd name, or None for any other fd."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    head = "/memfd:" + _MEMFD_PREFIX
+    if not target.startswith(head):
+        return None
+    digits = target[len(head):].split(" ", 1)[0]
+    return int(digits) if digits.isdigit() else None
 
 
 def _require_int(field: str, value: object, *, minimum: int) -> None:

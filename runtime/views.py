@@ -73,7 +73,16 @@ def as_tensor(buf: DeviceBuffer) -> Any:
         raise ModuleNotFoundError(
             "torch is not installed; install the extra with: pip install 'kvgrant[torch]' "
             "(without torch, use DeviceBuffer.ptr)") from err
-    t = torch.as_tensor(buf, device=torch.device("cuda", buf.device))
+    device = torch.device("cuda", buf.device)
+    make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    if make is not None:
+        # The device is said, not asked: torch.as_tensor asks cudaPointerGetAttributes,
+        # which names the GPU holding the memory, and a peer's memory imported by a
+        # group process (kvgrant.runtime.group) is readable only through this device.
+        t = torch.empty(0, dtype=torch.uint8, device=device).set_(
+            make(buf.ptr, device, buf.nbytes))
+    else:  # pragma: no cover - older torch
+        t = torch.as_tensor(buf, device=device)
     if t.data_ptr() != buf.ptr:  # pragma: no cover - would mean torch copied
         raise RuntimeError(f"torch copied the buffer at {buf.ptr:#x} (got {t.data_ptr():#x})")
     return t

@@ -19,7 +19,7 @@ from typing import Any
 
 from kvgrant.errors import AllocationError, HandleBudgetError, KVGrantError
 
-from kvgrant.commands._args import count, exit_status, positive_int
+from kvgrant.commands._args import count, exit_status, positive_int, positive_seconds
 
 __all__ = ["add_parser", "run"]
 
@@ -74,6 +74,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--sim-pool", default=None, metavar="PATH",
                    help="sim backend only: a handle pool file shared with the sim drivers of "
                         "other processes (or set KVGRANT_SIM_POOL)")
+    p.add_argument("--procs", type=positive_int, default=None, metavar="N",
+                   help="one process per rank: start N worker processes (a gloo group), "
+                        "each allocates its own rank, imports its peers' memory through "
+                        "fds, and the group publishes or aborts together; under torchrun "
+                        "this process is one of them (N = WORLD_SIZE); --trace names a folder")
+    p.add_argument("--fail-rank", type=int, default=0, metavar="R",
+                   help="with --procs and --fail-at: the rank whose process fails (default 0)")
+    p.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
+                   help="with --procs: how long a rank waits for the others before it "
+                        "names them missing and the group aborts (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -116,6 +126,64 @@ def _print_text(s: dict[str, Any], release_s: float | None, live_after: dict[str
         print(f"  trace: {trace}")
 
 
+def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
+    """``--procs N``: one process per rank (kvgrant.runtime.group)."""
+    from kvgrant.layout.geometry import load_geometry, on_ranks
+
+    try:
+        g = load_geometry(args.geometry)
+        if args.ranks is not None:
+            g = on_ranks(g, args.ranks)
+    except KVGrantError as err:
+        print(f"kvgrant alloc: error: {err}", file=sys.stderr)
+        return exit_status(err)
+    if g.topology.ranks != args.procs:
+        print(f"kvgrant alloc: error: --procs = {args.procs}: the layout has "
+              f"topology.ranks = {g.topology.ranks} (one process per rank; use --ranks "
+              f"{args.procs} to run it on {args.procs} ranks)", file=sys.stderr)
+        return 2
+    try:
+        from kvgrant.runtime import group_launch
+    except ModuleNotFoundError as err:  # pragma: no cover - torch missing
+        print(f"kvgrant alloc: error: --procs needs torch: pip install 'kvgrant[group]' "
+              f"({err})", file=sys.stderr)
+        return 2
+    spec: dict[str, Any] = {
+        "geometry": g.model_dump(), "procs": args.procs, "plan": args.plan,
+        "backend": args.backend, "memory_limit": args.memory_limit,
+        "handle_budget": args.handle_budget, "handle_reserve": args.handle_reserve,
+        "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": args.trace, "fail_at": args.fail_at, "fail_rank": args.fail_rank,
+        "timeout_s": args.timeout or 120.0,
+        "devices": {str(r): d for r, d in enumerate(devices)} if devices else None,
+        "driver_options": {**({"handle_budget": args.sim_handle_budget}
+                              if args.sim_handle_budget is not None else {}),
+                           **({"host_pool": args.sim_pool} if args.sim_pool else {})}}
+    if group_launch.in_torchrun():
+        reports = [group_launch.run_under_torchrun(spec)]
+    else:
+        reports = group_launch.launch(spec)
+    ok = all(r.get("ok") for r in reports)
+    if args.json:
+        print(json.dumps({"ok": ok, "procs": args.procs, "mode": "group", "ranks": reports}))
+    else:
+        for r in reports:
+            if r.get("ok"):
+                cap, c = r["capacity"], r["counts"]
+                print(f"kvgrant alloc: rank {r['rank']} (pid {r['pid']}, {r['backend']} device "
+                      f"{r['device']}): published {cap['pages']} KV pages = "
+                      f"{cap['kv_tokens']:,} KV tokens, {cap['snapshot_slots']} snapshot slots; "
+                      f"imports from {r['imports_from']}; {c['objects']:,} driver objects, "
+                      f"{c['grants']:,} grants; start-up {r['startup_s'] * 1e3:.1f} ms; "
+                      "live after release: " + ("nothing" if not any(
+                          r["live_after_release"].values()) else str(r["live_after_release"])))
+    if not ok:
+        first = next(r for r in reports if not r.get("ok"))
+        print(f"kvgrant alloc: error: rank {first['rank']}: {first.get('error')}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
 
@@ -127,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvgrant alloc: error: --devices = {args.devices!r}: must be comma-separated "
                   "integers", file=sys.stderr)
             return 2
+    if args.procs is not None:
+        return _run_group(args, devices)
     geometry = args.geometry
     try:
         if args.ranks is not None:

@@ -1,0 +1,1205 @@
+"""One process per rank: allocate this rank's KV cache as one member of a group.
+
+Serving engines run one process per GPU. :func:`allocate_rank` is called by each of
+them, for its own rank, inside the engine's existing ``torch.distributed`` group; the
+group publishes together or aborts together (DESIGN.md "Processes and the group"):
+
+1. **Hello** (no driver call yet): every rank all-gathers its pid, uid, host, fd-socket
+   address, device and handle demand. The demand is summed per host and checked against
+   the budget (refused naming every rank's share), then each process takes its ledger
+   lease (:func:`take_ledger_lease`, the one integration point of the host ledger).
+2. **Set-up**: each process opens its driver and measures its own device; the free
+   bytes are all-gathered so every rank fits the same pages and realises the same plan.
+3. **Build** (one :class:`~kvgrant.runtime.transaction.Transaction`): ``Reserve`` one
+   range (own planes and regions, then one slot of the same size per owner it imports
+   from, ascending); per allocation ``Create`` (exportable: POSIX fd), ``Map``,
+   ``MapAlias``, ``Grant`` (own device only); per allocation ``Export`` and one ``Send``
+   per validated importer (SCM_RIGHTS, :mod:`kvgrant.runtime.fdpass`), the fd closed at
+   once; per owner and allocation ``Import`` (fd closed at once), ``ImportMap`` (plane,
+   and alias for ``access: importers`` regions), ``ImportGrant`` (own device only).
+4. **Vote** before any barrier: every rank all-gathers ``ready`` or its first error.
+   One decision is written once (``compare_set``): publish iff every rank is ready;
+   otherwise every process unwinds what it made and imported and raises
+   :class:`~kvgrant.errors.GroupError` naming the failed ranks and their first errors.
+   A rank that dies or does not answer before the deadline is named ``missing``.
+
+Why the group's store and not its collectives: a collective on a group whose member
+died blocks until the group's own timeout (30 minutes for gloo by default) and cannot
+say who is missing. Every wait here polls the rendezvous store with a deadline, notices
+a dead same-host peer at once (its pid is gone), and stops as soon as another rank has
+decided to abort. No retries, no smaller second attempt.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Mapping, Protocol, Sequence
+
+from kvgrant.errors import (DriverError, GroupError, HandleBudgetError,
+                            KVGrantError, PlanError)
+from kvgrant.gc_pause import gc_paused
+from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
+from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
+from kvgrant.runtime.driver import Driver, open_driver
+from kvgrant.runtime.fdpass import FdClient, FdServer
+from kvgrant.runtime.prepare import host_ledger, resolve_plan
+from kvgrant.runtime.published import Capacity, Counts, Published
+from kvgrant.runtime.trace import TraceWriter, open_trace
+from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
+
+__all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "rank_demand",
+           "take_ledger_lease"]
+
+#: How long any one group step waits for the others (seconds) before naming them missing.
+DEFAULT_TIMEOUT_S = 120.0
+_OK = "CUDA_SUCCESS"
+_POLL_S = (0.002, 0.05)   # first and longest pause between looks at the store
+
+
+# ----------------------------------------------------------------------- demand
+def rank_demand(g: Geometry, plan: PhysicalPlan, rank: int) -> int:
+    """Driver handles the process of ``rank`` spends: its own mappings (each granted to
+    its own device) plus its imported mappings (each granted to its own device).
+
+    Summed over a host this equals the one-process demand (mappings x granted
+    devices): each (mapping, importer) grant of the one-process allocator becomes one
+    mapping in the importer's own process.
+    """
+    own = sum(1 + (a.region is not None) for a in plan.allocations)
+    shared = sum(1 + (a.region is not None and g.region_by_name[a.region].access == "importers")
+                 for a in plan.allocations)
+    owners = [o for o in range(g.topology.ranks) if rank in g.importers(o)]
+    return own + shared * len(owners)
+
+
+def _check_host_budget(g: Geometry, plan: PhysicalPlan, hosts: Sequence[str],
+                       budget: int, reserve: int = 0) -> dict[str, int]:
+    """Sum each host's demand; refuse naming every rank's share when one host's demand
+    plus ``reserve`` (for users kvgrant cannot see) overdraws the budget."""
+    per_host: dict[str, int] = {}
+    shares: dict[str, list[tuple[int, int]]] = {}
+    for r, host in enumerate(hosts):
+        n = rank_demand(g, plan, r)
+        per_host[host] = per_host.get(host, 0) + n
+        shares.setdefault(host, []).append((r, n))
+    over = {h: n for h, n in per_host.items() if n + reserve > budget}
+    if over:
+        parts = []
+        for h, n in sorted(over.items()):
+            each = ", ".join(f"rank {r} {k:,}" for r, k in shares[h])
+            parts.append(f"host {h!r} needs {n:,} driver handles ({each}) + a reserve of "
+                         f"{reserve:,} but the host budget is {budget:,} (over by "
+                         f"{n + reserve - budget:,})")
+        contributors = [(f"rank {r} on {h}", k) for h in sorted(over) for r, k in shares[h]]
+        raise HandleBudgetError(
+            f"{plan.label} plan of {g.name!r}, one process per rank: " + "; ".join(parts)
+            + "; the pool is one per host, so splitting ranks over processes does not help",
+            demand=max(over.values()), budget=budget, contributors=contributors)
+    return per_host
+
+
+# ----------------------------------------------------------------------- ledger
+class Lease(Protocol):
+    def release(self) -> None: ...
+
+
+class _NoLease:
+    """What :func:`take_ledger_lease` gives when no ledger is configured."""
+
+    def release(self) -> None:
+        return None
+
+
+def take_ledger_lease(ledger: Any, *, handles: int, geometry: Geometry, label: str,
+                      budget: int, reserve: int, backend: str, check: bool,
+                      device: int) -> Lease:
+    """This process's lease on the host's handle pool (:mod:`kvgrant.runtime.ledger`).
+
+    Taken after the host pre-flight and before this process's first VMM call; released
+    as the last undo of abort and of shutdown. Each rank reserves its own share, so the
+    ledger sums the group's ranks on the host with every other holder; a share that
+    does not fit raises HandleBudgetError naming the holders. ``ledger`` as for
+    :func:`~kvgrant.runtime.allocator.allocate` (None: the default ledger for cuda, for
+    sim only when ``KVGRANT_LEDGER`` is set; False: none).
+    """
+    book = host_ledger(ledger, backend)
+    if book is None:
+        return _NoLease()
+    return book.reserve(handles, geometry=geometry.name, label=label, budget=budget,
+                        reserve=reserve, check=check, devices=[device])
+
+
+def _ensure_fd_room(need: int) -> None:
+    """Make room for ``need`` more open fds (RLIMIT_NOFILE's soft limit, up to the hard).
+
+    Why: the fd receiver holds an owner's fds until this process imports them (it is
+    still making its own memory), up to one per allocation and owner; the simulated
+    driver keeps a memfd and an mmap (Python's mmap holds its own dup of the fd) per
+    exported allocation and an mmap per imported one. A soft limit of 1024 fails a
+    published-scale layout half-way (EMFILE), so ask for room before anything is made.
+    """
+    import resource
+
+    from kvgrant.runtime.fdpass import open_fd_count
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = open_fd_count() + need + 64
+    inf = resource.RLIM_INFINITY
+    if soft == inf or soft >= want:
+        return
+    if hard != inf and hard < want:
+        raise GroupError(f"this process may open {hard} fds (RLIMIT_NOFILE hard limit) but "
+                         f"the fd exchange needs about {want}; raise it (ulimit -Hn)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+# ------------------------------------------------------------------- channel
+def _pid_gone(pid: int) -> bool:
+    """True when ``pid`` (same pid namespace) no longer runs: absent, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
+def _pidns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+class _Abandoned(Exception):
+    """Internal: another rank decided to abort while this one waited."""
+
+    def __init__(self, decision: dict[str, Any]) -> None:
+        super().__init__(decision.get("reason", "abort"))
+        self.decision = decision
+
+
+class _Channel:
+    """Control messages of one attempt over the group's rendezvous store.
+
+    Every key lives under ``kvgrant/<attempt>/``; the attempt number is the count of
+    this process's calls (``store.add``), the same on every rank that calls as often.
+    """
+
+    def __init__(self, store: Any, index: int, world: int, timeout_s: float) -> None:
+        self.store = store
+        self.index = index
+        self.world = world
+        self.timeout_s = timeout_s
+        attempt = int(store.add(f"kvgrant/attempts/{index}", 1))
+        self.prefix = f"kvgrant/{attempt}/"
+        self.attempt = attempt
+        self.pids: dict[int, int] = {}      # slot -> pid, where liveness can be checked
+        self.slot_of: dict[int, int] = {}   # kvgrant rank -> slot (index in the group)
+
+    def _key(self, name: str, slot: int) -> str:
+        return f"{self.prefix}{name}/{slot}"
+
+    def decision(self) -> dict[str, Any] | None:
+        key = self.prefix + "decision"
+        if self.store.check([key]):
+            return json.loads(self.store.get(key))
+        return None
+
+    def decide(self, proposal: dict[str, Any]) -> dict[str, Any]:
+        """Write ``proposal`` unless a decision exists; return the decision (the same on
+        every rank: the first writer wins)."""
+        key = self.prefix + "decision"
+        got = self.store.compare_set(key, "", json.dumps(proposal, sort_keys=True))
+        return json.loads(got)
+
+    def peek(self, name: str, slot: int) -> dict[str, Any] | None:
+        """``slot``'s value of gather ``name`` if it has written it, else None."""
+        key = self._key(name, slot)
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
+    def dead(self, slots: Sequence[int]) -> list[int]:
+        return [s for s in slots if s in self.pids and _pid_gone(self.pids[s])]
+
+    def gather(self, name: str, value: Mapping[str, Any]
+               ) -> tuple[list[dict[str, Any] | None], list[int], list[int]]:
+        """All-gather ``value``; returns (values by slot, missing slots, dead slots).
+
+        Waits at most ``timeout_s``, and no longer once every rank still missing is a
+        dead same-host process (the living ones notice the death too, and answer).
+
+        Raises
+        ------
+        _Abandoned
+            Another rank wrote an abort decision meanwhile.
+        """
+        store = self.store
+        store.set(self._key(name, self.index), json.dumps(value, sort_keys=True))
+        got: list[dict[str, Any] | None] = [None] * self.world
+        missing = set(range(self.world))
+        deadline = time.monotonic() + self.timeout_s
+        pause = _POLL_S[0]
+        while True:
+            for s in sorted(missing):
+                key = self._key(name, s)
+                if store.check([key]):
+                    got[s] = json.loads(store.get(key))
+                    missing.discard(s)
+            if not missing:
+                return got, [], []
+            dec = self.decision()
+            if dec is not None and dec.get("decision") == "abort":
+                raise _Abandoned(dec)
+            dead = self.dead(sorted(missing))
+            if len(dead) == len(missing) or time.monotonic() >= deadline:
+                return got, sorted(missing), dead
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_S[1])
+
+
+def _group_store(group: Any) -> tuple[Any, int, int]:
+    """(store, index of this process, size) of a torch.distributed group (None: WORLD)."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError("allocate_rank needs torch.distributed; install the extra "
+                                  "with: pip install 'kvgrant[group]'") from err
+    if not dist.is_available() or not dist.is_initialized():
+        raise GroupError("allocate_rank: torch.distributed is not initialised; call "
+                         "torch.distributed.init_process_group first (or pass store=)")
+    pg = group if group is not None else dist.group.WORLD
+    return c10d._get_process_group_store(pg), dist.get_rank(pg), dist.get_world_size(pg)
+
+
+# ---------------------------------------------------------------------- run state
+class _Slot:
+    """A rank whose memory this process maps: its own, or an owner it imports from."""
+
+    __slots__ = ("rank", "base")
+
+    def __init__(self, rank: int, base: int) -> None:
+        self.rank = rank
+        self.base = base
+
+
+class _StepFailed(Exception):
+    """Internal: a step of the build failed; ``text`` is the rank's first error."""
+
+    def __init__(self, text: str, cause: BaseException, peer: int | None = None,
+                 call: str | None = None, result: str | None = None) -> None:
+        super().__init__(text)
+        self.text = text
+        self.cause = cause
+        self.peer = peer
+        self.call = call
+        self.result = result
+
+
+@dataclass
+class _State:
+    va: bool = False
+    created: int = 0
+    mapped: int = 0
+    alias_mapped: int = 0
+    grants: int = 0
+    ready: bool = False
+    failed: bool = False
+    exported: int = 0
+    sent: int = 0
+    imported: int = 0
+    import_mapped: int = 0
+    import_grants: int = 0
+    plane_grants: dict[int, int] = field(default_factory=dict)
+    alias_grants: dict[int, int] = field(default_factory=dict)
+
+
+class _GroupRun:
+    """One process's attempt: what :class:`~kvgrant.runtime.published.Published` and the
+    unwinding need (the same names as the one-process allocator's run)."""
+
+    def __init__(self, g: Geometry, plan: PhysicalPlan, driver: Driver, rank: int,
+                 devices: Sequence[int], trace: TraceWriter) -> None:
+        self.g = g
+        self.plan = plan
+        self.allocs: tuple[Allocation, ...] = plan.allocations
+        self.driver = driver
+        self.rank = rank
+        self.devices = list(devices)
+        self.device = self.devices[rank]
+        self.trace = trace
+        self.st = _State()
+        self._phase = "Allocating"
+        self.G = g.granularity
+        off = 0
+        self.plane_off: dict[str, int] = {}
+        for p in g.planes:
+            self.plane_off[p.name] = off
+            off += g.plane_bytes(p.name)
+        self.region_off: dict[str, int] = {}
+        for reg in g.regions:
+            self.region_off[reg.name] = off
+            off += g.region_bytes(reg.name)
+        self.slot_bytes = off
+        n = g.topology.ranks
+        self.importers = list(g.importers(rank))
+        self.owners = [o for o in range(n) if o != rank and rank in g.importers(o)]
+        self.ranks: list[_Slot] = []   # filled by Reserve: own slot, then owners'
+        self.base = 0
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+
+    # ------------------------------------------- what Published asks of an engine
+    def plane_vas(self) -> list[dict[str, int]]:
+        """[slot][plane] -> VA (GroupPublished keys them by rank instead)."""
+        return [{p: sl.base + o for p, o in self.plane_off.items()} for sl in self.ranks]
+
+    def region_vas(self) -> list[dict[str, int]]:
+        return [{r: sl.base + o for r, o in self.region_off.items()} for sl in self.ranks]
+
+    def shutdown(self, teardown: Teardown) -> list[BaseException]:
+        """``Unpublish``, the committed undos (imports first, then own objects, LIFO),
+        ``ShutdownComplete``; returns the undos that failed."""
+        try:
+            self.phase = "ShuttingDown"
+            self._group("Unpublish")
+            errors = teardown.run()
+            if not errors:
+                self.phase = "Shutdown"
+                self._group("ShutdownComplete")
+        finally:
+            self.trace.close()
+        return errors
+
+    # ------------------------------------------------------------------ tracing
+    def state(self) -> dict[str, Any]:
+        s = self.st
+        return {"phase": self._phase, "va": s.va, "created": s.created, "mapped": s.mapped,
+                "alias_mapped": s.alias_mapped, "grants": s.grants, "ready": s.ready,
+                "failed": s.failed, "exported": s.exported, "sent": s.sent,
+                "imported": s.imported, "import_mapped": s.import_mapped,
+                "import_grants": s.import_grants}
+
+    def ev(self, action: str, args: Mapping[str, Any], call: str | None,
+           result: str | None, va: int | None = None, size: int | None = None) -> None:
+        if self.trace.enabled:
+            self.trace.event(self.rank, action, args, call, result, self.state(),
+                             device=self.device, va=va, size=size)
+
+    def _group(self, action: str, args: Mapping[str, Any] | None = None) -> None:
+        """A group step in this process's file (``rank`` = own rank); flushes."""
+        self.ev(action, args or {}, None, None)
+        if self.trace.enabled:
+            self.trace.flush()
+
+    def header(self, procs: int, host: str) -> None:
+        if not self.trace.enabled:
+            return
+        g = self.g
+        aliased = [i for i, a in enumerate(self.allocs) if a.region is not None]
+        owner_only = [i for i in aliased
+                      if g.region_by_name[self.allocs[i].region].access == "owner"]  # type: ignore[index]
+        n = g.topology.ranks
+        self.trace.header(
+            ranks=n, allocs=len(self.allocs), aliased=aliased, owner_only=owner_only,
+            importers={str(r): list(g.importers(r)) for r in range(n)},
+            declared_readers={str(r): list(g.declared_readers(r)) for r in range(n)},
+            geometry=g.name, plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
+            devices={str(r): d for r, d in enumerate(self.devices)}, mode="group",
+            rank=self.rank, procs=procs, host=host, pid=os.getpid())
+
+    # --------------------------------------------------------------- a driver step
+    def step(self, action: str, args: Mapping[str, Any], call: str, fn: Callable[[], Any],
+             target: str, va: int | None = None, size: int | None = None) -> Any:
+        """Run one driver call; on failure trace it (state ``failed``) and raise
+        :class:`_StepFailed` carrying the rank's first error."""
+        try:
+            return fn()
+        except DriverError as e:
+            result, cause = e.result_name, e
+        except OSError as e:  # memfd / socket trouble inside a step
+            code = errno.ETIMEDOUT if isinstance(e, TimeoutError) else e.errno or 0
+            result, cause = errno.errorcode.get(code, "OSError"), e  # type: ignore[assignment]
+        self.st.failed = True
+        self.ev(action, args, call, result, va, size)
+        where = f" at va {va:#x}+{size:#x}" if va is not None and size is not None else ""
+        text = (f"{call} failed with {result} on rank {self.rank} (device {self.device}): "
+                f"{target}{where}; cause: {cause}")
+        raise _StepFailed(text, cause, call=call, result=result)
+
+    def target(self, a: Allocation, mapping: str, owner: int | None = None) -> str:
+        who = "" if owner is None else f"imported from rank {owner}, "
+        if mapping == "alias":
+            lo = a.region_offset or 0
+            return f"{who}region {a.region!r} bytes [{lo:#x}, {lo + a.length:#x})"
+        return f"{who}plane {a.plane!r} bytes [{a.plane_offset:#x}, {a.plane_offset + a.length:#x})"
+
+    # ------------------------------------------------------------------- undos
+    def undo_free(self, va: int, size: int) -> None:
+        try:
+            self.driver.free_address(va, size)
+        except DriverError as e:
+            self.ev("Free", {}, "cuMemAddressFree", e.result_name, va, size)
+            raise
+        self.st.va = False
+        self.st.ready = False
+        self.ev("Free", {}, "cuMemAddressFree", _OK, va, size)
+
+    def undo_release(self, i: int, handle: int) -> None:
+        try:
+            self.driver.release(handle)
+        except DriverError as e:
+            self.ev("Release", {"alloc": i}, "cuMemRelease", e.result_name)
+            raise
+        self.st.created -= 1
+        self.ev("Release", {"alloc": i}, "cuMemRelease", _OK)
+
+    def undo_unmap(self, i: int, mapping: str, va: int, n: int) -> None:
+        try:
+            self.driver.unmap(va, n)
+        except DriverError as e:
+            self.ev("Unmap", {"alloc": i, "mapping": mapping}, "cuMemUnmap", e.result_name,
+                    va, n)
+            raise
+        s = self.st
+        if mapping == "plane":
+            s.mapped -= 1
+            s.grants -= s.plane_grants.pop(i, 0)
+        else:
+            s.alias_mapped -= 1
+            s.grants -= s.alias_grants.pop(i, 0)
+        self.ev("Unmap", {"alloc": i, "mapping": mapping}, "cuMemUnmap", _OK, va, n)
+
+    def undo_import_unmap(self, owner: int, i: int, mapping: str, va: int, n: int,
+                          granted: list[int]) -> None:
+        args = {"owner": owner, "alloc": i, "mapping": mapping}
+        try:
+            self.driver.unmap(va, n)
+        except DriverError as e:
+            self.ev("ImportUnmap", args, "cuMemUnmap", e.result_name, va, n)
+            raise
+        self.st.import_mapped -= 1
+        self.st.import_grants -= granted[0]
+        self.ev("ImportUnmap", args, "cuMemUnmap", _OK, va, n)
+
+    def undo_import_release(self, owner: int, i: int, handle: int) -> None:
+        args = {"owner": owner, "alloc": i}
+        try:
+            self.driver.release(handle)
+        except DriverError as e:
+            self.ev("ImportRelease", args, "cuMemRelease", e.result_name)
+            raise
+        self.st.imported -= 1
+        self.ev("ImportRelease", args, "cuMemRelease", _OK)
+
+    # ------------------------------------------------------------------ build
+    def build_own(self, txn: Transaction) -> None:
+        """Reserve, then per allocation Create, Map, MapAlias, Grant (own device only)."""
+        d, s, dev = self.driver, self.st, self.device
+        size = self.slot_bytes * (1 + len(self.owners))
+        base = self.step("Reserve", {}, "cuMemAddressReserve",
+                         lambda: d.reserve(size, self.G, device=dev),
+                         f"reservation of {size:#x} bytes", None, size)
+        s.va = True
+        self.base = base
+        self.ranks = [_Slot(self.rank, base)] + [
+            _Slot(o, base + (k + 1) * self.slot_bytes) for k, o in enumerate(self.owners)]
+        self.ev("Reserve", {}, "cuMemAddressReserve", _OK, base, size)
+        txn.push(self.undo_free, base, size)
+        self.handles: list[int] = []
+        for i, a in enumerate(self.allocs):
+            n = a.length
+            h = self.step("Create", {"alloc": i}, "cuMemCreate", lambda: d.create(n, dev),
+                          self.target(a, "plane"), None, n)
+            s.created += 1
+            self.ev("Create", {"alloc": i}, "cuMemCreate", _OK, None, n)
+            txn.push(self.undo_release, i, h)
+            self.handles.append(h)
+            pva = base + self.plane_off[a.plane] + a.plane_offset
+            self.step("Map", {"alloc": i}, "cuMemMap", lambda: d.map(pva, n, h),
+                      self.target(a, "plane"), pva, n)
+            s.mapped += 1
+            self.ev("Map", {"alloc": i}, "cuMemMap", _OK, pva, n)
+            txn.push(self.undo_unmap, i, "plane", pva, n)
+            ava = 0
+            if a.region is not None:
+                ava = base + self.region_off[a.region] + (a.region_offset or 0)
+                self.step("MapAlias", {"alloc": i}, "cuMemMap", lambda: d.map(ava, n, h),
+                          self.target(a, "alias"), ava, n)
+                s.alias_mapped += 1
+                self.ev("MapAlias", {"alloc": i}, "cuMemMap", _OK, ava, n)
+                txn.push(self.undo_unmap, i, "alias", ava, n)
+            for mapping, va in (("plane", pva), ("alias", ava)):
+                if mapping == "alias" and a.region is None:
+                    continue
+                args = {"alloc": i, "mapping": mapping, "devices": [dev]}
+                self.step("Grant", args, "cuMemSetAccess", lambda: d.set_access(va, n, [dev]),
+                          self.target(a, mapping), va, n)
+                s.grants += 1
+                (s.plane_grants if mapping == "plane" else s.alias_grants)[i] = 1
+                self.ev("Grant", args, "cuMemSetAccess", _OK, va, n)
+
+    def send_all(self, addresses: Mapping[int, str], timeout_s: float,
+                 clients: dict[int, FdClient]) -> None:
+        """Export each allocation once and send the fd to every validated importer (the
+        connection to an importer is made by the first send to it)."""
+        d, s = self.driver, self.st
+        deadline = time.monotonic() + timeout_s
+
+        def send(r: int, i: int, fd: int, n: int) -> None:
+            c = clients.get(r)
+            if c is None:
+                c = clients[r] = FdClient(self.rank, r, addresses[r], deadline)
+            c.send(i, fd, n, self.device, deadline)
+
+        for i, a in enumerate(self.allocs):
+            if not self.importers:
+                break
+            h = self.handles[i]
+            fd = self.step("Export", {"alloc": i}, "cuMemExportToShareableHandle",
+                           lambda: d.export_handle(h), self.target(a, "plane"), None, a.length)
+            try:
+                s.exported += 1
+                self.ev("Export", {"alloc": i}, "cuMemExportToShareableHandle", _OK, None,
+                        a.length)
+                for r in self.importers:
+                    args = {"alloc": i, "to": r}
+                    self.step("Send", args, "sendmsg", lambda: send(r, i, fd, a.length),
+                              f"fd of allocation {i} to rank {r}")
+                    s.sent += 1
+                    self.ev("Send", args, "sendmsg", "SUCCESS")
+            finally:
+                d.close_shareable(fd)
+
+    def import_all(self, server: FdServer, timeout_s: float, check: Callable[[int], None],
+                   txn: Transaction) -> None:
+        """Per owner (ascending) and allocation: Import, ImportMap, ImportGrant."""
+        d, s, dev = self.driver, self.st, self.device
+        deadline = time.monotonic() + timeout_s
+        for k, o in enumerate(self.owners):
+            slot = self.ranks[k + 1].base
+            for i, a in enumerate(self.allocs):
+                n = a.length
+                try:
+                    got = server.take(o, i, deadline, lambda: check(o))
+                except GroupError as e:
+                    raise _StepFailed(f"rank {self.rank} stopped importing from rank {o}: {e}",
+                                      e, peer=-1 if e.peer is None else e.peer) from e
+                iargs = {"owner": o, "alloc": i}
+                try:
+                    if got.size != n:
+                        raise _StepFailed(f"rank {o} sent allocation {i} of {got.size:#x} "
+                                          f"bytes, the plan says {n:#x}", GroupError("size"),
+                                          peer=o)
+                    h = self.step("Import", iargs, "cuMemImportFromShareableHandle",
+                                  lambda: d.import_handle(got.fd), self.target(a, "plane", o),
+                                  None, n)
+                finally:
+                    d.close_shareable(got.fd)
+                s.imported += 1
+                self.ev("Import", iargs, "cuMemImportFromShareableHandle", _OK, None, n)
+                txn.push(self.undo_import_release, o, i, h)
+                maps: list[tuple[str, int, list[int]]] = []
+                pva = slot + self.plane_off[a.plane] + a.plane_offset
+                mappings = [("plane", pva)]
+                if a.region is not None and self.g.region_by_name[a.region].access == "importers":
+                    mappings.append(("alias", slot + self.region_off[a.region]
+                                     + (a.region_offset or 0)))
+                for mapping, va in mappings:
+                    margs = {"owner": o, "alloc": i, "mapping": mapping}
+                    self.step("ImportMap", margs, "cuMemMap", lambda: d.map(va, n, h),
+                              self.target(a, mapping, o), va, n)
+                    s.import_mapped += 1
+                    granted = [0]   # filled by the grant; the undo reads it when it runs
+                    self.ev("ImportMap", margs, "cuMemMap", _OK, va, n)
+                    txn.push(self.undo_import_unmap, o, i, mapping, va, n, granted)
+                    maps.append((mapping, va, granted))
+                for mapping, va, granted in maps:
+                    gargs = {"owner": o, "alloc": i, "mapping": mapping, "devices": [dev]}
+                    self.step("ImportGrant", gargs, "cuMemSetAccess",
+                              lambda: d.set_access(va, n, [dev]), self.target(a, mapping, o),
+                              va, n)
+                    s.import_grants += 1
+                    granted[0] = 1
+                    self.ev("ImportGrant", gargs, "cuMemSetAccess", _OK, va, n)
+
+    def counts(self) -> Counts:
+        A = len(self.allocs)
+        aliased = sum(1 for a in self.allocs if a.region is not None)
+        shared = sum(1 + (a.region is not None
+                          and self.g.region_by_name[a.region].access == "importers")
+                     for a in self.allocs)
+        shared_alias = shared - A
+        k = len(self.owners)
+        maps = A + aliased + k * shared
+        return Counts(ranks=1, reservations=1, allocations=A + k * A, mappings=maps,
+                      alias_mappings=aliased + k * shared_alias, set_access_calls=maps,
+                      grants=self.st.grants + self.st.import_grants)
+
+
+# -------------------------------------------------------------------- published
+class _Mapped(dict):  # type: ignore[type-arg]
+    """rank -> VAs, for the ranks this process maps; any other rank is a clear error."""
+
+    def __init__(self, pub: "GroupPublished", items: Mapping[int, Any]) -> None:
+        super().__init__(items)
+        self._pub = pub
+
+    def __missing__(self, rank: int) -> Any:
+        self._pub._view_device(rank)  # raises GroupError naming what is mapped
+
+
+class _PeerRegions(dict):  # type: ignore[type-arg]
+    """region -> VA of one rank's slot; a peer's owner-only region is a clear error."""
+
+    def __init__(self, owner: int, me: int, items: Mapping[str, int]) -> None:
+        super().__init__(items)
+        self._owner, self._me = owner, me
+
+    def __missing__(self, region: str) -> int:
+        raise GroupError(f"region {region!r} of rank {self._owner} is not mapped in the "
+                         f"process of rank {self._me} (owner-only regions are not imported)",
+                         rank=self._me, peer=self._owner)
+
+
+class GroupPublished(Published):
+    """What :func:`allocate_rank` returns: the :class:`Published` shape for one process.
+
+    ``plane_va`` / ``region_va`` hold the ranks whose memory this process maps: its own
+    and every owner it imports from (``imports_from``); views of an imported plane are
+    on this process's own device (the peer read goes through its own mapping).
+    Release unwinds imports first, then own objects, then frees the reservation.
+    """
+
+    def __init__(self, run: _GroupRun, *args: Any, **kwargs: Any) -> None:
+        super().__init__(run, *args, **kwargs)  # type: ignore[arg-type]
+        self.rank = run.rank
+        self.device = run.device
+        self.imports_from: tuple[int, ...] = tuple(run.owners)
+        self.importers: tuple[int, ...] = tuple(run.importers)
+        self.plane_va = _Mapped(self, {  # type: ignore[assignment]
+            sl.rank: {p: sl.base + o for p, o in run.plane_off.items()} for sl in run.ranks})
+        g = run.g
+        self.region_va = _Mapped(self, {  # type: ignore[assignment]
+            sl.rank: _PeerRegions(sl.rank, run.rank, {
+                reg: sl.base + o for reg, o in run.region_off.items()
+                if sl.rank == run.rank or g.region_by_name[reg].access == "importers"})
+            for sl in run.ranks})   # a peer's owner-only rows are not mapped here
+
+    def _view_device(self, rank: int) -> int:
+        if rank not in self.plane_va:
+            raise GroupError(f"rank {rank}'s memory is not mapped in the process of rank "
+                             f"{self.rank} (it maps its own and imports from "
+                             f"{list(self.imports_from)})", rank=self.rank, peer=rank)
+        return self.device
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out.update({"rank": self.rank, "device": self.device,
+                    "imports_from": list(self.imports_from), "importers": list(self.importers),
+                    "mode": "group"})
+        return out
+
+
+# --------------------------------------------------------------------- the API
+def _err_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = None, *,
+                  plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
+                  driver: Driver | None = None, backend: str = "auto",
+                  device: int | None = None,
+                  memory_limit: "str | int | MemoryLimit | None" = None,
+                  handle_budget: int | None = None, preflight: bool = True,
+                  handle_reserve: int | None = None, check_contract: bool = True,
+                  trace: "str | Path | IO[str] | TraceWriter | None" = None,
+                  driver_options: Mapping[str, Any] | None = None,
+                  timeout_s: float = DEFAULT_TIMEOUT_S, store: Any = None,
+                  ledger: Any = None) -> GroupPublished:
+    """Allocate ``rank``'s KV cache in this process, as one member of ``group``.
+
+    Every process of the group calls it (once per attempt, with the same geometry and
+    plan); each returns its own :class:`GroupPublished`, or every one raises.
+
+    Parameters
+    ----------
+    geometry, plan, memory_limit, check_contract, trace, driver, backend, driver_options
+        As for :func:`kvgrant.runtime.allocate` (``trace``: this process's own file).
+    rank
+        The rank this process owns (0..topology.ranks-1); the group has one process
+        per rank.
+    group
+        An initialised ``torch.distributed`` process group (gloo or NCCL; None: the
+        default group). kvgrant uses only its rendezvous store, for small control
+        messages.
+    device
+        This rank's CUDA ordinal (default: ``LOCAL_RANK`` when set, else ``rank``).
+    handle_budget, handle_reserve, preflight
+        The host's driver-handle budget and the reserve kept for users kvgrant cannot
+        see; the demand of every rank on a host is summed before any driver call and
+        refused when it and the reserve overdraw the budget (``preflight=False`` skips
+        that and the ledger's refusal; the lease is still recorded).
+    timeout_s
+        How long any group step waits for the others; a rank that has not answered by
+        then (or whose process is gone) is named missing and the group aborts.
+    store
+        A ``torch.distributed.Store`` to use instead of the group's (tests).
+    ledger
+        The host ledger this process reserves its own share in before its first VMM call
+        (see :func:`take_ledger_lease`); the ledger sums it with every other holder.
+
+    Returns
+    -------
+    GroupPublished
+        Views of this rank's planes and of the imported peers' planes.
+
+    Raises
+    ------
+    HandleBudgetError
+        A host's summed demand exceeds the budget (every rank's share named); nothing
+        was created anywhere.
+    GroupError
+        The group did not publish: every process unwound what it made and imported;
+        the error names each failed rank with its first error and each missing rank.
+
+    Notes
+    -----
+    One attempt: no retries, no smaller second attempt.
+    """
+    g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
+    n = g.topology.ranks
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < n:
+        raise GroupError(f"rank = {rank!r}: must be 0..{n - 1} (topology.ranks = {n})",
+                         rank=None)
+    if store is None:
+        store, index, world = _group_store(group)
+    else:
+        index, world = rank, n
+    if world != n:
+        raise GroupError(f"the group has {world} process(es) but topology.ranks = {n}: "
+                         "allocate_rank needs one process per rank", rank=rank)
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s = {timeout_s!r}: must be > 0")
+    limit = parse_memory_limit(memory_limit)
+    if device is None:
+        device = int(os.environ.get("LOCAL_RANK", rank))
+    host = socket.gethostname()
+    chan = _Channel(store, index, world, timeout_s)
+    from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET, DEFAULT_HANDLE_RESERVE
+
+    budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
+    reserve = DEFAULT_HANDLE_RESERVE if handle_reserve is None else handle_reserve
+
+    def checked(gg: Geometry) -> PhysicalPlan:
+        p = resolve_plan(gg, plan)
+        if isinstance(plan, PhysicalPlan) and p.geometry != gg:
+            raise PlanError(f"plan {p.label!r} was made for geometry {p.geometry.name!r}, "
+                            f"not for {gg.name!r} as given")
+        if check_contract:
+            from kvgrant.layout.contract import require_contract
+
+            require_contract(gg, p)
+        return p
+
+    # -- 1. hello: before any driver call --------------------------------------------
+    server: FdServer | None = None
+    local_error: BaseException | None = None
+    the_plan: PhysicalPlan | None = None
+    try:
+        the_plan = checked(g)
+        owners = [o for o in range(n) if o != rank and rank in g.importers(o)]
+        _ensure_fd_room(len(the_plan.allocations) * (2 * len(owners) + 2))
+        server = FdServer(rank, f"{chan.attempt}")
+    except (KVGrantError, OSError) as e:
+        local_error = e
+    hello = {"rank": rank, "pid": os.getpid(), "uid": os.getuid(), "host": host,
+             "pidns": _pidns(), "addr": server.address if server else None, "device": device,
+             "demand": rank_demand(g, the_plan, rank) if the_plan is not None else None,
+             "error": _err_text(local_error) if local_error else None}
+    try:
+        recs = _join(chan, hello, g, rank, timeout_s)
+        assert the_plan is not None and server is not None
+        hosts = [recs[r]["host"] for r in range(n)]
+        devices = [int(recs[r]["device"]) for r in range(n)]
+        if preflight:
+            _check_host_budget(g, the_plan, hosts, budget, reserve)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+
+    # -- ledger lease, then 2. set-up ----------------------------------------------------
+    tw: TraceWriter | None = None
+    lease: Lease | None = None
+    owns = driver is None
+    setup_error: BaseException | None = None
+    free: int | None = None
+    try:
+        if driver is None and backend == "auto":
+            from kvgrant.runtime.cuda import usable_device_count
+
+            backend = "cuda" if usable_device_count() > max(devices) else "sim"
+        lease = take_ledger_lease(
+            ledger, handles=rank_demand(g, the_plan, rank), geometry=g,
+            label=f"{the_plan.label}, rank {rank} of {n}", budget=budget, reserve=reserve,
+            backend=getattr(driver, "name", None) or backend, check=preflight, device=device)
+        tw = open_trace(trace)
+        try:
+            if driver is None:
+                opts = dict(driver_options or {})
+                if backend == "sim":
+                    opts.setdefault("devices", max(devices) + 1)
+                else:
+                    opts.pop("handle_budget", None)
+                driver = open_driver(backend, **opts)
+            if driver.device_count() <= device:
+                raise PlanError(f"rank {rank}: device {device} does not exist (the "
+                                f"{driver.name} backend has {driver.device_count()})")
+            gran = driver.granularity(device)
+            if g.granularity % gran:
+                raise PlanError(f"granularity = {g.granularity}: not a multiple of device "
+                                f"{device}'s allocation granularity {gran}")
+            free = driver.free_memory(device)[0]
+        except (KVGrantError, OSError) as e:
+            setup_error = e
+    except BaseException as e:
+        try:  # nobody else may wait for this rank until the deadline
+            chan.decide(_abort_decision(f"rank {rank} failed before start-up: {_err_text(e)}",
+                                        {rank: _err_text(e)}, []))
+        except Exception:  # noqa: BLE001 - the store may be gone too
+            pass
+        if server is not None:
+            server.close()
+        if lease is not None:
+            lease.release()
+        if tw is not None:
+            tw.close()
+        if owns and driver is not None:
+            driver.close()
+        raise
+    assert server is not None and tw is not None and lease is not None
+
+    # -- 3. build, 4. vote, decide, publish or abort -----------------------------------
+    t0 = time.perf_counter()   # reset when the build starts: start-up as the allocator's
+    txn = Transaction()
+    txn.push(lease.release)              # the last undo of abort and of shutdown
+    clients: dict[int, FdClient] = {}
+    fail: _StepFailed | None = None
+    run: _GroupRun | None = None
+    capacity: Capacity | None = None
+    fit: PageFit | None = None
+    try:
+        with gc_paused():
+            try:
+                got, missing, dead = chan.gather("setup", {
+                    "rank": rank, "free": free,
+                    "error": _err_text(setup_error) if setup_error else None})
+            except _Abandoned as ab:
+                got, missing, dead = [], [], []
+                fail = _StepFailed(f"rank {rank} stopped: {ab}", ab, peer=-1)
+            if fail is None and (missing or setup_error is not None
+                                 or any(x and x["error"] for x in got)):
+                bad = {int(x["rank"]): x["error"] for x in got if x and x["error"]}
+                text = (f"rank {rank} failed before start-up: {_err_text(setup_error)}"
+                        if setup_error is not None else
+                        f"rank {rank} did not start: " + "; ".join(
+                            [f"rank {r} failed: {t}" for r, t in sorted(bad.items())]
+                            + [f"rank {_rank_of(chan, s)} did not answer" for s in missing]))
+                culprit = min(bad) if bad else _rank_of(chan, missing[0]) if missing else None
+                fail = _StepFailed(text, setup_error or GroupError(text),
+                                   peer=None if setup_error is not None else culprit)
+            if fail is None:
+                per_dev: dict[int, int] = {}
+                for x in got:
+                    assert x is not None
+                    dv = devices[int(x["rank"])]
+                    per_dev[dv] = min(per_dev.get(dv, x["free"]), x["free"])
+                try:
+                    fit = fit_pages(g, per_dev, limit)
+                    if fit.reduced:
+                        if isinstance(plan, PhysicalPlan):
+                            raise PlanError(f"memory_limit = {limit.text!r}: plan {plan.label!r} "
+                                            f"needs {g.pages} pages; only {fit.pages} fit")
+                        g = parse_geometry(g.model_copy(update={"pages": fit.pages}).model_dump())
+                        the_plan = checked(g)
+                except KVGrantError as e:
+                    fail = _StepFailed(f"rank {rank}: {_err_text(e)}", e)
+            assert driver is not None
+            run = _GroupRun(g, the_plan, driver, rank, devices, tw)
+            run.header(n, host)
+            # drain what owners send even if this rank fails, so no sender blocks
+            server.start({o: recs[o]["pid"] for o in run.owners})
+            if fail is None:
+                t0 = time.perf_counter()
+                try:
+                    run.build_own(txn)
+                    addrs = {r: recs[r]["addr"] for r in run.importers}
+                    run.send_all(addrs, timeout_s, clients)
+                    for c in clients.values():
+                        c.finish()
+                    clients.clear()
+
+                    def check(o: int) -> None:
+                        vote = chan.peek("vote", chan.slot_of[o])
+                        if vote is not None and not vote["ready"]:
+                            raise GroupError(f"rank {o} voted failed (its error is above) "
+                                             f"while rank {rank} waited for its fds",
+                                             rank=rank, peer=o)
+                        dec = chan.decision()
+                        if dec is not None and dec.get("decision") == "abort":
+                            raise GroupError(f"rank {rank} stopped: the group decided to "
+                                             f"abort: {dec.get('reason')}", rank=rank)
+                        if chan.dead([chan.slot_of[o]]):
+                            raise GroupError(f"rank {o}'s process (pid {recs[o]['pid']}) is "
+                                             "gone", rank=rank, peer=o, missing=[o])
+
+                    run.import_all(server, timeout_s, check, txn)
+                    run.st.ready = True
+                    run.ev("RankReady", {}, None, None)
+                except _StepFailed as f:
+                    fail = f
+                    _tell_importers(run, recs, clients, f.text)
+            # -- the vote, before any barrier ----------------------------------
+            if fail is not None:
+                run.st.failed = True
+            decision = _vote(chan, rank, fail, timeout_s)
+            vargs: dict[str, Any] = {"ready": fail is None}
+            if fail is not None:
+                vargs["error"] = fail.text
+            run.ev("Vote", vargs, "all_gather", "SUCCESS")
+            failed = _failed_of(decision)
+            run.ev("Decide", {"decision": decision["decision"], "failed": sorted(failed),
+                              "missing": sorted(decision.get("missing", []))}, None, None)
+            server.close()
+            if decision["decision"] == "publish" and fail is None:
+                run.phase = "Published"
+                run._group("Publish")
+                teardown = txn.commit()
+                startup = time.perf_counter() - t0
+                assert fit is not None
+                capacity = Capacity(pages=g.pages, page_tokens=g.page_tokens,
+                                    rows={reg.name: reg.rows for reg in g.regions},
+                                    bytes_per_rank=fit.bytes_per_rank,
+                                    requested_pages=fit.requested, memory_limit=limit.text)
+                reason = f"{driver.name}, rank {rank} of {n} processes"
+                return GroupPublished(run, teardown, capacity, fit, startup, owns,
+                                      run.counts(), reason)
+            _abort(run, txn, decision, fail, owns)
+            raise AssertionError("unreachable")  # pragma: no cover
+    except BaseException as e:
+        if isinstance(e, GroupError) and getattr(e, "_kvgrant_unwound", False):
+            raise
+        # an unexpected error (KeyboardInterrupt, a bug): unwind, then let it go
+        if run is not None:
+            _tell_importers(run, recs, clients, _err_text(e))
+        server.close()
+        try:
+            chan.decide(_abort_decision(f"rank {rank} raised {_err_text(e)}",
+                                        {rank: _err_text(e)}, []))
+        except Exception:  # noqa: BLE001 - the store may be gone too
+            pass
+        if run is not None:
+            run.phase = "Aborting"
+            run._group("Abort")
+        errors = txn.rollback()
+        if run is not None and not errors:
+            run.phase = "Aborted"
+            run._group("AbortComplete")
+        tw.close()
+        if owns and driver is not None:
+            driver.close()
+        attach_cleanup_errors(e, errors)
+        raise
+
+
+def _vote(chan: _Channel, rank: int, fail: _StepFailed | None, timeout_s: float
+          ) -> dict[str, Any]:
+    """All-gather this rank's vote, propose a decision, return the group's decision.
+
+    Publish only when every rank voted ready; a rank missing at the deadline (or dead)
+    makes it abort. ``compare_set`` keeps the first proposal written, so every rank
+    follows the same decision even when their views of the votes differ.
+    """
+    vote: dict[str, Any] = {"rank": rank, "ready": fail is None}
+    if fail is not None:
+        vote.update(error=fail.text, peer=fail.peer)
+    try:
+        votes, missing, dead = chan.gather("vote", vote)
+    except _Abandoned as ab:
+        return ab.decision
+    if missing:
+        proposal = _abort_decision(_missing_reason(chan, missing, dead, timeout_s),
+                                   _failed(votes), [_rank_of(chan, s) for s in missing])
+    elif all(v and v["ready"] for v in votes):
+        proposal = {"decision": "publish", "failed": [], "missing": [], "reason": ""}
+    else:
+        proposal = _abort_decision("a rank failed", _failed(votes), [])
+    return chan.decide(proposal)
+
+
+def _join(chan: _Channel, hello: Mapping[str, Any], g: Geometry, rank: int,
+          timeout_s: float) -> dict[int, dict[str, Any]]:
+    """The hello all-gather and its checks; returns rank -> hello record (with ``slot``).
+
+    Every rank gets the same records, so every rank raises the same refusal: ranks that
+    are not 0..N-1, a rank's own error (plan, contract, fds, socket), an importer on
+    another host than its owner (POSIX fds do not cross hosts).
+    """
+    n = g.topology.ranks
+    try:
+        got, missing, _ = chan.gather("hello", hello)
+    except _Abandoned as ab:
+        raise _abandoned_error(rank, ab.decision) from None
+    if missing:
+        dec = chan.decide(_abort_decision(
+            f"rank(s) {missing} did not join within {timeout_s:g} s", {}, missing))
+        raise _abandoned_error(rank, dec)
+    recs: dict[int, dict[str, Any]] = {}
+    for s, rec in enumerate(got):
+        assert rec is not None
+        r = int(rec["rank"])
+        if r in recs:
+            raise GroupError(f"two processes claim rank {r} (group members "
+                             f"{recs[r]['slot']} and {s})", rank=rank)
+        rec["slot"] = s
+        recs[r] = rec
+    if sorted(recs) != list(range(n)):
+        raise GroupError(f"the group's ranks are {sorted(recs)}, not 0..{n - 1}", rank=rank)
+    errors = {r: rec["error"] for r, rec in recs.items() if rec["error"]}
+    if errors:
+        raise GroupError("the group did not start; nothing was created: " + "; ".join(
+            f"rank {r} failed: {t}" for r, t in sorted(errors.items())), rank=rank,
+            failed=errors)
+    chan.slot_of = {r: rec["slot"] for r, rec in recs.items()}
+    ns, host = _pidns(), hello["host"]
+    chan.pids = {rec["slot"]: rec["pid"] for rec in recs.values()
+                 if rec["host"] == host and rec["pidns"] == ns and rec["pid"] != os.getpid()}
+    hosts = [recs[r]["host"] for r in range(n)]
+    apart = [(o, i) for o in range(n) for i in g.importers(o) if hosts[o] != hosts[i]]
+    if apart:
+        raise GroupError("; ".join(
+            f"rank {i} (host {hosts[i]!r}) imports from rank {o} (host {hosts[o]!r})"
+            for o, i in apart) + ": POSIX fds do not cross hosts, so an import group "
+            "must live on one host; nothing was created", rank=rank)
+    return recs
+
+
+def _tell_importers(run: _GroupRun, recs: Mapping[int, Mapping[str, Any]],
+                    clients: dict[int, FdClient], error: str) -> None:
+    """After a failure: tell every importer (connected or not) that no more fds come,
+    so none waits for them until its deadline. Best effort, a second at most each."""
+    for r in run.importers:
+        c = clients.pop(r, None)
+        if c is None:
+            try:
+                c = FdClient(run.rank, r, recs[r]["addr"], time.monotonic() + 1.0)
+            except OSError:
+                continue
+        c.finish(error)
+    clients.clear()
+
+
+def _rank_of(chan: _Channel, slot: int) -> int:
+    for r, s in chan.slot_of.items():
+        if s == slot:
+            return r
+    return slot
+
+
+def _failed(votes: Sequence[dict[str, Any] | None]) -> list[list[Any]]:
+    """``[rank, first error, peer]`` of every rank that voted failed; ``peer`` is the
+    rank whose failure stopped it (None: its own step failed)."""
+    return [[int(v["rank"]), str(v.get("error")), v.get("peer")]
+            for v in votes if v and not v["ready"]]
+
+
+def _abort_decision(reason: str, failed: Sequence[Sequence[Any]] | Mapping[int, str],
+                    missing: Sequence[int]) -> dict[str, Any]:
+    rows = ([[r, t, None] for r, t in failed.items()] if isinstance(failed, Mapping)
+            else [list(x) for x in failed])
+    return {"decision": "abort", "reason": reason, "failed": sorted(rows, key=lambda x: x[0]),
+            "missing": sorted(missing)}
+
+
+def _failed_of(decision: Mapping[str, Any]) -> dict[int, str]:
+    """rank -> first error, ranks whose own step failed first (the root causes)."""
+    rows = sorted(decision.get("failed", []), key=lambda x: (x[2] is not None, x[0]))
+    return {int(r): str(t) for r, t, _ in rows}
+
+
+def _missing_reason(chan: _Channel, missing: Sequence[int], dead: Sequence[int],
+                    timeout_s: float) -> str:
+    parts = []
+    for s in missing:
+        r = _rank_of(chan, s)
+        if s in dead:
+            parts.append(f"rank {r} died (pid {chan.pids[s]} is gone)")
+        else:
+            parts.append(f"rank {r} did not answer within {timeout_s:g} s")
+    return "; ".join(parts)
+
+
+def _abandoned_error(rank: int, decision: Mapping[str, Any]) -> GroupError:
+    failed = _failed_of(decision)
+    return GroupError(f"the group aborted before start-up: {decision.get('reason')}; nothing "
+                      "was created", rank=rank, failed=failed,
+                      missing=list(decision.get("missing", [])))
+
+
+def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
+           fail: _StepFailed | None, owns: bool) -> None:
+    """Unwind this process (imports first, then own objects LIFO, then the VA) and raise
+    the GroupError that names every failed and missing rank."""
+    driver = run.driver
+    live_before = driver.live().as_dict()
+    run.phase = "Aborting"
+    run._group("Abort")
+    errors = txn.rollback()
+    if not errors:
+        run.phase = "Aborted"
+        run._group("AbortComplete")
+    run.trace.close()
+    try:
+        free_after = {run.device: driver.free_memory(run.device)[0]}
+    except DriverError as e:
+        errors.append(e)
+        free_after = {}
+    live_after = driver.live()
+    if owns:
+        driver.close()
+    failed = _failed_of(decision)
+    missing = list(decision.get("missing", []))
+    parts = [f"rank {r} failed: {t}" for r, t in failed.items()]
+    if missing:
+        parts.append(str(decision.get("reason")))
+    after = "nothing left" if live_after.is_empty() else ", ".join(
+        f"{k}={v}" for k, v in live_after.as_dict().items())
+    msg = (f"the group of {run.g.topology.ranks} processes aborted; nothing was published: "
+           + "; ".join(parts) + f". This process (rank {run.rank}, device {run.device}) "
+           f"unwound: {after}")
+    if errors:
+        msg += f"; {len(errors)} undo(s) failed, first: {errors[0]}"
+    if run.trace.error is not None:
+        msg += f"; the trace is incomplete: writing it failed: {run.trace.error}"
+    cause = fail.cause if fail is not None else None
+    err = GroupError(msg, rank=run.rank, device=run.device, failed=failed, missing=missing,
+                     cause=cause, call=fail.call if fail else None,
+                     result_name=fail.result if fail else None, live=live_before,
+                     free_after=free_after, cleanup_errors=errors,
+                     peer=fail.peer if fail else None)
+    err._kvgrant_unwound = True  # type: ignore[attr-defined]
+    raise err

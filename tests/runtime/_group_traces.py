@@ -1,0 +1,83 @@
+"""A structural check of a group's trace files (docs/group-trace.md), until the group
+model's conformance checker is merged: each file on its own, then the files together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TERMINAL = {"AbortComplete", "ShutdownComplete"}
+OWN_ORDER = ["Reserve", "Create", "Map", "MapAlias", "Grant", "Export", "Send", "Import",
+             "ImportMap", "ImportGrant", "RankReady", "Vote", "Decide"]
+
+
+def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines and lines[0]["kind"] == "header", f"{path}: no header"
+    return lines[0], lines[1:]
+
+
+def check_file(path: Path, *, complete: bool = True) -> list[dict[str, Any]]:
+    """One process's file: header of a group, gap-free seq, one rank, forward steps in
+    the documented order, a Vote then one Decide, and (``complete``) a terminal event
+    with nothing left."""
+    head, events = load(path)
+    assert head["mode"] == "group" and head["procs"] == head["ranks"], path
+    rank = head["rank"]
+    assert [e["seq"] for e in events] == list(range(len(events))), f"{path}: seq gaps"
+    assert all(e["rank"] == rank for e in events), f"{path}: an event of another rank"
+    forward = [e["action"] for e in events if e["action"] in OWN_ORDER]
+    order = [OWN_ORDER.index(a) for a in forward]
+    # Grant may follow Map/MapAlias of the next allocation only after its own Create...
+    # the coarse check: no own-memory step after the first Export, no Import step
+    # after RankReady/Vote, exactly one Vote and one Decide, Vote first.
+    if "Export" in forward:
+        first_export = forward.index("Export")
+        assert not {"Create", "Map", "MapAlias", "Grant"} & set(forward[first_export:]), path
+    assert forward.count("Vote") <= 1 and forward.count("Decide") <= 1, path
+    if "Decide" in forward:
+        assert forward.index("Vote") < forward.index("Decide"), path
+        assert max(order) == OWN_ORDER.index("Decide") and forward[-1] == "Decide", path
+    own_devices = {head["devices"][str(rank)]}
+    for e in events:
+        if e["action"] in ("Grant", "ImportGrant"):
+            assert set(e["args"]["devices"]) == own_devices, f"{path}: grant beyond own device"
+    if complete:
+        last = events[-1]
+        assert last["action"] in TERMINAL, f"{path}: ends with {last['action']}"
+        st = last["state"]
+        assert not st["va"] and st["created"] == st["mapped"] == st["alias_mapped"] == 0, path
+        assert st["grants"] == st["imported"] == st["import_mapped"] == st["import_grants"] == 0
+    return events
+
+
+def check_group(paths: list[Path], *, dead: set[int] = frozenset()) -> str:  # type: ignore[assignment]
+    """The files together: one decision everywhere, every Import after its Send, and
+    sends only to importers; returns the decision."""
+    heads, evs = {}, {}
+    for p in paths:
+        head, _ = load(p)
+        r = head["rank"]
+        heads[r] = head
+        evs[r] = check_file(p, complete=r not in dead)
+    decisions = {e["args"]["decision"] for es in evs.values() for e in es
+                 if e["action"] == "Decide"}
+    assert len(decisions) == 1, f"decisions disagree: {decisions}"
+    importers = {int(k): set(v) for k, v in next(iter(heads.values()))["importers"].items()}
+    sent = {(r, e["args"]["alloc"], e["args"]["to"]) for r, es in evs.items() for e in es
+            if e["action"] == "Send" and e["result"] == "SUCCESS"}
+    for r, to_list in ((r, {t for (o, _, t) in sent if o == r}) for r in evs):
+        assert to_list <= importers[r], f"rank {r} sent to non-importers {to_list - importers[r]}"
+    for r, es in evs.items():
+        for e in es:
+            if e["action"] == "Import" and e["result"] == "CUDA_SUCCESS":
+                o, a = e["args"]["owner"], e["args"]["alloc"]
+                assert (o, a, r) in sent, f"rank {r} imported {o}/{a} that was never sent"
+                assert r in importers[o]
+    decision = decisions.pop()
+    if decision == "publish":
+        for r, es in evs.items():
+            assert [e["action"] for e in es].count("RankReady") == 1
+            assert "Publish" in [e["action"] for e in es]
+    return decision

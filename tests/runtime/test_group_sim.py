@@ -1,0 +1,313 @@
+"""The group runtime (one process per rank) on the simulated driver, across real processes.
+
+Each test starts its worker processes (tests/runtime/_group_worker.py, a gloo group
+through a FileStore) with a hard timeout and kills every one that is still there in a
+``finally``. Workers report what they saw in JSON files; a test never trusts an exit
+code alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from kvgrant.errors import GroupError, HandleBudgetError
+from kvgrant.layout.geometry import parse_geometry
+from kvgrant.layout.plans import make_plan
+from kvgrant.layout.preflight import handle_demand
+from kvgrant.runtime.fdpass import HANDLE_TYPE, FdClient, FdServer, open_fd_count
+from kvgrant.runtime.group import _check_host_budget, rank_demand
+
+from tests.runtime._group_traces import check_group
+from tests.runtime._small import G, MIB, scaled, small_geometry
+
+if importlib.util.find_spec("torch") is None:  # not imported here: workers import it
+    pytest.skip("the group runtime needs torch (pip install 'kvgrant[group]')",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_group_worker.py")
+HARD_TIMEOUT_S = 240     # whole group, torch imports included (2 shared CPU cores in CI)
+EMPTY = {"handles": 0, "mappings": 0, "grants": 0, "reserved_bytes": 0, "reservations": 0}
+
+# One plane of 2 G with one aliased G: 2 allocations per rank, ~20 driver calls a rank.
+TINY = {"name": "tiny", "granularity": G, "pages": 4, "page_tokens": 16,
+        "planes": [{"name": "a", "bytes_per_page": MIB}],
+        "regions": [{"name": "snapshot", "rows": 1, "row_bytes": G}],
+        "aliases": [{"region": "snapshot", "offset": 0, "plane": "a", "plane_offset": 0,
+                     "length": G}],
+        "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
+
+
+def run_group(tmp_path: Path, geometry: dict[str, Any], *,
+              watch: Callable[[list[subprocess.Popen[bytes]]], None] | None = None,
+              **spec: Any) -> list[dict[str, Any]]:
+    """Run one worker per rank to the end (or kill them at the hard timeout); ``watch``
+    runs while they do."""
+    world = geometry["topology"]["ranks"]
+    full = {"store": str(tmp_path / "store"), "world": world, "geometry": geometry,
+            "out": str(tmp_path), "timeout_s": 20, "scenario": "once",
+            "trace_dir": str(tmp_path)}
+    full.update(spec)
+    (tmp_path / "spec.json").write_text(json.dumps(full))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / "spec.json"), str(r)],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+             for r in range(world)]
+    try:
+        deadline = time.monotonic() + HARD_TIMEOUT_S
+        if watch is not None:
+            watch(procs)
+        for p in procs:
+            p.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stderr is not None:
+                p.stderr.close()
+    out = []
+    for r in range(world):
+        path = tmp_path / f"rank{r}.json"
+        out.append(json.loads(path.read_text()) if path.exists() else None)
+    for rec in out:
+        if rec is not None:
+            assert "crash" not in rec, rec["crash"]
+    return out
+
+
+def unwound(rec: dict[str, Any], attempt: dict[str, Any]) -> None:
+    """Nothing of the attempt is left in that process: driver objects, fds, sim memory."""
+    assert attempt["live"] == EMPTY
+    assert attempt["open_shareables"] == 0 and attempt["shared"] == 0
+    assert not any(attempt["used"])
+    assert attempt["fdlist"] == rec["fdlist0"]
+
+
+def test_three_processes_publish_and_read_each_others_bytes(tmp_path: Path) -> None:
+    g = scaled(small_geometry(), 3).model_dump()   # every rank imports the other two
+    recs = run_group(tmp_path, g, pattern=True, access=True, alias_regression=True)
+    for r, rec in enumerate(recs):
+        (a,) = rec["attempts"]
+        assert a["ok"], a
+        assert a["access_checked"] > 0 and a["access_wrong"] == []   # own device only
+        assert a["alias_bad"] == []
+        assert a["peer_owner_only_row"] == "refused"   # a peer's 'exec' rows are not mapped
+        assert a["imports_from"] == [o for o in range(3) if o != r]
+        assert a["reads"] and all(a["reads"].values()), a["reads"]  # the owner's bytes
+        assert a["device_of_view"] == r            # read through the importer's own device
+        unwound(rec, a)
+    decision = check_group([tmp_path / f"rank{r}.ndjson" for r in range(3)])
+    assert decision == "publish"
+
+
+def test_a_fault_at_every_driver_call_of_either_process_unwinds_every_process(
+        tmp_path: Path) -> None:
+    recs = run_group(tmp_path, TINY, scenario="sweep", fault_ranks=[0, 1])
+    for rec in recs:
+        assert rec["clean"]["ok"]
+        unwound(rec, rec["clean"])
+    by_rank = [{(a["fault_rank"], a["k"]): a for a in rec["attempts"]} for rec in recs]
+    keys = sorted(by_rank[0])
+    assert keys == sorted(by_rank[1])
+    for fr in (0, 1):
+        assert len([k for k in keys if k[0] == fr]) == recs[fr]["clean"]["calls"]
+    for fr, k in keys:
+        for r in (0, 1):
+            a = by_rank[r][(fr, k)]
+            assert not a["ok"], (fr, k, r)
+            assert a["kind"] == "GroupError"
+            assert fr in a["failed"], (fr, k, r, a["error"])
+            assert f"rank {fr} failed:" in a["error"] and "injected fault" in a["error"]
+            unwound(recs[r], a)
+        assert check_group([tmp_path / f"f{fr}-k{k}-rank{r}.ndjson" for r in (0, 1)]) == "abort"
+
+
+def test_kill_9_of_one_process_during_start_up_aborts_the_others_naming_it(
+        tmp_path: Path) -> None:
+    g = scaled(small_geometry(), 3).model_dump()
+    # rank 1 SIGKILLs itself at its 6th driver call (inside its own build)
+    recs = run_group(tmp_path, g, kill_rank=1, kill_at=6, timeout_s=30)
+    assert recs[1] is None                      # it died without a word
+    for r in (0, 2):
+        (a,) = recs[r]["attempts"]
+        assert not a["ok"] and a["kind"] == "GroupError"
+        assert a["missing"] == [1], a["error"]
+        assert "rank 1 died" in a["error"]
+        unwound(recs[r], a)
+    check_group([tmp_path / f"rank{r}.ndjson" for r in range(3)], dead={1})
+    head, *events = (json.loads(x) for x in (tmp_path / "rank1.ndjson").read_text().splitlines())
+    assert not any(e["action"] in ("AbortComplete", "ShutdownComplete", "Vote") for e in events)
+
+
+def test_a_rank_that_stops_answering_is_named_after_the_deadline(tmp_path: Path) -> None:
+    g = scaled(small_geometry(), 3).model_dump()
+
+    def kill_the_stopped_one_once_the_others_reported(procs: list[Any]) -> None:
+        deadline = time.monotonic() + HARD_TIMEOUT_S - 30
+        while time.monotonic() < deadline and not all(
+                (tmp_path / f"rank{r}.json").exists() for r in (0, 2)):
+            time.sleep(0.1)
+        procs[1].kill()          # SIGSTOPped: it would never end on its own
+
+    # rank 1 SIGSTOPs itself at its 6th driver call: alive, silent
+    recs = run_group(tmp_path, g, stop_rank=1, stop_at=6, timeout_s=3,
+                     watch=kill_the_stopped_one_once_the_others_reported)
+    assert recs[1] is None
+    for r in (0, 2):
+        (a,) = recs[r]["attempts"]
+        assert not a["ok"] and a["kind"] == "GroupError"
+        assert a["missing"] == [1], a["error"]
+        assert "rank 1 did not answer within 3 s" in a["error"]
+        unwound(recs[r], a)
+
+
+# ------------------------------------------------- in-process pieces (no group needed)
+def test_a_group_and_another_kvgrant_process_share_the_host_ledger(tmp_path: Path) -> None:
+    """Another kvgrant allocation on the host holds a lease; a group whose shares do not
+    fit beside it is refused by the ledger before any driver call, naming that holder;
+    once the holder has gone, the same group publishes and leaves the ledger empty."""
+    from kvgrant.runtime.ledger import HostLedger
+
+    ledger = tmp_path / "ledger.json"
+    geo = tmp_path / "tiny.json"
+    geo.write_text(json.dumps(TINY))
+    g = parse_geometry(TINY)
+    plan = make_plan(g, "packed")
+    group_need = sum(rank_demand(g, plan, r) for r in range(2))
+    holder = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "runtime" / "_ledger_worker.py"), "alloc",
+         str(geo), str(ledger), str(tmp_path / "pool"), "100000", "0", "1"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        first = json.loads(holder.stdout.readline())  # type: ignore[union-attr]
+        assert first["ok"], first
+        held = sum(h.handles for h in HostLedger(ledger).holders())
+        assert held == handle_demand(g, plan) == group_need
+        # room for the holder and one rank's share, not two
+        budget = held + group_need - 1
+        (tmp_path / "a").mkdir()
+        refused = run_group(tmp_path / "a", TINY, ledger=str(ledger), handle_budget=budget,
+                            handle_reserve=0)
+        tries = [r["attempts"][0] for r in refused]
+        assert not any(t["ok"] for t in tries), tries
+        assert any(f"pid {holder.pid}" in t["error"] for t in tries), tries
+        for t in tries:
+            assert t["live"] == EMPTY
+        assert [h.pid for h in HostLedger(ledger).holders()] == [holder.pid]
+    finally:
+        holder.communicate("go\n", timeout=HARD_TIMEOUT_S)
+    assert HostLedger(ledger).holders() == []
+    (tmp_path / "b").mkdir()
+    ok = run_group(tmp_path / "b", TINY, ledger=str(ledger), handle_budget=budget,
+                   handle_reserve=0)
+    assert all(r["attempts"][0]["ok"] for r in ok), ok
+    assert HostLedger(ledger).holders() == []
+
+
+def test_fd_server_takes_fds_from_an_owner_it_imports_from() -> None:
+    before = open_fd_count()
+    server = FdServer(1, "unit")
+    server.start({0: os.getpid()})
+    data = os.memfd_create("kvgrant-test")
+    os.write(data, b"owner bytes")
+    try:
+        c = FdClient(0, 1, server.address, time.monotonic() + 5)
+        c.send(0, data, G, 0, time.monotonic() + 5)
+        c.finish()
+        got = server.take(0, 0, time.monotonic() + 5)
+        assert (got.owner, got.alloc, got.size, got.handle_type) == (0, 0, G, HANDLE_TYPE)
+        assert os.pread(got.fd, 11, 0) == b"owner bytes"    # the same file, another fd
+        os.close(got.fd)
+        with pytest.raises(GroupError, match="said done"):
+            server.take(0, 1, time.monotonic() + 5)
+    finally:
+        os.close(data)
+        server.close()
+    assert open_fd_count() == before
+
+
+def test_fd_server_refuses_a_sender_it_does_not_import_from_and_closes_its_fds() -> None:
+    before = open_fd_count()
+    server = FdServer(1, "unit")
+    server.start({0: 1})          # owner 0 is pid 1 here: this process is nobody it imports from
+    data = os.memfd_create("kvgrant-test")
+    try:
+        c = FdClient(0, 1, server.address, time.monotonic() + 5)
+        try:
+            c.send(0, data, G, 0, time.monotonic() + 5)
+        except OSError:
+            pass                  # the receiver may already have closed the connection
+        c.finish()
+        with pytest.raises(GroupError, match="refused a connection") as info:
+            server.take(0, 0, time.monotonic() + 5)
+        assert f"peer pid {os.getpid()}" in str(info.value)
+    finally:
+        os.close(data)
+        server.close()
+    assert open_fd_count() == before
+
+
+def test_host_demand_sums_to_the_one_process_demand_and_refusal_names_every_share() -> None:
+    g = parse_geometry(small_geometry().model_dump())
+    plan = make_plan(g, "packed")
+    shares = [rank_demand(g, plan, r) for r in range(g.topology.ranks)]
+    assert sum(shares) == handle_demand(g, plan)
+    hosts = ["a", "a", "b"]
+    per_host = _check_host_budget(g, plan, hosts, budget=10**6)
+    assert per_host == {"a": shares[0] + shares[1], "b": shares[2]}
+    with pytest.raises(HandleBudgetError) as info:
+        _check_host_budget(g, plan, hosts, budget=shares[0] + shares[1] - 1)
+    msg = str(info.value)
+    assert f"rank 0 {shares[0]:,}" in msg and f"rank 1 {shares[1]:,}" in msg
+    assert "host 'a'" in msg and "host 'b'" not in msg
+
+
+# ------------------------------------------------------------------------------ CLI
+def _cli(*args: str, timeout: float = HARD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "kvgrant.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_procs_runs_one_process_per_rank_and_writes_one_trace_each(tmp_path: Path) -> None:
+    out = _cli("alloc", "examples/small.json", "--procs", "3", "--backend", "sim", "--json",
+               "--trace", str(tmp_path / "traces"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["ok"] and doc["mode"] == "group" and doc["procs"] == 3
+    by_rank = {r["rank"]: r for r in doc["ranks"]}
+    # small.json: ranks 0 and 1 import each other; rank 2 imports from nobody
+    assert [by_rank[r]["imports_from"] for r in range(3)] == [[1], [0], []]
+    assert len({by_rank[r]["pid"] for r in range(3)}) == 3
+    for r in range(3):
+        assert not any(by_rank[r]["live_after_release"].values())
+    files = sorted((tmp_path / "traces").glob("rank*.ndjson"))
+    assert len(files) == 3 and check_group(files) == "publish"
+
+
+def test_cli_procs_must_match_the_layouts_ranks() -> None:
+    out = _cli("alloc", "examples/small.json", "--procs", "2", "--backend", "sim", timeout=60)
+    assert out.returncode == 2
+    assert "--procs = 2" in out.stderr and "topology.ranks = 3" in out.stderr
+
+
+def test_group_modules_pin_their_public_names() -> None:
+    import kvgrant.runtime as rt
+    from kvgrant.runtime import fdpass, group, group_launch
+
+    for m in (fdpass, group, group_launch):
+        assert m.__all__ == sorted(m.__all__) and all(hasattr(m, n) for n in m.__all__)
+    assert rt.allocate_rank is group.allocate_rank and rt.GroupPublished is group.GroupPublished
+    assert issubclass(GroupError, Exception) and "GroupError" in __import__("kvgrant").__all__
