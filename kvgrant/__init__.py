@@ -7,6 +7,7 @@ The package is a library first: ``kvgrant.layout`` plans (pure Python),
 
 from kvgrant.errors import (
     AllocationError,
+    ArgumentError,
     BackendUnavailable,
     ContractError,
     DriverError,
@@ -14,6 +15,7 @@ from kvgrant.errors import (
     HandleBudgetError,
     KVGrantError,
     PlanError,
+    ReleasedError,
     ToolError,
     TraceError,
 )
@@ -22,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllocationError",
+    "ArgumentError",
     "BackendUnavailable",
     "ContractError",
     "DriverError",
@@ -29,6 +32,7 @@ __all__ = [
     "HandleBudgetError",
     "KVGrantError",
     "PlanError",
+    "ReleasedError",
     "ToolError",
     "TraceError",
     "__version__",

@@ -486,7 +486,7 @@ def allocate(geometry: "Geometry | str | Path", *,
              check_contract: bool = True,
              trace: "str | Path | IO[str] | TraceWriter | None" = None,
              driver_options: Mapping[str, Any] | None = None,
-             inject_bug: str | None = None) -> Published:
+             inject_bug: str | None = None, trace_errors: str = "raise") -> Published:
     """Allocate every rank's KV cache in one transaction and publish it, or nothing.
 
     Parameters
@@ -516,6 +516,11 @@ def allocate(geometry: "Geometry | str | Path", *,
         (``False`` only for benchmark floors that deliberately map no regions).
     trace
         A path, text stream or :class:`TraceWriter`; ``None`` reads ``KVGRANT_TRACE``.
+    trace_errors
+        ``"raise"`` (default): a trace that could not be written is an error (the cache
+        is released and :class:`~kvgrant.errors.TraceError` raised, since a lost trace
+        was noticed only in ``trace_error``); ``"continue"``: keep the cache and record
+        the error in :attr:`Published.trace_error`.
     inject_bug
         Test only: one of :data:`INJECT_BUGS`.
 
@@ -526,8 +531,12 @@ def allocate(geometry: "Geometry | str | Path", *,
 
     Raises
     ------
+    ArgumentError
+        An argument is not accepted (names the argument, value and accepted forms).
     ContractError, HandleBudgetError, PlanError
         Before any driver object exists.
+    TraceError
+        The trace could not be written (``trace_errors="raise"``); nothing is left.
     AllocationError
         A driver step failed; every rank was unwound (LIFO), nothing was published.
         The error names call, rank, device, plane/region, byte range, CUresult, live
@@ -538,8 +547,13 @@ def allocate(geometry: "Geometry | str | Path", *,
     -----
     One attempt: a failure is never retried with fewer pages.
     """
-    if inject_bug is not None and inject_bug not in INJECT_BUGS:
-        raise ValueError(f"inject_bug = {inject_bug!r}: must be one of {sorted(INJECT_BUGS)}")
+    from kvgrant.runtime.arguments import check_allocate_args
+
+    devices, plan = check_allocate_args(
+        geometry, plan=plan, driver=driver, backend=backend, devices=devices,
+        memory_limit=memory_limit, handle_budget=handle_budget, preflight=preflight,
+        check_contract=check_contract, trace=trace, driver_options=driver_options,
+        inject_bug=inject_bug, trace_errors=trace_errors)
     g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
     limit = parse_memory_limit(memory_limit)
     nranks = g.topology.ranks
@@ -658,8 +672,26 @@ def allocate(geometry: "Geometry | str | Path", *,
             run._group("Publish")
         teardown = txn.commit()
         startup = time.perf_counter() - t0
-    return Published(run, teardown, capacity, fit, startup, owns, run.counts(),
-                     backend_reason)
+    pub = Published(run, teardown, capacity, fit, startup, owns, run.counts(), backend_reason)
+    if tw.error is not None and trace_errors == "raise":
+        _release_for_trace_error(pub, tw)
+    return pub
+
+
+def _release_for_trace_error(pub: Published, tw: TraceWriter) -> None:
+    """The trace was lost: release the cache (nothing left) and raise TraceError."""
+    from kvgrant.errors import TraceError
+
+    cause = tw.error
+    where = tw.path if tw.path is not None else "the trace stream"
+    try:
+        pub.release()
+    except DriverError as err:
+        raise TraceError(f"writing the trace to {where} failed ({cause}); releasing the cache "
+                         f"then failed too: {err}", line=None) from err
+    raise TraceError(f"writing the trace to {where} failed: {cause}; the cache was released "
+                     "and nothing is left (pass trace_errors='continue' to keep a cache "
+                     "without its trace)", line=None) from cause
 
 
 def _auto_backend(needed: int) -> tuple[str, str]:
