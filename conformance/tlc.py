@@ -388,6 +388,7 @@ def _run_in_workdir(spec_path: Path, cfg_path: Path, *, workers: int, timeout: f
 # (check_traces_tlc), and neither can be handed an instance.
 
 _RUNNING: dict[int, "subprocess.Popen[str]"] = {}
+_WORKDIRS: dict[int, Path] = {}  # pid -> its temp directory, for the atexit hook
 _RUNNING_LOCK = threading.Lock()
 _PROGRESS: contextvars.ContextVar[tuple[Callable[[float], None], float] | None] = \
     contextvars.ContextVar("kvgrant_tlc_progress", default=None)
@@ -407,7 +408,17 @@ def kill_running() -> int:
     return len(procs)
 
 
-atexit.register(kill_running)
+def _at_exit() -> None:
+    """Interpreter exit with TLC still running (e.g. in a daemon thread): kill it and
+    remove its temp directory, which that thread's ``finally`` will never reach."""
+    kill_running()
+    with _RUNNING_LOCK:
+        dirs = list(_WORKDIRS.values())
+    for workdir in dirs:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+atexit.register(_at_exit)
 
 
 def _signal_exit(signum: int, _frame: Any) -> None:
@@ -467,6 +478,7 @@ def _communicate(cmd: list[str], workdir: Path, timeout: float | None,
                                     start_new_session=True)
             with _RUNNING_LOCK:
                 _RUNNING[proc.pid] = proc
+                _WORKDIRS[proc.pid] = workdir
             deadline = None if timeout is None else started + timeout
             while True:
                 waits = [w for w in (None if progress is None else progress[1],
@@ -491,6 +503,7 @@ def _communicate(cmd: list[str], workdir: Path, timeout: float | None,
                         proc.wait(timeout=10)
                 with _RUNNING_LOCK:
                     _RUNNING.pop(proc.pid, None)
+                    _WORKDIRS.pop(proc.pid, None)
                 if proc.stdout is not None and not proc.stdout.closed:
                     proc.stdout.close()
 
