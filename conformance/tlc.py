@@ -559,9 +559,15 @@ def parse_tool_output(output: str, exit_code: int | None, *, spec: str = "",
         elif severity == _SEVERITY_ERROR or code in (_MSG_PARSE, _MSG_EXCEPTION,
                                                       _MSG_CFG_UNDEFINED, _MSG_DEADLOCK):
             errors.append(body.strip())
+    framed = bool(errors)
+    if not errors and status not in ("ok", "timeout"):
+        # e.g. the JVM could not start: nothing framed, the reason is plain text
+        plain = _FRAME.sub("", output).strip()
+        if plain:
+            errors.append("\n".join(plain.splitlines()[-20:]))
     if errors:
         result.message = errors[0]
-        if status in ("parse_error", "cfg_error", "error"):
+        if framed and status in ("parse_error", "cfg_error", "error"):
             # Parse errors print the reason outside the frames; keep a tail of it.
             plain = _FRAME.sub("", output).strip()
             if plain:

@@ -364,7 +364,7 @@ def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
         raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: line 1 must be the header "
                                     "(kind = 'header')")
     version = obj.get("version")
-    if version != 1:
+    if not _is_int(version) or version != 1:  # True and 1.0 compare equal to 1
         raise _fail(source, lineno, f"header.version = {version!r}: only version 1 is supported")
     ranks = _int_field(obj, "ranks", lineno, source, lo=1, hi=MAX_TRACE_RANKS + 1,
                        where="header.")

@@ -35,8 +35,7 @@ def device_list(text: str) -> list[int]:
     from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL
 
     parts = text.split(",")
-    if not text.strip() or any(not re.fullmatch(r"[0-9]{1,7}", p.strip(), re.ASCII)
-                               for p in parts):
+    if any(not re.fullmatch(r"[0-9]{1,7}", p, re.ASCII) for p in parts):
         raise argparse.ArgumentTypeError(
             f"{text[:60]!r}: must be comma-separated CUDA ordinals, one per rank (e.g. 0,1)")
     values = [int(p) for p in parts]

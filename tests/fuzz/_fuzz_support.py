@@ -95,7 +95,8 @@ def run_cli(argv: Sequence[str], **limit_args: int) -> Result:
 
 _CHILD = """
 import resource, sys
-resource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))
+if {mem} > 0:
+    resource.setrlimit(resource.RLIMIT_AS, ({mem}, {mem}))
 from kvgrant.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -104,8 +105,9 @@ sys.exit(main(sys.argv[1:]))
 def run_cli_process(argv: Sequence[str], *, memory: int = 4 << 30,
                     seconds: int = CASE_SECONDS, cwd: Path = ROOT,
                     env: dict[str, str] | None = None) -> Result:
-    """``kvgrant ARGV`` in a child process capped at ``memory`` bytes of address space;
-    fails (AssertionError) on a hang or on any process of its session left behind."""
+    """``kvgrant ARGV`` in a child process capped at ``memory`` bytes of address space
+    (-1: no cap); fails (AssertionError) on a hang or on any process of its session
+    left behind."""
     proc = subprocess.Popen([sys.executable, "-c", _CHILD.format(mem=memory), *argv],
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
