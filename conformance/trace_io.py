@@ -186,8 +186,9 @@ def load_trace(path: str | Path) -> Trace:
     try:
         with p.open("rb") as fh:
             raw = fh.read(MAX_TRACE_BYTES + 1)
-    except OSError as err:
-        raise TraceError(f"{p}: cannot read trace: {err.strerror or err}", line=None) from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        reason = getattr(err, "strerror", None) or str(err)
+        raise TraceError(f"{str(p)!r}: cannot read trace: {reason}", line=None) from None
     if len(raw) > MAX_TRACE_BYTES:
         raise TraceError(f"{p}: trace is larger than {MAX_TRACE_BYTES:,} bytes (the limit of "
                          "kvgrant.conformance.trace_io.MAX_TRACE_BYTES); is it a trace?",
@@ -435,7 +436,7 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
         raise _fail(source, lineno, f"seq = {seq!r}: expected {index} (seq counts from 0 "
                                     "without gaps)")
     action = get("action")
-    if action not in EVENT_ACTIONS:
+    if type(action) is not str or action not in EVENT_ACTIONS:
         raise _fail(source, lineno, f"action = {action!r}: not a lifecycle action "
                                     f"(one of {', '.join(sorted(EVENT_ACTIONS))})")
     rank = get("rank")
@@ -477,7 +478,7 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
     if type(state) is not dict:
         raise _fail(source, lineno, f"state = {state!r}: must be an object (abstract state "
                                     "after the event)")
-    if state.get("phase") not in _PHASE_SET:
+    if type(state.get("phase")) is not str or state.get("phase") not in _PHASE_SET:
         raise _fail(source, lineno, f"state.phase = {state.get('phase')!r}: must be one of "
                                     f"{', '.join(PHASES)}")
     if rank is not None:

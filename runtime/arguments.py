@@ -100,6 +100,38 @@ def _check_trace(trace: Any) -> None:
                                     "with 'w', not 'wb') or a TraceWriter")
 
 
+#: Options each backend's constructor takes (``allocate`` adds ``devices`` for sim).
+_OPTIONS = {"sim": ("devices", "memory_per_device", "granularity", "handle_budget", "faults",
+                    "used_by_others"),
+            "cuda": ("faults", "handle_budget")}
+
+
+def _check_driver_options(options: Any, backend: Any) -> None:
+    """A mapping of known option names; ``faults`` must read as a FaultPlan (a typo in
+    a name reached the user as a TypeError from the constructor)."""
+    if not isinstance(options, Mapping):
+        raise _fail("driver_options", options, "must be None or a mapping of option "
+                                               "name -> value")
+    known = set(_OPTIONS["sim"]) if backend == "sim" else \
+        set(_OPTIONS["cuda"]) if backend == "cuda" else set(_OPTIONS["sim"]) | set(_OPTIONS["cuda"])
+    for key in options:
+        if not isinstance(key, str) or key not in known:
+            raise _fail("driver_options key", key,
+                        f"must be one of {', '.join(sorted(known))} for backend {backend!r}")
+    if options.get("faults") is not None:
+        from kvgrant.runtime.faults import Fault, FaultPlan
+
+        faults = options["faults"]
+        if not isinstance(faults, (Fault, FaultPlan, list, tuple)):
+            raise _fail("driver_options['faults']", faults,
+                        "must be a Fault, a FaultPlan or a list of them")
+        try:
+            FaultPlan.coerce(options["faults"])  # type: ignore[arg-type]
+        except (TypeError, ValueError) as err:
+            raise _fail("driver_options['faults']", options["faults"],
+                        f"must be a Fault, a FaultPlan or a list of them ({err})") from None
+
+
 def same_file(a: Any, b: Any) -> bool:
     """True when two paths name one existing file (same inode), e.g. a trace path that
     is the geometry file it would overwrite."""
@@ -163,10 +195,8 @@ def check_allocate_args(geometry: Any, *, plan: Any, driver: Any, backend: Any,
         if not isinstance(value, bool):
             raise _fail(name, value, "must be True or False")
     _check_trace(trace)
-    if driver_options is not None and (not isinstance(driver_options, Mapping) or not all(
-            isinstance(k, str) for k in driver_options)):
-        raise _fail("driver_options", driver_options, "must be None or a mapping of option "
-                                                      "name -> value")
+    if driver_options is not None:
+        _check_driver_options(driver_options, backend)
     if inject_bug is not None:
         from kvgrant.runtime.allocator import INJECT_BUGS
 
