@@ -195,7 +195,7 @@ def find_java() -> str:
     if found:
         return found
     raise ToolError(
-        "java not found (checked $JAVA_HOME and PATH): TLC needs a Java 11+ runtime. "
+        "java not found (checked $JAVA_HOME and PATH): TLC needs Java 11 or newer. "
         "Install one, e.g. `sudo apt-get install -y openjdk-17-jre-headless` "
         "(Debian/Ubuntu), `sudo dnf install java-17-openjdk-headless` (Fedora), "
         "`brew install openjdk@17` (macOS), or set JAVA_HOME to an installed JDK/JRE.")

@@ -37,6 +37,36 @@ def examples(default: int) -> int:
     return max(1, int(default * SCALE))
 
 
+#: Cases run per test in this session; ``make fuzz`` writes them to KVGRANT_FUZZ_REPORT.
+CASES: dict[str, int] = {}
+
+
+def count_case(kind: str) -> None:
+    """Count one generated case of ``kind`` (the report shows what really ran, not
+    what max_examples allowed: Hypothesis stops early on a small search space)."""
+    CASES[kind] = CASES.get(kind, 0) + 1
+    report = os.environ.get("KVGRANT_FUZZ_REPORT")
+    if report and CASES[kind] % 50 == 1:
+        _write_report(report)
+
+
+def _write_report(path: str) -> None:
+    import json
+
+    merged: dict[str, int] = {}
+    with contextlib.suppress(OSError, ValueError):
+        merged = json.loads(Path(path).read_text())
+    merged.update(CASES)
+    Path(path).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+
+
+def flush_report() -> None:
+    """Write the counts now (called at the end of each fuzz module)."""
+    report = os.environ.get("KVGRANT_FUZZ_REPORT")
+    if report:
+        _write_report(report)
+
+
 class Hang(Exception):
     """A case ran past CASE_SECONDS."""
 

@@ -13,8 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _fuzz_support import SMALL, examples, limits
+from _fuzz_support import SMALL, count_case, examples, flush_report, limits
 from kvgrant.errors import ArgumentError, GeometryError, KVGrantError, PlanError, TraceError
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Iterator[None]:
+    yield
+    flush_report()
+
 
 _SETTINGS = dict(deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -81,6 +87,7 @@ def bad_call(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 @settings(max_examples=examples(300), **_SETTINGS)
 @given(case=bad_call())
 def test_allocate_with_one_bad_argument(case: tuple[str, dict[str, Any]]) -> None:
+    count_case("allocate_with_one_bad_argument")
     from kvgrant.runtime import allocate
     from kvgrant.runtime.sim import SimDriver
 
@@ -120,6 +127,7 @@ _name = st.one_of(st.sampled_from(["kv0", "kv1", "snapshot", "execution"]), _jun
        c=_index)
 def test_views_with_any_arguments(published: Any, method: str, a: Any, b: Any,
                                   c: Any) -> None:
+    count_case("views_with_any_arguments")
     args = (a, b) if method == "plane" else (a, b, c)
     with limits():
         try:
@@ -153,6 +161,7 @@ def geometry_like(draw: st.DrawFn) -> Any:
 @settings(max_examples=examples(300), **_SETTINGS)
 @given(doc=geometry_like())
 def test_parse_geometry_with_any_document(doc: Any) -> None:
+    count_case("parse_geometry_with_any_document")
     from kvgrant.layout.geometry import Geometry, parse_geometry
 
     with limits():
@@ -165,6 +174,7 @@ def test_parse_geometry_with_any_document(doc: Any) -> None:
 @settings(max_examples=examples(300), **_SETTINGS)
 @given(value=st.one_of(st.text(max_size=16), _junk, st.integers()))
 def test_parse_memory_limit_with_any_value(value: Any) -> None:
+    count_case("parse_memory_limit_with_any_value")
     from kvgrant.runtime.capacity import MemoryLimit, parse_memory_limit
 
     try:
@@ -210,6 +220,7 @@ _trace_case = st.one_of(
 @settings(max_examples=examples(300), **_SETTINGS)
 @given(case=_trace_case)
 def test_parse_trace_with_any_text(case: Any) -> None:
+    count_case("parse_trace_with_any_text")
     from kvgrant.conformance import replay
     from kvgrant.conformance.trace_io import Trace, parse_trace
 
@@ -227,6 +238,7 @@ def test_parse_trace_with_any_text(case: Any) -> None:
 @settings(max_examples=examples(100), **_SETTINGS)
 @given(path=st.one_of(_junk, st.text(max_size=10)))
 def test_load_geometry_and_trace_with_any_path(path: Any) -> None:
+    count_case("load_geometry_and_trace_with_any_path")
     from kvgrant.conformance.trace_io import load_trace
     from kvgrant.layout.geometry import load_geometry
 

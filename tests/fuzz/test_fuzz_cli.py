@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _fuzz_support import SMALL, assert_clean, examples, run_cli, run_cli_process
+from _fuzz_support import (SMALL, assert_clean, count_case, examples, flush_report, run_cli,
+                           run_cli_process)
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Iterator[None]:
+    yield
+    flush_report()
+
 
 _SETTINGS = dict(deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -100,6 +107,7 @@ def bad_geometry_text(draw: st.DrawFn) -> bytes:
 @settings(max_examples=examples(150), **_SETTINGS)
 @given(text=bad_geometry_text(), command=st.sampled_from(["alloc", "alloc", "plan"]))
 def test_bad_geometries(tmp_path: Path, text: bytes, command: str) -> None:
+    count_case("bad_geometries")
     path = tmp_path / "g.json"
     path.write_bytes(text)
     argv = [command, str(path)] + (["--backend", "sim"] if command == "alloc" else [])
@@ -194,6 +202,7 @@ def bad_trace_bytes(draw: st.DrawFn) -> bytes:
 @settings(max_examples=examples(150), **_SETTINGS)
 @given(data=bad_trace_bytes(), json_out=st.booleans())
 def test_bad_traces(tmp_path: Path, data: bytes, json_out: bool) -> None:
+    count_case("bad_traces")
     path = tmp_path / "t.ndjson"
     path.write_bytes(data)
     argv = ["conform", str(path)] + (["--json"] if json_out else [])
@@ -240,6 +249,7 @@ _good_flag = st.sampled_from([[], ["--json"], ["--plan", "naive"], ["--plan", "r
 @settings(max_examples=examples(150), **_SETTINGS)
 @given(bad=_bad_flag, good=_good_flag, eq=st.booleans())
 def test_bad_alloc_flags(bad: tuple[str, str], good: list[str], eq: bool) -> None:
+    count_case("bad_alloc_flags")
     flag, value = bad
     argv = ["alloc", str(SMALL), *good]
     if flag != "--backend":
@@ -260,6 +270,7 @@ _token = st.one_of(st.sampled_from(["plan", "alloc", "conform", "verify", "--jso
 def test_random_argv_never_gives_a_traceback(argv: list[str]) -> None:
     """Arbitrary tokens (valid or not): never a traceback, a hang or a runaway; exit
     0 only for a real success (a help page or a valid command line)."""
+    count_case("random_argv_never_gives_a_traceback")
     if "--trace" in argv or "verify" in argv:  # never write files or start TLC here
         argv = [a for a in argv if a not in ("--trace", "verify")]
     argv = [a for a in argv if not a.startswith("--backend")] + (
@@ -277,6 +288,7 @@ def test_random_argv_never_gives_a_traceback(argv: list[str]) -> None:
     bad_trace_bytes().map(lambda t: ("conform", t)),
     _bad_flag.map(lambda f: ("flag", f))))
 def test_subprocess_cases(tmp_path: Path, case: tuple[str, Any]) -> None:
+    count_case("subprocess_cases")
     kind, value = case
     if kind == "flag":
         argv = ["alloc", str(SMALL), f"{value[0]}={value[1]}"]
