@@ -84,19 +84,23 @@ def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("signum, expected", [
-    (signal.SIGTERM, 128 + signal.SIGTERM),
-    (signal.SIGHUP, 128 + signal.SIGHUP),
-    (signal.SIGINT, 130),
+@pytest.mark.parametrize("command, signum, expected", [
+    ("conform", signal.SIGTERM, 128 + signal.SIGTERM),
+    ("conform", signal.SIGHUP, 128 + signal.SIGHUP),
+    ("conform", signal.SIGINT, 130),
+    ("both", signal.SIGTERM, 128 + signal.SIGTERM),
+    ("verify", signal.SIGTERM, 128 + signal.SIGTERM),
 ])
-def test_a_signal_to_conform_ends_java_and_removes_temp_folders(
-        long_trace: Path, tmp_path: Path, signum: int, expected: int) -> None:
+def test_a_signal_to_kvgrant_ends_java_and_removes_temp_folders(
+        long_trace: Path, tmp_path: Path, command: str, signum: int, expected: int) -> None:
     _need_java()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp))
-    proc = subprocess.Popen([sys.executable, "-m", "kvgrant.cli", "conform", str(long_trace),
-                             "--engine", "tlc"], env=env, cwd=ROOT,
+    argv = {"conform": ["conform", str(long_trace), "--engine", "tlc"],
+            "both": ["conform", str(long_trace), "--engine", "both"],
+            "verify": ["verify", "--workers", "1"]}[command]
+    proc = subprocess.Popen([sys.executable, "-m", "kvgrant.cli", *argv], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     java: tuple[int, int] | None = None
