@@ -27,11 +27,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-## The issue #16 fuzz at full volume: KVGRANT_FUZZ_SCALE=5 runs 5x the default examples
+## The issue #16 fuzz at full volume: KVGRANT_FUZZ_SCALE=8 runs 8x the default examples
 ## (over 10,000 generated bad inputs: geometries, traces, flags, argument types), in
 ## process under a memory cap and a hang limit, plus a sample as real processes.
 ## The counts of cases that really ran go to $(OUTDIR)/fuzz-counts.json.
-FUZZ_SCALE ?= 5
+FUZZ_SCALE ?= 8
 fuzz: $(STAMP)
 	mkdir -p $(OUTDIR)
 	rm -f $(OUTDIR)/fuzz-counts.json

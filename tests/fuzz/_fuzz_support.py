@@ -28,7 +28,7 @@ CASE_MEMORY = 2 << 30
 CASE_SECONDS = 60
 
 #: How many examples the fuzz tests run: a few hundred per kind by default; ``make fuzz``
-#: raises it (KVGRANT_FUZZ_SCALE=20 gives > 10,000 cases in all).
+#: raises it (KVGRANT_FUZZ_SCALE=8 gives over 10,000 cases in all).
 SCALE = float(os.environ.get("KVGRANT_FUZZ_SCALE", "1"))
 
 

@@ -84,7 +84,7 @@ def bad_call(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     return name, kwargs
 
 
-@settings(max_examples=examples(300), **_SETTINGS)
+@settings(max_examples=examples(150), **_SETTINGS)
 @given(case=bad_call())
 def test_allocate_with_one_bad_argument(case: tuple[str, dict[str, Any]]) -> None:
     count_case("allocate_with_one_bad_argument")
@@ -122,7 +122,7 @@ _index = st.one_of(st.integers(-3, 12), st.integers(), _junk)
 _name = st.one_of(st.sampled_from(["kv0", "kv1", "snapshot", "execution"]), _junk)
 
 
-@settings(max_examples=examples(300), **_SETTINGS)
+@settings(max_examples=examples(150), **_SETTINGS)
 @given(method=st.sampled_from(["row_va", "row", "page", "plane"]), a=_index, b=_name,
        c=_index)
 def test_views_with_any_arguments(published: Any, method: str, a: Any, b: Any,
@@ -158,7 +158,7 @@ def geometry_like(draw: st.DrawFn) -> Any:
     return doc
 
 
-@settings(max_examples=examples(300), **_SETTINGS)
+@settings(max_examples=examples(150), **_SETTINGS)
 @given(doc=geometry_like())
 def test_parse_geometry_with_any_document(doc: Any) -> None:
     count_case("parse_geometry_with_any_document")
@@ -171,7 +171,7 @@ def test_parse_geometry_with_any_document(doc: Any) -> None:
             assert str(err) and len(str(err)) < 5000
 
 
-@settings(max_examples=examples(300), **_SETTINGS)
+@settings(max_examples=examples(150), **_SETTINGS)
 @given(value=st.one_of(st.text(max_size=16), _junk, st.integers()))
 def test_parse_memory_limit_with_any_value(value: Any) -> None:
     count_case("parse_memory_limit_with_any_value")
@@ -217,7 +217,7 @@ _trace_case = st.one_of(
     st.tuples(st.integers(0, len(_LINES) - 1), st.sampled_from(_KEYS), _json))
 
 
-@settings(max_examples=examples(300), **_SETTINGS)
+@settings(max_examples=examples(150), **_SETTINGS)
 @given(case=_trace_case)
 def test_parse_trace_with_any_text(case: Any) -> None:
     count_case("parse_trace_with_any_text")
@@ -235,7 +235,7 @@ def test_parse_trace_with_any_text(case: Any) -> None:
         replay(trace)  # a well-formed trace always gets a verdict
 
 
-@settings(max_examples=examples(100), **_SETTINGS)
+@settings(max_examples=examples(50), **_SETTINGS)
 @given(path=st.one_of(_junk, st.text(max_size=10)))
 def test_load_geometry_and_trace_with_any_path(path: Any) -> None:
     count_case("load_geometry_and_trace_with_any_path")
