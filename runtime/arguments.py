@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import os
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from kvgrant.errors import ArgumentError
@@ -242,8 +241,3 @@ def check_index(argument: str, value: Any, size: int, what: str) -> int:
     if not _is_int(value) or not 0 <= value < size:
         raise _fail(argument, value, f"must be an integer {what} in 0..{size - 1}")
     return value
-
-
-def path_of(value: Any) -> Path | None:
-    """``value`` as a Path when it is one, else None."""
-    return Path(value) if _is_path(value) else None
