@@ -36,6 +36,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -465,6 +466,26 @@ def reporting_progress(callback: Callable[[float], None], every: float = 30.0) -
         _PROGRESS.reset(token)
 
 
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL TLC when kvgrant dies, even by
+    SIGKILL or the OOM killer, which no handler sees (Linux ``PR_SET_PDEATHSIG``);
+    None elsewhere. libc is resolved here, in the parent, so the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    kill = int(signal.SIGKILL)
+
+    def set_pdeathsig() -> None:
+        prctl(1, kill)  # 1 = PR_SET_PDEATHSIG
+
+    return set_pdeathsig
+
+
 def _communicate(cmd: list[str], workdir: Path, timeout: float | None,
                  started: float) -> tuple[str, int | None]:
     """Run TLC to its end (or ``timeout``; then the exit code is None). The process
@@ -475,7 +496,8 @@ def _communicate(cmd: list[str], workdir: Path, timeout: float | None,
         try:
             proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=_parent_death_signal())
             with _RUNNING_LOCK:
                 _RUNNING[proc.pid] = proc
                 _WORKDIRS[proc.pid] = workdir

@@ -128,6 +128,53 @@ def test_a_signal_to_kvgrant_ends_java_and_removes_temp_folders(
                 stream.close()
 
 
+@pytest.fixture(scope="module")
+def slow_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 3,000 events of the published layout on one rank: TLC works on it for
+    well over a minute, so Java outlives the checks below unless something ends it."""
+    from kvgrant.cli import main
+
+    full = tmp_path_factory.mktemp("slow") / "full.ndjson"
+    rc = main(["alloc", str(ROOT / "examples" / "published-dcp8.json"), "--backend", "sim",
+               "--ranks", "1", "--trace", str(full)])
+    assert rc == 0
+    cut = full.with_name("cut.ndjson")
+    with full.open() as src:
+        cut.write_text("".join(line for _i, line in zip(range(3001), src)))
+    return cut
+
+
+def test_sigkill_of_kvgrant_still_ends_java(slow_trace: Path, tmp_path: Path) -> None:
+    """SIGKILL reaches no handler; the kernel's parent-death signal ends Java anyway
+    (the temp folder cannot be removed then; it is TMPDIR's to clean)."""
+    _need_java()
+    proc = subprocess.Popen([sys.executable, "-m", "kvgrant.cli", "conform", str(slow_trace),
+                             "--engine", "tlc"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, TMPDIR=str(tmp_path)))
+    java: tuple[int, int] | None = None
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while java is None and proc.poll() is None and time.monotonic() < deadline:
+            java = _java_child(proc.pid)
+            time.sleep(0.02)
+        assert java is not None, f"Java never started (rc {proc.poll()})"
+        time.sleep(1.0)  # past the JVM start: TLC is reading the trace
+        assert _group_alive(java[1]), "TLC ended before the test could kill kvgrant"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=WAIT_S)
+        deadline = time.monotonic() + 10  # delivered asynchronously
+        while _group_alive(java[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _group_alive(java[1]) == [], "Java outlived a SIGKILLed kvgrant"
+    finally:
+        if proc.poll() is None:
+            _kill_group_quietly(proc.pid)
+            proc.wait()
+        if java is not None:
+            _kill_group_quietly(java[1])
+
+
 def _trace_spec_args(long_trace: Path, tmp: Path) -> tuple[Path, Path, list[Path]]:
     from kvgrant.conformance.tla_trace import (TRACE_CFG, TRACE_SPEC, specs_dir,
                                                write_trace_module)
