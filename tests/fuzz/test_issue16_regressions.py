@@ -48,6 +48,24 @@ def test_a_trace_longer_than_tlc_can_check_is_refused_up_front_after_the_python_
     assert "TLC cannot check this trace" in res.err and "--engine python" in res.err
 
 
+def test_both_engines_print_the_python_verdict_before_tlc_starts(
+        small_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import kvgrant.conformance as conf
+
+    seen: list[str] = []
+
+    def fake_tlc(trace: Any, timeout: float) -> Any:
+        seen.append(sys.stdout.getvalue())  # what the user saw when TLC started
+        return conf.replay(trace)
+
+    monkeypatch.setattr(conf, "check_trace_tlc", fake_tlc)
+    res = run_cli(["conform", str(small_trace), "--engine", "both"])
+    assert res.rc == 0, res.err
+    assert seen and seen[0].startswith("accepted by python")
+
+
 # ---------------------------------------------------------------- 3. bounded reads
 
 def test_plan_of_dev_zero_is_refused_by_size() -> None:
