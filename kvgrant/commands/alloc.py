@@ -167,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
     # the fault never fired: had it, the start-up or the release would have failed
     unfired = args.fail_at is not None
     if args.json:
-        summary.update({"ok": trace_error is None and not unfired, "fault_fired": not unfired
-                        if args.fail_at is not None else None, "release_s": round(pub.release_s or 0.0, 6),
+        summary.update({"ok": trace_error is None and not unfired,
+                        "fault_fired": False if unfired else None,
+                        "release_s": round(pub.release_s or 0.0, 6),
                         "live_after_release": live_after, "trace": trace,
                         "trace_error": None if trace_error is None else str(trace_error)})
         print(json.dumps(summary))
