@@ -429,7 +429,8 @@ def _signal_exit(signum: int, _frame: Any) -> None:
     kill_running()
     for sig in _SIGNALS:  # a second signal must not interrupt the clean-up
         with contextlib.suppress(ValueError, OSError):
-            signal.signal(sig, signal.SIG_IGN)
+            if signal.getsignal(sig) is _signal_exit:
+                signal.signal(sig, signal.SIG_IGN)
     if signum == getattr(signal, "SIGINT", None):
         raise KeyboardInterrupt
     raise SystemExit(128 + signum)
@@ -439,19 +440,24 @@ def _signal_exit(signum: int, _frame: Any) -> None:
 def exit_on_signals() -> Iterator[None]:
     """While inside, SIGTERM, SIGHUP and SIGINT kill every running TLC process group
     and raise (SystemExit / KeyboardInterrupt), so ``finally`` blocks and ``with``
-    temp directories clean up. Nested uses and non-main threads change nothing
-    (Python runs handlers only in the main thread)."""
+    temp directories clean up. Only signals still at their default disposition are
+    taken (a program embedding kvgrant keeps its own handlers; atexit and the
+    parent-death signal still end TLC). Nested uses and non-main threads change
+    nothing (Python runs handlers only in the main thread)."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is _signal_exit:
         yield
         return
+    defaults = (signal.SIG_DFL, signal.default_int_handler)
     previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
-    for sig in _SIGNALS:
+    taken = [sig for sig, handler in previous.items() if handler in defaults]
+    for sig in taken:
         signal.signal(sig, _signal_exit)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
+        for sig in taken:
+            handler = previous[sig]
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 

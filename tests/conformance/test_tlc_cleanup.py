@@ -254,3 +254,26 @@ def test_interpreter_exit_kills_tlc_started_by_a_thread(long_trace: Path,
     finally:
         for p in pids:
             _kill_group_quietly(p)
+
+
+def test_exit_on_signals_keeps_a_programs_own_handler() -> None:
+    """A program embedding kvgrant keeps its SIGTERM handler; defaults are taken and
+    given back."""
+    def mine(_signum: int, _frame: object) -> None:
+        pass
+
+    before_int = signal.getsignal(signal.SIGINT)
+    before_hup = signal.getsignal(signal.SIGHUP)
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        with tlc.exit_on_signals():
+            assert signal.getsignal(signal.SIGTERM) is mine
+            if before_int is signal.default_int_handler:
+                assert signal.getsignal(signal.SIGINT) is not before_int
+            if before_hup is signal.SIG_DFL:  # taken (unless run under nohup)
+                assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGHUP) is before_hup
+        assert signal.getsignal(signal.SIGINT) is before_int
+    finally:
+        signal.signal(signal.SIGTERM, old)
