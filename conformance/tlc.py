@@ -11,7 +11,12 @@ machine where kvgrant is not installed.  TLC 2.15 (the jar inside the pinned
   2.15 crashes when two runs share a metadir started in the same second) so no
   ``states/`` or trace files land in the working tree;
 * parses the framed ``@!@!@STARTMSG code:severity`` messages, never scraped
-  console text, into a :class:`TLCResult`.
+  console text, into a :class:`TLCResult`;
+* never leaves Java behind: TLC runs in its own process group (so a terminal's
+  Ctrl-C reaches kvgrant, not Java), and every way out of :func:`run_tlc` (return,
+  exception, timeout, SIGTERM/SIGHUP/SIGINT under :func:`exit_on_signals`, interpreter
+  exit through ``atexit``) kills that group and removes the temp directory. A TLC run
+  held 6.4 GB after its parent was terminated (issue #16), hence the belt and braces.
 
 TLC 2.15 exit codes (checked against the jar): 0 ok, 10 assumption violated,
 11 deadlock, 12 invariant violated, 13 temporal or action property violated,
@@ -21,6 +26,9 @@ the spec does not define, 255 any other error (e.g. a config syntax error).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import contextvars
 import hashlib
 import importlib.util
 import os
@@ -28,11 +36,13 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 try:  # inside kvgrant: raise the library's error class
     from kvgrant.errors import ToolError
@@ -47,10 +57,13 @@ __all__ = [
     "TLCState",
     "ToolError",
     "discover_models",
+    "exit_on_signals",
     "find_jar",
     "find_java",
+    "kill_running",
     "parse_tool_output",
     "parse_value",
+    "reporting_progress",
     "run_tlc",
     "tlc_command",
 ]
@@ -86,6 +99,9 @@ _MSG_CFG_UNDEFINED = 2229
 _MSG_PARSE = 3002
 _MSG_EXCEPTION = 1000
 _SEVERITY_ERROR = 1
+
+#: Java thread stack size for TLC (virtual memory, touched only as deep as it recurses).
+_THREAD_STACK = "256m"
 
 _FRAME = re.compile(r"@!@!@STARTMSG (\d+):(\d+) @!@!@\n(.*?)@!@!@ENDMSG \1 @!@!@",
                     re.DOTALL)
@@ -180,7 +196,7 @@ def find_java() -> str:
     if found:
         return found
     raise ToolError(
-        "java not found (checked $JAVA_HOME and PATH): TLC needs a Java 11+ runtime. "
+        "java not found (checked $JAVA_HOME and PATH): TLC needs Java 11 or newer. "
         "Install one, e.g. `sudo apt-get install -y openjdk-17-jre-headless` "
         "(Debian/Ubuntu), `sudo dnf install java-17-openjdk-headless` (Fedora), "
         "`brew install openjdk@17` (macOS), or set JAVA_HOME to an installed JDK/JRE.")
@@ -271,7 +287,9 @@ def tlc_command(spec: str | Path, config: str | Path | None = None, *,
     relative to its temp directory); ``library`` directories are searched for
     EXTENDed modules.  ``deadlock=False`` turns deadlock checking off.
     """
-    cmd = [java or find_java(), "-XX:+UseParallelGC"]
+    # -Xss: TLC evaluates a trace (one long sequence literal) recursively; with the
+    # JVM's default thread stack it overflowed on traces below 1,000 events.
+    cmd = [java or find_java(), "-XX:+UseParallelGC", f"-Xss{_THREAD_STACK}"]
     if tmpdir is not None:
         # TLC unpacks its standard modules (FiniteSets, ...) into java.io.tmpdir; runs
         # that share it race ("Cannot find source file", "Module-Table lookup failure").
@@ -324,6 +342,17 @@ def run_tlc(spec: str | Path, config: str | Path | None = None, *,
             raise ToolError(f"TLC {what} {path} does not exist")
     java = java or find_java()
     jar = jar or find_jar()
+    with exit_on_signals():
+        return _run_in_workdir(spec_path, cfg_path, workers=workers, timeout=timeout,
+                               deadlock=deadlock, simulate=simulate, depth=depth,
+                               library=library, keep=keep, extra=extra, java=java, jar=jar)
+
+
+def _run_in_workdir(spec_path: Path, cfg_path: Path, *, workers: int, timeout: float | None,
+                    deadlock: bool, simulate: bool, depth: int | None,
+                    library: Iterable[str | Path], keep: bool, extra: Sequence[str],
+                    java: str, jar: str) -> TLCResult:
+    """:func:`run_tlc` after the checks: one TLC run in a fresh temp directory."""
     workdir = Path(tempfile.mkdtemp(prefix="kvgrant-tlc-"))
     try:
         # The root module must keep its name; the config may be renamed freely.
@@ -336,16 +365,7 @@ def run_tlc(spec: str | Path, config: str | Path | None = None, *,
                           simulate=simulate, depth=depth, java=java, jar=jar,
                           extra=extra, tmpdir=workdir / "tmp")
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-            code: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            output, _ = proc.communicate()
-            code = None
+        output, code = _communicate(cmd, workdir, timeout, started)
         seconds = time.monotonic() - started
         result = parse_tool_output(output or "", code, spec=str(spec_path),
                                    config=str(cfg_path), seconds=seconds)
@@ -361,12 +381,168 @@ def run_tlc(spec: str | Path, config: str | Path | None = None, *,
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+# ---------------------------------------------------------------------------
+# Never leave Java behind
+#
+# Why module state: the signal handler and the atexit hook must reach every TLC
+# process of this interpreter, including those started by worker threads
+# (check_traces_tlc), and neither can be handed an instance.
+
+_RUNNING: dict[int, "subprocess.Popen[str]"] = {}
+_WORKDIRS: dict[int, Path] = {}  # pid -> its temp directory, for the atexit hook
+_RUNNING_LOCK = threading.Lock()
+_PROGRESS: contextvars.ContextVar[tuple[Callable[[float], None], float] | None] = \
+    contextvars.ContextVar("kvgrant_tlc_progress", default=None)
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT")
+                 if hasattr(signal, name))
+
+
+def kill_running() -> int:
+    """SIGKILL the process group of every TLC run still going; returns how many.
+
+    Safe from a signal handler and at interpreter exit (registered with atexit).
+    """
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING.values())
+    for proc in procs:
+        _kill_group(proc)
+    return len(procs)
+
+
+def _at_exit() -> None:
+    """Interpreter exit with TLC still running (e.g. in a daemon thread): kill it and
+    remove its temp directory, which that thread's ``finally`` will never reach."""
+    kill_running()
+    with _RUNNING_LOCK:
+        dirs = list(_WORKDIRS.values())
+    for workdir in dirs:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+atexit.register(_at_exit)
+
+
+def _signal_exit(signum: int, _frame: Any) -> None:
+    """Kill TLC, then leave through the normal unwinding (finally blocks remove the
+    temp directories): KeyboardInterrupt for SIGINT, else SystemExit(128 + signum),
+    the status a shell reports for a process ended by that signal."""
+    kill_running()
+    for sig in _SIGNALS:  # a second signal must not interrupt the clean-up
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(sig) is _signal_exit:
+                signal.signal(sig, signal.SIG_IGN)
+    if signum == getattr(signal, "SIGINT", None):
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def exit_on_signals() -> Iterator[None]:
+    """While inside, SIGTERM, SIGHUP and SIGINT kill every running TLC process group
+    and raise (SystemExit / KeyboardInterrupt), so ``finally`` blocks and ``with``
+    temp directories clean up. Only signals still at their default disposition are
+    taken (a program embedding kvgrant keeps its own handlers; atexit and the
+    parent-death signal still end TLC). Nested uses and non-main threads change
+    nothing (Python runs handlers only in the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is _signal_exit:
+        yield
+        return
+    defaults = (signal.SIG_DFL, signal.default_int_handler)
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    taken = [sig for sig, handler in previous.items() if handler in defaults]
+    for sig in taken:
+        signal.signal(sig, _signal_exit)
+    try:
+        yield
+    finally:
+        for sig in taken:
+            handler = previous[sig]
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def reporting_progress(callback: Callable[[float], None], every: float = 30.0) -> Iterator[None]:
+    """Call ``callback(elapsed_seconds)`` every ``every`` seconds while a TLC run of
+    this context is going (long trace checks say they are alive)."""
+    token = _PROGRESS.set((callback, every))
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL TLC when kvgrant dies, even by
+    SIGKILL or the OOM killer, which no handler sees (Linux ``PR_SET_PDEATHSIG``);
+    None elsewhere. libc is resolved here, in the parent, so the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    kill = int(signal.SIGKILL)
+
+    def set_pdeathsig() -> None:
+        prctl(1, kill)  # 1 = PR_SET_PDEATHSIG
+
+    return set_pdeathsig
+
+
+def _communicate(cmd: list[str], workdir: Path, timeout: float | None,
+                 started: float) -> tuple[str, int | None]:
+    """Run TLC to its end (or ``timeout``; then the exit code is None). The process
+    group is killed on every way out that leaves it running."""
+    proc: subprocess.Popen[str] | None = None
+    progress = _PROGRESS.get()
+    with exit_on_signals():
+        try:
+            proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True,
+                                    preexec_fn=_parent_death_signal())
+            with _RUNNING_LOCK:
+                _RUNNING[proc.pid] = proc
+                _WORKDIRS[proc.pid] = workdir
+            deadline = None if timeout is None else started + timeout
+            while True:
+                waits = [w for w in (None if progress is None else progress[1],
+                                     None if deadline is None
+                                     else max(deadline - time.monotonic(), 0.0))
+                         if w is not None]
+                try:
+                    output, _ = proc.communicate(timeout=min(waits) if waits else None)
+                    return output, proc.returncode
+                except subprocess.TimeoutExpired:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        _kill_group(proc)
+                        output, _ = proc.communicate()
+                        return output, None
+                    if progress is not None:
+                        progress[0](time.monotonic() - started)
+        finally:
+            if proc is not None:
+                if proc.poll() is None:
+                    _kill_group(proc)
+                    with contextlib.suppress(Exception):
+                        proc.wait(timeout=10)
+                with _RUNNING_LOCK:
+                    _RUNNING.pop(proc.pid, None)
+                    _WORKDIRS.pop(proc.pid, None)
+                if proc.stdout is not None and not proc.stdout.closed:
+                    proc.stdout.close()
+
+
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """Kill the TLC process we started (and its group, which it leads)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        proc.kill()
+        with contextlib.suppress(OSError):
+            proc.kill()
 
 
 # ---------------------------------------------------------------------------
@@ -411,9 +587,15 @@ def parse_tool_output(output: str, exit_code: int | None, *, spec: str = "",
         elif severity == _SEVERITY_ERROR or code in (_MSG_PARSE, _MSG_EXCEPTION,
                                                       _MSG_CFG_UNDEFINED, _MSG_DEADLOCK):
             errors.append(body.strip())
+    framed = bool(errors)
+    if not errors and status not in ("ok", "timeout"):
+        # e.g. the JVM could not start: nothing framed, the reason is plain text
+        plain = _FRAME.sub("", output).strip()
+        if plain:
+            errors.append("\n".join(plain.splitlines()[-20:]))
     if errors:
         result.message = errors[0]
-        if status in ("parse_error", "cfg_error", "error"):
+        if framed and status in ("parse_error", "cfg_error", "error"):
             # Parse errors print the reason outside the frames; keep a tail of it.
             plain = _FRAME.sub("", output).strip()
             if plain:

@@ -10,6 +10,7 @@ shows a traceback. Whether the events are *allowed* is the model's job
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -25,6 +26,10 @@ __all__ = [
     "Event",
     "GROUP_ACTIONS",
     "Header",
+    "MAX_NESTING",
+    "MAX_TRACE_ALLOCS",
+    "MAX_TRACE_BYTES",
+    "MAX_TRACE_RANKS",
     "PHASES",
     "RANK_COUNTERS",
     "ROW_FIELDS",
@@ -52,6 +57,19 @@ RANK_COUNTERS: Mapping[str, type] = {
     "va": bool, "created": int, "mapped": int, "alias_mapped": int, "grants": int,
     "ready": bool, "failed": bool,
 }
+#: Largest trace file read: four times a published-scale trace (178,611 events, 66 MB,
+#: whose `kvgrant conform` peaked at 307 MB resident); far more is not one start-up.
+MAX_TRACE_BYTES = 256 << 20
+#: Largest header ``ranks``: the model keeps a state per rank (a header claiming 10^9
+#: ranks made conform take 14.9 GB).
+MAX_TRACE_RANKS = 4096
+#: Largest header ``allocs`` (4 Mi: one allocation per granule of the largest rank).
+MAX_TRACE_ALLOCS = 1 << 22
+#: Deepest JSON nesting read in a line (the format nests 3 levels; Python's decoder
+#: raises RecursionError at about 1,000).
+MAX_NESTING = 32
+#: Largest CUDA ordinal a header may name.
+_MAX_ORDINAL = (1 << 31) - 1
 _NEEDS_ALLOC = frozenset({"Create", "Map", "MapAlias", "Grant", "Unmap", "Release"})
 _NEEDS_MAPPING = frozenset({"Grant", "Unmap"})
 MAPPINGS = ("plane", "alias")
@@ -162,13 +180,28 @@ def header_to_json(h: Header) -> dict[str, Any]:
 
 def load_trace(path: str | Path) -> Trace:
     """Read an NDJSON trace file; raises TraceError (with line) if malformed."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+        raise TraceError(f"path = {type(path).__name__}: load_trace takes a file path "
+                         "(str or os.PathLike)", line=None)
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise TraceError(f"{p}: cannot read trace: {err.strerror or err}", line=None) from err
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_TRACE_BYTES + 1)
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        reason = getattr(err, "strerror", None) or str(err)
+        raise TraceError(f"{str(p)!r}: cannot read trace: {reason}", line=None) from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise TraceError(f"{p}: trace is larger than {MAX_TRACE_BYTES:,} bytes (the limit of "
+                         "kvgrant.conformance.trace_io.MAX_TRACE_BYTES); is it a trace?",
+                         line=None)
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise TraceError(f"{p}: trace is not UTF-8 text: {err.reason}", line=None) from err
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise TraceError(f"{p}:{line}: not UTF-8 text: byte {raw[err.start]:#04x} at column "
+                         f"{column} (file offset {err.start}): {err.reason}",
+                         line=line) from None
     return parse_trace(text, source=str(p))
 
 
@@ -178,6 +211,12 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
     Fast path first (:func:`_parse_fast`); any line it cannot vouch for sends the
     whole text to the detailed reader, which names the first bad line.
     """
+    if not isinstance(text, str):
+        raise TraceError(f"text = {type(text).__name__}: parse_trace takes the trace as str",
+                         line=None)
+    if len(text) > MAX_TRACE_BYTES:
+        raise TraceError(f"{source}: trace is longer than {MAX_TRACE_BYTES:,} characters",
+                         line=None)
     fast = _parse_fast(text, source)
     if fast is not None:
         return fast
@@ -190,11 +229,11 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
 def _decode_all(lines: list[str]) -> list[Any] | None:
     """All lines in one C-level decode (several times faster than one call per line);
     None when any line is bad, and the slow path then finds and names it."""
-    if any(not ln.strip() or "\n" in ln for ln in lines):
+    if any(not ln.strip() or "\n" in ln or _too_deep(ln) for ln in lines):
         return None
     try:
         objs = json.loads("[" + ",".join(lines) + "]")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError, digit limit, deep nesting
         return None
     return objs if len(objs) == len(lines) else None
 
@@ -220,17 +259,61 @@ def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
 
 # --- helpers -----------------------------------------------------------------------------
 
+_MSG_LIMIT = 400
+
+
 def _fail(source: str, lineno: int, msg: str) -> TraceError:
+    """The error for line ``lineno``; a message quoting a huge value is cut short."""
+    if len(msg) > _MSG_LIMIT:
+        msg = msg[:_MSG_LIMIT] + " ... (cut)"
     return TraceError(f"{source}:{lineno}: {msg}", line=lineno)
 
 
+def _show(value: Any) -> str:
+    """``repr`` cut to 80 characters (repr escapes control and bidi characters)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:76] + " ..."
+
+
+def _too_deep(line: str) -> bool:
+    """True when the line nests JSON deeper than MAX_NESTING (brackets inside strings
+    are skipped). Cheap: only lines with that many brackets are scanned."""
+    if line.count("[") + line.count("{") <= MAX_NESTING:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for ch in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
 def _json_object(line: str, lineno: int, source: str) -> dict[str, Any]:
+    if not isinstance(line, str):
+        raise _fail(source, lineno, f"expected a line of text, got {type(line).__name__}")
     if not line.strip():
         raise _fail(source, lineno, "blank line: every line must be one JSON object")
+    if _too_deep(line):
+        raise _fail(source, lineno, f"JSON nested deeper than {MAX_NESTING} levels (a trace "
+                                    "line nests 3)")
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as err:
         raise _fail(source, lineno, f"not valid JSON ({err.msg} at column {err.colno})") from None
+    except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
+        raise _fail(source, lineno, f"unreadable JSON value: {str(err)[:100]}") from None
     if not isinstance(obj, dict):
         raise _fail(source, lineno, f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -283,10 +366,12 @@ def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
         raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: line 1 must be the header "
                                     "(kind = 'header')")
     version = obj.get("version")
-    if version != 1:
+    if not _is_int(version) or version != 1:  # True and 1.0 compare equal to 1
         raise _fail(source, lineno, f"header.version = {version!r}: only version 1 is supported")
-    ranks = _int_field(obj, "ranks", lineno, source, lo=1, where="header.")
-    allocs = _int_field(obj, "allocs", lineno, source, lo=1, where="header.")
+    ranks = _int_field(obj, "ranks", lineno, source, lo=1, hi=MAX_TRACE_RANKS + 1,
+                       where="header.")
+    allocs = _int_field(obj, "allocs", lineno, source, lo=1, hi=MAX_TRACE_ALLOCS + 1,
+                        where="header.")
     aliased = _int_set(obj.get("aliased", []), "header.aliased", lineno, source, allocs, "alloc")
     owner_only = _int_set(obj.get("owner_only", []), "header.owner_only", lineno, source,
                           allocs, "alloc")
@@ -321,9 +406,9 @@ def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
     devices = {r: r for r in range(ranks)}
     if dev_raw is not None:
         for r, d in dev_raw.items():
-            if not _is_int(d) or d < 0:
-                raise _fail(source, lineno, f"header.devices[{r}] = {d!r}: must be a CUDA "
-                                            "ordinal >= 0")
+            if not _is_int(d) or not 0 <= d <= _MAX_ORDINAL:
+                raise _fail(source, lineno, f"header.devices[{r}] = {_show(d)}: must be a "
+                                            f"CUDA ordinal in 0..{_MAX_ORDINAL}")
             devices[r] = d
         if len(set(devices.values())) != ranks:
             raise _fail(source, lineno, f"header.devices = {dev_raw!r}: two ranks share a device")
@@ -352,7 +437,7 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
         raise _fail(source, lineno, f"seq = {seq!r}: expected {index} (seq counts from 0 "
                                     "without gaps)")
     action = get("action")
-    if action not in EVENT_ACTIONS:
+    if type(action) is not str or action not in EVENT_ACTIONS:
         raise _fail(source, lineno, f"action = {action!r}: not a lifecycle action "
                                     f"(one of {', '.join(sorted(EVENT_ACTIONS))})")
     rank = get("rank")
@@ -394,7 +479,7 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
     if type(state) is not dict:
         raise _fail(source, lineno, f"state = {state!r}: must be an object (abstract state "
                                     "after the event)")
-    if state.get("phase") not in _PHASE_SET:
+    if type(state.get("phase")) is not str or state.get("phase") not in _PHASE_SET:
         raise _fail(source, lineno, f"state.phase = {state.get('phase')!r}: must be one of "
                                     f"{', '.join(PHASES)}")
     if rank is not None:

@@ -7,6 +7,7 @@ The package is a library first: ``kvgrant.layout`` plans (pure Python),
 
 from kvgrant.errors import (
     AllocationError,
+    ArgumentError,
     BackendUnavailable,
     ContractError,
     DriverError,
@@ -17,6 +18,7 @@ from kvgrant.errors import (
     LedgerError,
     LedgerLockTimeout,
     PlanError,
+    ReleasedError,
     ToolError,
     TraceError,
 )
@@ -25,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllocationError",
+    "ArgumentError",
     "BackendUnavailable",
     "ContractError",
     "DriverError",
@@ -35,6 +38,7 @@ __all__ = [
     "LedgerError",
     "LedgerLockTimeout",
     "PlanError",
+    "ReleasedError",
     "ToolError",
     "TraceError",
     "__version__",

@@ -4,6 +4,7 @@ Every error kvgrant raises derives from :class:`KVGrantError`, so callers can
 catch one class; the leaves say which part failed, never the message text::
 
     KVGrantError
+    ├── ArgumentError          an argument of a public entry point is not accepted
     ├── GeometryError          a geometry file breaks a rule (field, value, rule)
     ├── ContractError          a physical plan breaks the layout contract
     ├── PlanError              no plan can be made (e.g. capacity does not fit)
@@ -12,6 +13,7 @@ catch one class; the leaves say which part failed, never the message text::
     │   └── BackendUnavailable the requested backend cannot run here (no GPU, no driver)
     ├── AllocationError        a multi-rank allocation failed and was unwound
     │   └── GroupError         a group of processes (one rank each) did not publish
+    ├── ReleasedError          a released cache was used (its addresses are gone)
     ├── TraceError             a trace file is malformed (line number)
     ├── ToolError              an external tool (Java, TLC) is missing or failed
     └── LedgerError            the host ledger (or simulated host pool) file is unusable
@@ -24,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "AllocationError",
+    "ArgumentError",
     "BackendUnavailable",
     "ContractError",
     "DriverError",
@@ -34,6 +37,7 @@ __all__ = [
     "LedgerError",
     "LedgerLockTimeout",
     "PlanError",
+    "ReleasedError",
     "ToolError",
     "TraceError",
 ]
@@ -41,6 +45,16 @@ __all__ = [
 
 class KVGrantError(Exception):
     """Base class of every kvgrant error."""
+
+
+class ArgumentError(KVGrantError, ValueError):
+    """An argument of a public function (or a command-line option) is not accepted;
+    the message names the argument, the value and what is accepted."""
+
+    def __init__(self, message: str, *, argument: str, value: Any = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.value = value
 
 
 class GeometryError(KVGrantError, ValueError):
@@ -157,6 +171,10 @@ class GroupError(AllocationError):
         self.peer = peer
         self.failed = dict(failed or {})
         self.missing = list(missing or [])
+
+
+class ReleasedError(KVGrantError):
+    """A released cache was used: its VAs are unmapped (on CUDA, dangling pointers)."""
 
 
 class TraceError(KVGrantError, ValueError):

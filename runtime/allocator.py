@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from kvgrant.errors import DriverError, TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import PhysicalPlan
@@ -56,7 +57,8 @@ def allocate(geometry: "Geometry | str | Path", *,
              ledger: "HostLedger | str | Path | bool | None" = None,
              check_contract: bool = True,
              trace: "str | Path | IO[str] | TraceWriter | None" = None,
-             driver_options: Mapping[str, Any] | None = None) -> Published:
+             driver_options: Mapping[str, Any] | None = None,
+             trace_errors: str = "raise") -> Published:
     """Allocate every rank's KV cache in one transaction and publish it, or nothing.
 
     Parameters
@@ -95,6 +97,11 @@ def allocate(geometry: "Geometry | str | Path", *,
         (``False`` only for benchmark floors that deliberately map no regions).
     trace
         A path, text stream or :class:`TraceWriter`; ``None`` reads ``KVGRANT_TRACE``.
+    trace_errors
+        ``"raise"`` (default): a trace that could not be written is an error (the cache
+        is released and :class:`~kvgrant.errors.TraceError` raised, since a lost trace
+        was noticed only in ``trace_error``); ``"continue"``: keep the cache and record
+        the error in :attr:`Published.trace_error`.
 
     Returns
     -------
@@ -103,11 +110,15 @@ def allocate(geometry: "Geometry | str | Path", *,
 
     Raises
     ------
+    ArgumentError
+        An argument is not accepted (names the argument, value and accepted forms).
     ContractError, HandleBudgetError, PlanError
         Before any driver object exists (HandleBudgetError from the ledger names the
         other holders).
     LedgerError
         The ledger file cannot be used (garbage, newer version, stuck lock).
+    TraceError
+        The trace could not be written (``trace_errors="raise"``); nothing is left.
     AllocationError
         A driver step failed; every rank was unwound (LIFO), nothing was published.
         The error names call, rank, device, plane/region, byte range, CUresult, live
@@ -118,11 +129,21 @@ def allocate(geometry: "Geometry | str | Path", *,
     -----
     One attempt: a failure is never retried with fewer pages.
     """
-    return run_transaction(prepare(
+    from kvgrant.runtime.arguments import check_allocate_args
+
+    devices, plan = check_allocate_args(
+        geometry, plan=plan, driver=driver, backend=backend, devices=devices,
+        memory_limit=memory_limit, handle_budget=handle_budget, preflight=preflight,
+        handle_reserve=handle_reserve, ledger=ledger, check_contract=check_contract,
+        trace=trace, driver_options=driver_options, trace_errors=trace_errors)
+    pub = run_transaction(prepare(
         geometry, plan=plan, driver=driver, backend=backend, devices=devices,
         memory_limit=memory_limit, handle_budget=handle_budget, preflight=preflight,
         handle_reserve=handle_reserve, ledger=ledger, check_contract=check_contract,
         trace=trace, driver_options=driver_options))
+    if pub.trace_error is not None and trace_errors == "raise":
+        _release_for_trace_error(pub)
+    return pub
 
 
 def run_transaction(prep: Prepared, engine_type: type[Engine] = Engine) -> Published:
@@ -153,3 +174,17 @@ def run_transaction(prep: Prepared, engine_type: type[Engine] = Engine) -> Publi
         startup = time.perf_counter() - t0
     return Published(engine, teardown, prep.capacity, prep.fit, startup, prep.owns_driver,
                      engine.counts(), prep.backend_reason)
+
+
+def _release_for_trace_error(pub: Published) -> None:
+    """The trace was lost: release the cache (nothing left) and raise TraceError."""
+    cause = pub.trace_error
+    where = pub.trace_path if pub.trace_path is not None else "the trace stream"
+    try:
+        pub.release()
+    except DriverError as err:
+        raise TraceError(f"writing the trace to {where} failed ({cause}); releasing the cache "
+                         f"then failed too: {err}", line=None) from err
+    raise TraceError(f"writing the trace to {where} failed: {cause}; the cache was released "
+                     "and nothing is left (pass trace_errors='continue' to keep a cache "
+                     "without its trace)", line=None) from cause

@@ -7,8 +7,10 @@ Published semantics of ``--memory-limit``:
 * ``40G`` (a positive size): use at most that much of each GPU (and never more than
   is free).
 
-Sizes take a binary unit ``K``, ``M``, ``G`` or ``T`` (optionally ``KiB``/``KB``...),
-or none for bytes. Why here and not after a failure: pages are chosen so the cache
+Sizes take a binary unit ``K``, ``M``, ``G`` or ``T`` (optionally ``KiB``/``KB``...).
+A string without a unit is a byte count and must be 0 or at least 1 MiB (``-1`` is
+surely a missing ``G``, not one byte); no size may exceed 1 PiB per GPU. Digits are
+ASCII only. Why here and not after a failure: pages are chosen so the cache
 fits *before* anything is created, and a failed start-up is never retried smaller.
 Rows are not fitted: the declared layout fixes every region row (snapshot slots);
 only KV pages shrink, and only while every declared alias still lies inside its plane.
@@ -26,7 +28,12 @@ from kvgrant.layout.geometry import Geometry, round_up
 __all__ = ["MemoryLimit", "PageFit", "fit_pages", "parse_memory_limit", "rank_bytes"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_PATTERN = re.compile(r"^\s*([+-]?)(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_PATTERN = re.compile(r"^\s*([+-]?)(\d{1,20}(?:\.\d{1,12})?)\s*([KMGT]?)(?:I?B)?\s*$",
+                      re.IGNORECASE | re.ASCII)
+#: Largest size accepted: 1 PiB per GPU (far above any GPU, far below 64-bit limits).
+MAX_LIMIT_BYTES = 1 << 50
+#: A size written without a unit is bytes; below this it is surely a missing unit.
+MIN_UNITLESS_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
     if isinstance(value, bool):
         raise PlanError(f"memory_limit = {value!r}: must be a size such as -1G, -0G, -512M or 40G")
     if isinstance(value, int):
+        if abs(value) > MAX_LIMIT_BYTES:
+            raise PlanError(f"memory_limit = {value if value.bit_length() < 64 else '<huge>'}:"
+                            f" must be at most {MAX_LIMIT_BYTES:,} bytes (1 PiB) per GPU")
         text = str(value)
     elif isinstance(value, str):
         text = value
@@ -74,6 +84,13 @@ def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
                         "(a leading '-' keeps that much free per GPU; units K, M, G, T are binary)")
     sign, number, unit = m.group(1), m.group(2), m.group(3).upper()
     nbytes = int(float(number) * _UNITS[unit]) if "." in number else int(number) * _UNITS[unit]
+    if nbytes > MAX_LIMIT_BYTES:
+        raise PlanError(f"memory_limit = {text!r}: {nbytes:,} bytes is more than 1 PiB per GPU; "
+                        "write a size such as -1G or 40G")
+    if not unit and 0 < nbytes < MIN_UNITLESS_BYTES and isinstance(value, str):
+        raise PlanError(f"memory_limit = {text!r}: a size without a unit is bytes, and "
+                        f"{nbytes} byte(s) is surely not meant; write e.g. {sign}{number}G "
+                        "(units K, M, G, T are binary)")
     if sign == "-":
         return MemoryLimit(text=text.strip(), keep=nbytes)
     if nbytes == 0:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvgrant.errors import ReleasedError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import PhysicalPlan
@@ -130,29 +131,65 @@ class Published:
         aborts the allocation it records; the caller decides what to do."""
         return self._engine.trace.error
 
+    def _live(self, what: str) -> None:
+        """Views of a released cache would be dangling device pointers: refuse them."""
+        if self.released:
+            raise ReleasedError(f"{what}: the cache was released; its addresses are "
+                                "unmapped (allocate a new cache)")
+
+    def _rank(self, rank: object) -> int:
+        from kvgrant.runtime.arguments import check_index
+
+        return check_index("rank", rank, self.ranks, "rank")
+
+    def _region(self, region: object) -> str:
+        from kvgrant.runtime.arguments import check_name
+
+        return check_name("region", region, [r.name for r in self.geometry.regions])
+
+    def _plane(self, plane: object) -> str:
+        from kvgrant.runtime.arguments import check_name
+
+        return check_name("plane", plane, [p.name for p in self.geometry.planes])
+
     def row_va(self, rank: int, region: str, row: int) -> int:
-        """VA of ``row`` of ``region`` on ``rank``."""
+        """VA of ``row`` of ``region`` on ``rank``.
+
+        Raises
+        ------
+        ReleasedError
+            After :meth:`release`. ArgumentError: an unknown rank, region or row.
+        """
+        from kvgrant.runtime.arguments import check_index
+
+        self._live("row_va")
+        rank, region = self._rank(rank), self._region(region)
         reg = self.geometry.region_by_name[region]
-        if not 0 <= row < reg.rows:
-            raise IndexError(f"row = {row}: region {region!r} has rows 0..{reg.rows - 1}")
+        check_index("row", row, reg.rows, f"row of region {region!r}")
         return self.region_va[rank][region] + row * reg.row_bytes
 
     def plane(self, rank: int, plane: str) -> DeviceBuffer:
         """The whole plane (``pages * bytes_per_page`` bytes) of ``rank``."""
+        self._live("plane")
+        rank, plane = self._rank(rank), self._plane(plane)
         nbytes = self.capacity.pages * self.geometry.plane_by_name[plane].bytes_per_page
         return DeviceBuffer(self.plane_va[rank][plane], nbytes, self._view_device(rank),
                             getattr(self.driver, "name", "cuda"))
 
     def page(self, rank: int, plane: str, page: int) -> DeviceBuffer:
         """KV page ``page`` of ``plane`` on ``rank``."""
-        if not 0 <= page < self.capacity.pages:
-            raise IndexError(f"page = {page}: pages are 0..{self.capacity.pages - 1}")
+        from kvgrant.runtime.arguments import check_index
+
+        self._live("page")
+        rank, plane = self._rank(rank), self._plane(plane)
+        check_index("page", page, self.capacity.pages, "KV page")
         bpp = self.geometry.plane_by_name[plane].bytes_per_page
         return self.plane(rank, plane).slice(page * bpp, bpp)
 
     def row(self, rank: int, region: str, row: int) -> DeviceBuffer:
         """Row ``row`` of ``region`` on ``rank`` (``row_bytes`` bytes)."""
-        reg = self.geometry.region_by_name[region]
+        self._live("row")
+        reg = self.geometry.region_by_name[self._region(region)]
         return DeviceBuffer(self.row_va(rank, region, row), reg.row_bytes,
                             self._view_device(rank), getattr(self.driver, "name", "cuda"))
 
@@ -205,6 +242,7 @@ class Published:
             raise first
 
     def __enter__(self) -> "Published":
+        self._live("with")
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -52,7 +52,7 @@ import os
 from collections import Counter
 from typing import Mapping, Sequence
 
-from kvgrant.errors import DriverError
+from kvgrant.errors import ArgumentError, DriverError
 from kvgrant.runtime.cuda_errors import driver_error
 from kvgrant.runtime.driver import LiveCounts
 from kvgrant.runtime.faults import Fault, FaultPlan, FaultState
@@ -160,12 +160,16 @@ class SimDriver:
                  faults: FaultPlan | Fault | Sequence[Fault | Mapping[str, object]] | None = None,
                  used_by_others: int | Mapping[int, int] = 0,
                  host_pool: "str | os.PathLike[str] | HostPool | None" = None) -> None:
-        _require_int("devices", devices, minimum=1)
-        _require_int("memory_per_device", memory_per_device, minimum=0)
-        _require_int("granularity", granularity, minimum=1)
+        from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL
+
+        # bounded: the sim keeps a table per device (10^8 devices were killed at 21.7 GB)
+        _require_int("devices", devices, minimum=1, maximum=MAX_DEVICE_ORDINAL + 1)
+        _require_int("memory_per_device", memory_per_device, minimum=0, maximum=1 << 62)
+        _require_int("granularity", granularity, minimum=1, maximum=1 << 40)
         if granularity & (granularity - 1):
-            raise ValueError(f"granularity = {granularity}: must be a power of two")
-        _require_int("handle_budget", handle_budget, minimum=0)
+            raise ArgumentError(f"granularity = {granularity}: must be a power of two",
+                                argument="granularity", value=granularity)
+        _require_int("handle_budget", handle_budget, minimum=0, maximum=1 << 62)
         self.devices = devices
         self.memory_per_device = memory_per_device
         self.G = granularity
@@ -175,12 +179,14 @@ class SimDriver:
         others = (dict(used_by_others) if isinstance(used_by_others, Mapping)
                   else {d: used_by_others for d in range(devices)})
         for d, n in others.items():
-            _require_int(f"used_by_others[{d}]", n, minimum=0)
-            if not 0 <= d < devices:
-                raise ValueError(f"used_by_others key = {d}: not a device (0..{devices - 1})")
+            _require_int(f"used_by_others[{d!r}]", n, minimum=0)
+            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < devices:
+                raise ArgumentError(f"used_by_others key = {d!r}: not a device "
+                                    f"(0..{devices - 1})", argument="used_by_others", value=d)
             if n > memory_per_device:
-                raise ValueError(f"used_by_others[{d}] = {n}: exceeds memory_per_device "
-                                 f"= {memory_per_device}")
+                raise ArgumentError(f"used_by_others[{d}] = {n}: exceeds memory_per_device "
+                                    f"= {memory_per_device}", argument="used_by_others",
+                                    value=n)
         self._others = [others.get(d, 0) for d in range(devices)]
         self.calls: Counter[str] = Counter()
         self._used = [0] * devices
@@ -664,6 +670,13 @@ def _memfd_device(fd: int) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def _require_int(field: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} = {value!r}: must be an integer >= {minimum}")
+def _require_int(field: str, value: object, *, minimum: int,
+                 maximum: int | None = None) -> None:
+    """ArgumentError (a ValueError) unless ``value`` is an int in minimum..maximum."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum \
+            or (maximum is not None and value > maximum):
+        accepted = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        shown = repr(value) if not isinstance(value, int) or value.bit_length() < 100 \
+            else "<huge integer>"
+        raise ArgumentError(f"{field} = {shown}: must be an integer {accepted}",
+                            argument=field, value=value)

@@ -98,6 +98,12 @@ def _print(result: object, as_json: bool, label: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     tlc = _load_tlc()
+    # SIGTERM/SIGHUP/SIGINT kill TLC's process group and unwind (temp folders removed)
+    with tlc.exit_on_signals():
+        return _main(tlc, args)
+
+
+def _main(tlc: ModuleType, args: argparse.Namespace) -> int:
     try:
         jobs = _jobs(tlc, args)
         if args.dry_run:

@@ -3,28 +3,56 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 
-from kvgrant.errors import GeometryError, KVGrantError, ToolError, TraceError
+from kvgrant.errors import ArgumentError, GeometryError, KVGrantError, ToolError, TraceError
 
-__all__ = ["count", "exit_status", "positive_int", "positive_seconds"]
+__all__ = ["MAX_COUNT", "count", "device_list", "exit_status", "positive_int",
+           "positive_seconds"]
+
+#: Largest integer option accepted (no count kvgrant takes comes near it).
+MAX_COUNT = 10**15
+# ASCII digits only (int() also reads full-width digits); a separator only between
+# groups of three, so 523_880 and 523,880 read as before but 1,0 and 1_0 are refused.
+_COUNT = re.compile(r"[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{1,3}(?:_[0-9]{3})+", re.ASCII)
 
 
 def count(text: str) -> int:
-    """A non-negative integer; ``_`` and ``,`` separators allowed (``523_880``, ``523,880``)."""
-    try:
-        value = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be >= 0")
+    """A non-negative integer; thousands separators allowed (``523_880``, ``523,880``)."""
+    if not _COUNT.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r}: not an integer (ASCII digits; '_' or ',' only between groups "
+            "of three digits, e.g. 523,880)")
+    value = int(text.strip().replace("_", "").replace(",", ""))
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be at most {MAX_COUNT:,}")
     return value
+
+
+def device_list(text: str) -> list[int]:
+    """``--devices``: comma-separated distinct CUDA ordinals, e.g. ``0,1`` (not empty)."""
+    from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL
+
+    parts = text.split(",")
+    if any(not re.fullmatch(r"[0-9]{1,7}", p, re.ASCII) for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text[:60]!r}: must be comma-separated CUDA ordinals, one per rank (e.g. 0,1)")
+    values = [int(p) for p in parts]
+    big = [v for v in values if v > MAX_DEVICE_ORDINAL]
+    if big:
+        raise argparse.ArgumentTypeError(f"{big[0]}: a CUDA ordinal must be in "
+                                         f"0..{MAX_DEVICE_ORDINAL}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: two ranks on one device")
+    return values
 
 
 def exit_status(err: KVGrantError) -> int:
     """2 when the command could not do its job: bad input (a geometry or trace file that
     breaks a rule) or a missing tool (Java, TLC, specs); 1 when the request was refused
     or failed (pre-flight, contract, capacity, driver, allocation)."""
-    return 2 if isinstance(err, (GeometryError, TraceError, ToolError)) else 1
+    return 2 if isinstance(err, (ArgumentError, GeometryError, TraceError, ToolError)) else 1
 
 
 def positive_int(text: str) -> int:
@@ -38,9 +66,11 @@ def positive_int(text: str) -> int:
 def positive_seconds(text: str) -> float:
     """A number of seconds > 0."""
     try:
-        value = float(text)
+        value = float(text) if text.isascii() else math.nan
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be > 0")
+        value = math.nan
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: not a number of seconds") from None
+    if not 0 < value < 10**7:
+        raise argparse.ArgumentTypeError(f"{value}: must be > 0 and below 10,000,000 s")
     return value

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-from kvgrant.errors import AllocationError, HandleBudgetError, KVGrantError
+from kvgrant.errors import AllocationError, ArgumentError, HandleBudgetError, KVGrantError
 
-from kvgrant.commands._args import count, exit_status, positive_int, positive_seconds
+from kvgrant.commands._args import count, device_list, exit_status, positive_int, positive_seconds
 
 __all__ = ["add_parser", "run"]
 
@@ -48,7 +49,10 @@ def add_parser(subparsers: Any) -> None:
                    help="use what is free (default, or -0G); -1G keeps 1 GiB free per GPU; "
                         "40G uses at most 40 GiB per GPU (write --memory-limit=-1G)")
     p.add_argument("--trace", metavar="FILE", default=None,
-                   help="write the transition trace (NDJSON) here (or set KVGRANT_TRACE)")
+                   help="write the transition trace (NDJSON) here (or set KVGRANT_TRACE); "
+                        "an existing file that is not a trace is kept unless --force")
+    p.add_argument("--force", action="store_true",
+                   help="let --trace overwrite an existing file that is not a trace")
     p.add_argument("--fail-at", type=positive_int, default=None, metavar="K",
                    help="inject CUDA_ERROR_OUT_OF_MEMORY at the K-th driver call (1-based)")
     p.add_argument("--handle-budget", type=count, default=None, metavar="N",
@@ -64,10 +68,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-preflight", action="store_true",
                    help="skip the handle-budget pre-flight and the ledger's refusal (the lease "
                         "is still recorded; reproduces the field failure)")
-    p.add_argument("--ranks", type=int, default=None, metavar="N",
+    p.add_argument("--ranks", type=positive_int, default=None, metavar="N",
                    help="run the layout on N ranks that all import each other (e.g. a "
                         "16-rank published layout on the 2 GPUs a test host has)")
-    p.add_argument("--devices", default=None, metavar="LIST",
+    p.add_argument("--devices", type=device_list, default=None, metavar="LIST",
                    help="comma-separated CUDA ordinal of each rank (default 0..ranks-1)")
     p.add_argument("--sim-handle-budget", type=count, default=None, metavar="N",
                    help="sim backend only: the simulated host's handle budget")
@@ -184,21 +188,42 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
     return 0
 
 
+def _check_trace_target(geometry: str, trace: str | None, force: bool) -> None:
+    """Refuse a trace path that would destroy data: the geometry file itself (same
+    inode), or an existing non-empty file that does not start with a trace header
+    (unless ``--force``). ``kvgrant alloc G.json --trace G.json`` overwrote G.json."""
+    from kvgrant.runtime.arguments import same_file
+
+    if trace is None:
+        return
+    if same_file(geometry, trace):
+        raise ArgumentError(f"--trace = {trace!r}: is the geometry file {geometry!r}; the "
+                            "trace would overwrite it", argument="trace", value=trace)
+    if force or not os.path.isfile(trace) or os.path.getsize(trace) == 0:
+        return
+    try:
+        with open(trace, "rb") as fh:
+            first = fh.readline(1 << 16)
+        is_trace = json.loads(first).get("kind") == "header"
+    except (OSError, ValueError, AttributeError, RecursionError):
+        is_trace = False
+    if not is_trace:
+        raise ArgumentError(f"--trace = {trace!r}: exists and is not a kvgrant trace; "
+                            "refusing to overwrite it (pass --force to overwrite)",
+                            argument="trace", value=trace)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
+    from kvgrant.runtime.trace import TRACE_ENV
 
-    devices = None
-    if args.devices:
-        try:
-            devices = [int(x) for x in args.devices.split(",")]
-        except ValueError:
-            print(f"kvgrant alloc: error: --devices = {args.devices!r}: must be comma-separated "
-                  "integers", file=sys.stderr)
-            return 2
+    devices = args.devices
     if args.procs is not None:
         return _run_group(args, devices)
     geometry = args.geometry
     try:
+        _check_trace_target(args.geometry, args.trace or os.environ.get(TRACE_ENV) or None,
+                            args.force)
         if args.ranks is not None:
             from kvgrant.layout.geometry import load_geometry, on_ranks
 
@@ -229,8 +254,12 @@ def run(args: argparse.Namespace) -> int:
     pub.release()
     live_after = pub.driver.live().as_dict()
     trace_error = pub.trace_error
+    # the fault never fired: had it, the start-up or the release would have failed
+    unfired = args.fail_at is not None
     if args.json:
-        summary.update({"ok": trace_error is None, "release_s": round(pub.release_s or 0.0, 6),
+        summary.update({"ok": trace_error is None and not unfired,
+                        "fault_fired": False if unfired else None,
+                        "release_s": round(pub.release_s or 0.0, 6),
                         "live_after_release": live_after, "trace": trace,
                         "trace_error": None if trace_error is None else str(trace_error)})
         print(json.dumps(summary))
@@ -239,5 +268,11 @@ def run(args: argparse.Namespace) -> int:
     if trace_error is not None:
         print(f"kvgrant alloc: error: the trace {trace} is incomplete: writing it failed: "
               f"{trace_error}", file=sys.stderr)
+        return 1
+    if unfired:
+        calls = sum(pub.driver.calls.values())
+        print(f"kvgrant alloc: error: --fail-at {args.fail_at}: the fault never fired: the "
+              f"start-up and release made {calls} driver calls (choose K in 1..{calls})",
+              file=sys.stderr)
         return 1
     return 0

@@ -91,9 +91,22 @@ def _print_row(out: TextIO, cells: tuple[str, ...]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvgrant.conformance.tlc import exit_on_signals
+
     specdir = Path(args.specdir) if args.specdir else default_specdir()
+    if specdir.is_file():
+        hint = (" (a trace: check it with `kvgrant conform FILE`)"
+                if specdir.suffix in (".ndjson", ".jsonl", ".json") else "")
+        raise ToolError(f"SPECDIR = {str(specdir)!r} is a file: kvgrant verify takes a folder "
+                        f"of TLA+ specs with MC*.cfg configs{hint}")
     if not specdir.is_dir():
-        raise ToolError(f"spec folder {specdir} does not exist")
+        raise ToolError(f"spec folder {str(specdir)!r} does not exist")
+    # TLC's process group and temp folders go on SIGTERM/SIGHUP/SIGINT too (issue #16).
+    with exit_on_signals():
+        return _run(args, specdir)
+
+
+def _run(args: argparse.Namespace, specdir: Path) -> int:
     table = None if args.json else sys.stdout
     if table is not None:
         _print_row(table, _COLUMNS)

@@ -9,19 +9,24 @@ field, the value and the rule -- never a traceback deeper in the planner.
 from __future__ import annotations
 
 import json
+import os
 import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgrant.errors import GeometryError
+# validate.py imports nothing from this module at run time (only for type checking),
+# so the two never form an import cycle (issue #15).
+from kvgrant.layout.validate import check_geometry_rules, show_value
 
 __all__ = [
     "Alias",
     "Geometry",
     "MAX_BYTES",
+    "MAX_FILE_BYTES",
     "MAX_RANKS",
     "MAX_ROWS",
     "Plane",
@@ -40,6 +45,10 @@ MAX_RANKS = 1 << 16
 """Largest ``topology.ranks`` accepted (pre-flight and reports walk every rank)."""
 MAX_ROWS = 1 << 20
 """Largest ``rows`` of one region accepted (conflict sets are kept per row)."""
+MAX_FILE_BYTES = 64 << 20
+"""Largest geometry file read (the published examples are 250 KB; ``/dev/zero`` is not)."""
+MAX_NAME_CHARS = 256
+"""Longest plane, region or geometry name."""
 
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 PositiveBytes = Annotated[int, Field(gt=0, le=MAX_BYTES)]
@@ -55,17 +64,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+def _check_name(value: str) -> str:
+    """Names are printed to terminals and traces: no control, format (bidi override,
+    zero-width) or other non-printable characters, no surrounding blanks."""
+    bad = next((ch for ch in value if not ch.isprintable()), None)
+    if bad is not None:
+        raise ValueError(f"names must be printable text; character U+{ord(bad):04X} at "
+                         f"position {value.index(bad)} is a control or format character")
+    if value != value.strip():
+        raise ValueError("names must not start or end with white space")
+    return value
+
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS),
+                 AfterValidator(_check_name)]
+
+
 class Plane(_Strict):
     """One KV tensor of a rank: ``pages`` pages of ``bytes_per_page`` bytes."""
 
-    name: str = Field(min_length=1)
+    name: Name
     bytes_per_page: PositiveBytes
 
 
 class Region(_Strict):
     """An alias region: ``rows`` contiguous rows of ``row_bytes`` bytes each."""
 
-    name: str = Field(min_length=1)
+    name: Name
     rows: int = Field(gt=0, le=MAX_ROWS)
     row_bytes: PositiveBytes
     access: Literal["importers", "owner"] = "importers"
@@ -75,9 +100,9 @@ class Alias(_Strict):
     """Declared chunk: region bytes [offset, offset+length) are plane bytes
     [plane_offset, plane_offset+length)."""
 
-    region: str = Field(min_length=1)
+    region: Name
     offset: Bytes
-    plane: str = Field(min_length=1)
+    plane: Name
     plane_offset: Bytes
     length: PositiveBytes
 
@@ -117,7 +142,7 @@ class Topology(_Strict):
 class Geometry(_Strict):
     """A validated geometry. All ranks of the topology share it."""
 
-    name: str = Field(min_length=1)
+    name: Name
     granularity: PositiveBytes
     pages: PositiveBytes
     page_tokens: PositiveBytes
@@ -177,36 +202,11 @@ class Geometry(_Strict):
 
     @model_validator(mode="after")
     def _check_rules(self) -> "Geometry":
-        from kvgrant.layout.validate import check_geometry_rules
-
         check_geometry_rules(self)
         return self
 
 
 _DECIMAL = re.compile(r"[0-9]{1,6}")
-_SHOW_LIMIT = 80
-
-
-def show_value(value: Any) -> str:
-    """A short, always-printable rendering of a user value for error messages.
-
-    Never raises: huge integers (past Python's int-to-str limit) are described by
-    their size, long strings are cut, containers are named by type.
-    """
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, int):
-        if value.bit_length() > 128:
-            return f"<{'negative ' if value < 0 else ''}integer of {value.bit_length()} bits>"
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        text = json.dumps(value)
-        return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT - 4] + '..."'
-    return type(value).__name__
-
-
 def _format_pydantic(err: ValidationError) -> str:
     lines = []
     for e in err.errors(include_url=False):
@@ -242,19 +242,29 @@ def parse_geometry(data: Any) -> Geometry:
 
 
 def load_geometry(path: str | Path) -> Geometry:
-    """Read and validate a geometry JSON file."""
+    """Read and validate a geometry JSON file (at most :data:`MAX_FILE_BYTES`)."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise GeometryError(f"path = {show_value(path)}: load_geometry takes a file path "
+                            "(str or os.PathLike)", field="<file>", value=path)
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise GeometryError(f"cannot read geometry file {path}: {err.strerror or err}",
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        reason = getattr(err, "strerror", None) or str(err)
+        raise GeometryError(f"cannot read geometry file {show_value(str(path))}: {reason}",
                             field="<file>", value=str(path)) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise GeometryError(f"{show_value(str(path))}: larger than {MAX_FILE_BYTES:,} bytes "
+                            "(a geometry file is a small JSON document)", field="<file>",
+                            value=str(path))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise GeometryError(f"{path}: not UTF-8 text (byte {err.start}): a geometry file is JSON",
+        raise GeometryError(f"{show_value(str(path))}: not UTF-8 text (byte {err.start}): a "
+                            "geometry file is JSON",
                             field="<file>", value=str(path)) from None
-    data = _decode_json(text, str(path))
+    data = _decode_json(text, show_value(str(path)))
     return parse_geometry(data)
 
 

@@ -8,7 +8,8 @@ value and the rule, in the order a user would fix them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NoReturn
+import json
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvgrant.errors import GeometryError
 
@@ -18,15 +19,36 @@ if TYPE_CHECKING:
 #: 2**22 granules: 8 TiB per rank at G = 2 MiB.
 MAX_RANK_GRANULES = 1 << 22
 
-__all__ = ["MAX_RANK_GRANULES", "check_geometry_rules"]
+__all__ = ["MAX_RANK_GRANULES", "check_geometry_rules", "show_value"]
 
 _VA_LIMIT = 1 << 64
 
 
+_SHOW_LIMIT = 80
+
+
+def show_value(value: Any) -> str:
+    """A short, always-printable rendering of a user value for error messages.
+
+    Never raises: huge integers (past Python's int-to-str limit) are described by
+    their size, long strings are cut, containers are named by type.
+    """
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        if value.bit_length() > 128:
+            return f"<{'negative ' if value < 0 else ''}integer of {value.bit_length()} bits>"
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        text = json.dumps(value)
+        return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT - 4] + '..."'
+    return type(value).__name__
+
+
 def _fail(field: str, value: object, rule: str, *, shown: str | None = None) -> NoReturn:
     """Raise the GeometryError; ``shown`` overrides how the value is printed."""
-    from kvgrant.layout.geometry import show_value
-
     text = shown if shown is not None else show_value(value)
     raise GeometryError(f"{field} = {text}: {rule}", field=field, value=value)
 

@@ -242,7 +242,9 @@ def test_cli_engines_disagreeing_exits_2(tmp_path, capsys, monkeypatch) -> None:
     t = reference_trace(small_header())
     good = replay(t)
     bad = replay(trace_from_events(t.header, _raw(t)[:3]))
-    monkeypatch.setattr(conf, "check_trace", lambda trace, engine: [good, bad])
+    assert good.accepted
+    # conform runs the Python replay itself (its verdict is printed first), then TLC
+    monkeypatch.setattr(conf, "check_trace_tlc", lambda trace, timeout: bad)
     assert _cli([_write(tmp_path, t), "--engine", "both"]) == 2
     assert "engines DISAGREE" in capsys.readouterr().err
 

@@ -435,8 +435,8 @@ def test_public_names_are_pinned() -> None:
     from kvgrant.conformance import spec_mutants
     assert tlc.__all__ == sorted(tlc.__all__) == [
         "EXIT_STATUS", "TLA2TOOLS_SHA256", "TLCResult", "TLCState", "ToolError",
-        "discover_models", "find_jar", "find_java", "parse_tool_output", "parse_value",
-        "run_tlc", "tlc_command"]
+        "discover_models", "exit_on_signals", "find_jar", "find_java", "kill_running",
+        "parse_tool_output", "parse_value", "reporting_progress", "run_tlc", "tlc_command"]
     assert spec_mutants.__all__ == sorted(spec_mutants.__all__) == [
         "BASE_SPEC", "MUTANTS", "MUTANT_CONFIG", "Mutant", "SAFETY_INVARIANTS",
         "find_guards", "mutate", "run_mutant", "run_unmutated"]

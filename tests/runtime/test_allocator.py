@@ -372,8 +372,11 @@ def test_cli_handle_budget_refusal(small_file: Path,
 
 def test_cli_trace_write_failure_still_releases_everything(
         small_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A trace that cannot be written never aborts the lifecycle it records."""
+    """A trace that cannot be written never aborts the lifecycle it records; it is an
+    error (cache released) unless the caller asked to continue without it."""
     import io
+
+    from kvgrant.errors import TraceError
 
     class Full(io.StringIO):
         def write(self, s: str) -> int:
@@ -382,9 +385,14 @@ def test_cli_trace_write_failure_still_releases_everything(
     from kvgrant.runtime.sim import SimDriver
 
     drv = SimDriver(devices=3)
-    pub = allocate(load_geometry(small_file), driver=drv, trace=Full())
+    pub = allocate(load_geometry(small_file), driver=drv, trace=Full(),
+                   trace_errors="continue")
     assert pub.trace_error is not None
     pub.release()
+    assert drv.live().is_empty()
+    drv = SimDriver(devices=3)
+    with pytest.raises(TraceError, match="No space left"):
+        allocate(load_geometry(small_file), driver=drv, trace=Full())
     assert drv.live().is_empty()
     # and on the abort path the AllocationError (not the OSError) reaches the caller
     from kvgrant.runtime.faults import Fault

@@ -27,7 +27,7 @@ def geometry(pages: int = 100, alias_plane_offset: int = 0) -> dict:
 
 @pytest.mark.parametrize("text, keep, cap", [
     ("-1G", GIB, None), ("-0G", 0, None), ("-0", 0, None), ("-512M", 512 * MIB, None),
-    ("40G", None, 40 * GIB), ("-1GiB", GIB, None), ("2048", None, 2048), ("-1.5G", GIB * 3 // 2, None),
+    ("40G", None, 40 * GIB), ("-1GiB", GIB, None), ("2097152", None, 2097152), ("-1.5G", GIB * 3 // 2, None),
 ])
 def test_parse(text: str, keep: int | None, cap: int | None) -> None:
     lim = parse_memory_limit(text)
@@ -41,7 +41,9 @@ def test_default_is_use_what_is_free() -> None:
     assert lim.budget(123) == 123
 
 
-@pytest.mark.parametrize("bad", ["1X", "", "--1G", "G", "0", True, 1.5])
+@pytest.mark.parametrize("bad", ["1X", "", "--1G", "G", "0", True, 1.5,
+                                 # issue #16: no unit, past 1 PiB, non-ASCII digits
+                                 "-1", "2048", "9999999999999T", 1 << 60, "\uff14\uff10G"])
 def test_parse_rejects_bad_values_naming_them(bad: object) -> None:
     with pytest.raises(PlanError, match="memory_limit"):
         parse_memory_limit(bad)  # type: ignore[arg-type]
