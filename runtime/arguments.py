@@ -101,8 +101,10 @@ def _check_trace(trace: Any) -> None:
 
 #: Options each backend's constructor takes (``allocate`` adds ``devices`` for sim).
 _OPTIONS = {"sim": ("devices", "memory_per_device", "granularity", "handle_budget", "faults",
-                    "used_by_others"),
-            "cuda": ("faults", "handle_budget")}
+                    "used_by_others", "host_pool"),
+            # the sim-only handle_budget and host_pool are dropped for cuda (the real
+            # driver's budget and pool are the host's)
+            "cuda": ("faults", "handle_budget", "host_pool")}
 
 
 def _check_driver_options(options: Any, backend: Any) -> None:

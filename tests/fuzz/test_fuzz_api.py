@@ -64,13 +64,16 @@ _BAD: dict[str, st.SearchStrategy[Any]] = {
         st.lists(st.integers(), max_size=2), st.text(max_size=3), st.integers(),
         st.dictionaries(st.text(max_size=6).filter(lambda k: k not in (
             "devices", "memory_per_device", "granularity", "handle_budget", "faults",
-            "used_by_others")), st.integers(), min_size=1, max_size=2),
+            "used_by_others", "host_pool")), st.integers(), min_size=1, max_size=2),
         st.fixed_dictionaries({"devices": st.one_of(st.integers(min_value=1025),
                                                     st.integers(max_value=0), _not_bool)}),
         st.fixed_dictionaries({"faults": st.one_of(st.integers(), st.text(max_size=3),
                                                    st.lists(st.integers(), min_size=1))}),
         st.fixed_dictionaries({"granularity": st.integers(max_value=0)})),
-    "inject_bug": _junk.filter(lambda v: v is not None),
+    "handle_reserve": st.one_of(st.integers(max_value=-1), st.floats(), st.text(max_size=3),
+                                st.booleans()),
+    "ledger": st.one_of(st.integers(), st.floats(), st.lists(st.integers(), min_size=1),
+                        st.builds(object)),
     "trace_errors": _junk.filter(lambda v: v not in ("raise", "continue")),
 }
 

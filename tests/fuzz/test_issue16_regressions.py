@@ -273,7 +273,8 @@ def _sim() -> Any:
     ({"handle_budget": 1.5}, "handle_budget"),
     ({"memory_limit": 1.5}, "memory_limit"),
     ({"driver_options": [1]}, "driver_options"),
-    ({"inject_bug": "nope"}, "inject_bug"),
+    ({"handle_reserve": -1}, "handle_reserve"),
+    ({"ledger": 42}, "ledger"),
     ({"trace_errors": "ignore"}, "trace_errors"),
     ({"driver": object()}, "driver"),
 ])
