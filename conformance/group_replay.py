@@ -192,7 +192,10 @@ def replay_group(t: GroupTrace, *, engine: str = "python") -> GroupVerdict:
                         order.append((p, CRASH))
         stuck = [p for p in range(n) if not ended[p]]
         if stuck:
-            p = stuck[0]
+            # an Import that waits for a Send is a cause; a Decide that waits for a vote is
+            # usually its consequence: report the lowest-ranked Import first
+            imports = [p for p in stuck if t.procs[p].rows[pos[p]][0] == "Import"]
+            p = (imports or stuck)[0]
             return reject(p, pos[p], _wait_reason(c, g, t, p, pos[p]), g)
     final = {p: ("crashed in " + s.phase) if s.crashed else s.phase
              for p, s in enumerate(g.procs)}

@@ -512,22 +512,25 @@ Done ==
     /\ UNCHANGED vars
 
 -----------------------------------------------------------------------------
+\* (CanDrive and Unwinding first: TLC skips the whole disjunction when false.)
 ForwardStep(p) ==
-    \/ Reserve(p)
-    \/ \E a \in Allocs : Create(p, a) \/ Map(p, a) \/ MapAlias(p, a) \/ Export(p, a)
-    \/ \E a \in Allocs, m \in MappingKinds : Grant(p, a, m)
-    \/ \E a \in Allocs, i \in Ranks : Send(p, a, i)
-    \/ \E o \in Ranks, a \in Allocs : Import(p, o, a)
-    \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds :
-          ImportMap(p, o, a, m) \/ ImportGrant(p, o, a, m)
-    \/ RankReady(p)
+  /\ CanDrive(p)
+  /\ \/ Reserve(p)
+     \/ \E a \in Allocs : Create(p, a) \/ Map(p, a) \/ MapAlias(p, a) \/ Export(p, a)
+     \/ \E a \in Allocs, m \in MappingKinds : Grant(p, a, m)
+     \/ \E a \in Allocs, i \in Ranks : Send(p, a, i)
+     \/ \E o \in Ranks, a \in Allocs : Import(p, o, a)
+     \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds :
+           ImportMap(p, o, a, m) \/ ImportGrant(p, o, a, m)
+     \/ RankReady(p)
 
 UnwindStep(p) ==
-    \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds : ImportUnmap(p, o, a, m)
-    \/ \E o \in Ranks, a \in Allocs : ImportRelease(p, o, a)
-    \/ \E a \in Allocs, m \in MappingKinds : Unmap(p, a, m)
-    \/ \E a \in Allocs : Release(p, a)
-    \/ Free(p)
+  /\ Unwinding(p)
+  /\ \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds : ImportUnmap(p, o, a, m)
+     \/ \E o \in Ranks, a \in Allocs : ImportRelease(p, o, a)
+     \/ \E a \in Allocs, m \in MappingKinds : Unmap(p, a, m)
+     \/ \E a \in Allocs : Release(p, a)
+     \/ Free(p)
 
 GroupStep(p) ==
     \/ \E v \in {"ready", "failed"} : Vote(p, v)
@@ -541,7 +544,7 @@ Progress ==
 
 Next ==
     \/ Progress
-    \/ \E p \in Ranks, x \in FailSteps : Fail(p, x)
+    \/ \E p \in Ranks : CanDrive(p) /\ \E x \in FailSteps : Fail(p, x)
     \/ \E p \in Ranks : Crash(p)
     \/ Done
 

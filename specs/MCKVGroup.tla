@@ -23,6 +23,11 @@ MCStateConstraint ==
     /\ Cardinality({p \in Ranks : failed[p]}) <= MaxFailures
     /\ Cardinality({p \in Ranks : crashed[p]}) <= MaxCrashes
 
+\* For 3 processes: one fault in all (a failed step or a crash), which keeps
+\* the state space small enough for `make verify`.
+MCOneFault ==
+    Cardinality({p \in Ranks : failed[p]}) + Cardinality({p \in Ranks : crashed[p]}) <= 1
+
 \* A crash after the process decided changes nothing for the others (no step
 \* of another process waits for it then): only crashes before Decide are
 \* explored (ACTION_CONSTRAINT MCCrashBeforeDecide).
