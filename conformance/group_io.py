@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -54,6 +55,9 @@ _ARGS: Mapping[str, tuple[str, ...]] = {
     "Abort": (), "AbortComplete": (), "Unpublish": (), "ShutdownComplete": (),
 }
 _GROUP_ACTIONS = frozenset(GROUP_ACTIONS)
+#: The same, as positions in :class:`Args` (for the fast reader).
+_NEED_IDX: Mapping[str, tuple[int, ...]] = {
+    k: tuple(Args._fields.index(f) for f in v) for k, v in _ARGS.items()}
 
 
 @dataclass(frozen=True)
@@ -264,18 +268,59 @@ def parse_proc_trace(text: str, source: str = "<trace>") -> ProcTrace:
     return ProcTrace(source, h, rows, text)
 
 
+_ARGS_FAST = re.compile(
+    r'(?:"owner": (' + _INT + r')(?:, |$))?(?:"alloc": (' + _INT + r'))?(?:, "mapping": "'
+    r'(plane|alias)")?(?:, "devices": \[(' + _INT + r'(?:, ' + _INT + r')*)\])?(?:, "to": ('
+    + _INT + r'))?')
+
+
+_SEQ, _RANK, _ACTION = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
 def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
                source: str) -> tuple[tuple[str, Args, str | None, Any], ...] | None:
     rank = str(h.rank)
     out = []
     from_text = reader.from_text
     cache = reader.cache
+    fast_args = _ARGS_FAST.fullmatch
+    n, allocs, dev_rank = reader.n, reader.allocs, reader.dev_rank
+    need = _NEED_IDX
+    # whole-file checks in C; any failure: the detailed reader names the line
+    if list(map(_SEQ, m)) != list(map(str, range(len(m)))) or \
+            set(map(_RANK, m)) != {rank} or not set(map(_ACTION, m)) <= _GROUP_ACTIONS:
+        return None
     for k, (seq, r, action, args, result, state) in enumerate(m):
-        if r != rank or seq != str(k) or action not in _GROUP_ACTIONS:
-            return None  # the detailed reader names the line
         a = cache.get((action, args))
         if a is None:
-            a = from_text(action, args, k + 2)
+            # the forward and unwinding steps' args (owner, alloc, mapping, devices, to)
+            # without json.loads; anything else, or a bad value, takes the checked path
+            f = fast_args(args)
+            if f is not None:
+                o, al, mp, dv, to = f.groups()
+                if dv is None:
+                    devs = None
+                elif "," not in dv:
+                    d = int(dv)
+                    devs = frozenset((dev_rank.get(d, -1 - d),))
+                else:
+                    ds = [int(x) for x in dv.split(", ")]
+                    devs = frozenset(dev_rank.get(d, -1 - d) for d in ds) \
+                        if len(set(ds)) == len(ds) else None
+                a = Args(None if o is None else int(o), None if al is None else int(al), mp,
+                         devs, None if to is None else int(to))
+                if (a[1] is not None and a[1] >= allocs) or (a[0] is not None and a[0] >= n) \
+                        or (a[4] is not None and a[4] >= n) or (dv is not None and devs is None):
+                    a = None
+                else:
+                    for i in need[action]:
+                        if a[i] is None:
+                            a = None
+                            break
+            if a is None:
+                a = from_text(action, args, k + 2)
+            else:
+                cache[(action, args)] = a
         out.append((action, a, None if result == "null" else result[1:-1], state))
     return tuple(out)
 
@@ -359,6 +404,11 @@ def load_group(paths: Iterable[str | Path]) -> GroupTrace:
     a rank has no file, or the headers disagree about the group's constants.
     """
     files = _expand(paths)
+    with gc_paused():  # 10^5-10^6 rows, no cycles: a collection would only rescan them
+        return _load(files)
+
+
+def _load(files: list[Path]) -> GroupTrace:
     procs: dict[int, ProcTrace] = {}
     first: ProcTrace | None = None
     for f in files:

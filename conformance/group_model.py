@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 __all__ = [
     "FAIL_STEPS",
@@ -203,9 +203,9 @@ def _imports_done(c: GroupConstants, s: ProcState, p: int) -> bool:
 # --- forward steps: each (c, g, p, ev) -> '' (applied) | reason | WAIT -------------------
 # ``ev`` is an :class:`Args` record of the event's arguments.
 
-@dataclass(frozen=True, slots=True)
-class Args:
-    """An event's arguments as the model reads them (None when absent)."""
+class Args(NamedTuple):
+    """An event's arguments as the model reads them (None when absent). A NamedTuple
+    because the reader builds one per event (10^5-10^6 of them)."""
 
     owner: int | None = None
     alloc: int | None = None
