@@ -512,7 +512,7 @@ Done ==
     /\ UNCHANGED vars
 
 -----------------------------------------------------------------------------
-\* (CanDrive and Unwinding first: TLC skips the whole disjunction when false.)
+\* (CanDrive first: TLC skips the whole disjunction when it is false.)
 ForwardStep(p) ==
   /\ CanDrive(p)
   /\ \/ Reserve(p)
@@ -524,13 +524,13 @@ ForwardStep(p) ==
            ImportMap(p, o, a, m) \/ ImportGrant(p, o, a, m)
      \/ RankReady(p)
 
+\* (No Unwinding(p) prefix here: Unmap's own guard is a tagged mutant.)
 UnwindStep(p) ==
-  /\ Unwinding(p)
-  /\ \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds : ImportUnmap(p, o, a, m)
-     \/ \E o \in Ranks, a \in Allocs : ImportRelease(p, o, a)
-     \/ \E a \in Allocs, m \in MappingKinds : Unmap(p, a, m)
-     \/ \E a \in Allocs : Release(p, a)
-     \/ Free(p)
+    \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds : ImportUnmap(p, o, a, m)
+    \/ \E o \in Ranks, a \in Allocs : ImportRelease(p, o, a)
+    \/ \E a \in Allocs, m \in MappingKinds : Unmap(p, a, m)
+    \/ \E a \in Allocs : Release(p, a)
+    \/ Free(p)
 
 GroupStep(p) ==
     \/ \E v \in {"ready", "failed"} : Vote(p, v)
