@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 __all__ = [
+    "Args",
     "FAIL_STEPS",
+    "FORWARD_GUARDS",
     "GROUP_ACTIONS",
     "GroupConstants",
     "GroupState",
@@ -29,6 +31,7 @@ __all__ = [
     "STEPS",
     "TERMINAL_PHASES",
     "WAIT",
+    "constants_from",
     "crash",
     "enabled_actions",
     "initial_group",

@@ -179,3 +179,22 @@ def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
     assert f"seq {bad.seq}" in out_text and f"rank {bad.rank}" in out_text
     assert main(["conform", files[0]]) == 2  # one file of a group of three
     assert "have no trace file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mod", ["group_model", "group_io", "group_replay", "group_gen",
+                                 "group_mutants", "group_check"])
+def test_group_modules_pin_their_public_names(mod: str) -> None:
+    import importlib
+
+    m = importlib.import_module(f"kvgrant.conformance.{mod}")
+    assert m.__all__ == sorted(m.__all__)
+    assert all(hasattr(m, name) for name in m.__all__)
+
+
+def test_generator_fails_and_crashes_where_asked() -> None:
+    heads, evs = parse_texts(simulate_group(C3, fail_at={1: 2}, crash_after={2: 5}))
+    fails = [e for e in evs[1] if e["result"] not in (None, "CUDA_SUCCESS", "SUCCESS")]
+    assert [e["action"] for e in fails] == ["Map"] and fails[0]["seq"] == 2
+    assert len(evs[2]) == 5
+    decide = next(e for e in evs[0] if e["action"] == "Decide")
+    assert decide["args"] == {"decision": "abort", "failed": [1], "missing": [2]}
