@@ -166,6 +166,7 @@ class _ArgsReader:
         others = {d: r for r, d in h.devices.items() if r != h.rank}
         self.dev_rank = {**others, h.own_device: h.rank}
         self.cache: dict[tuple[str, str], Args] = {}
+        self.shared: dict[tuple[str, str], Args] = {}  # args without devices
 
     def from_text(self, action: str, text: str, line: int) -> Args:
         key = (action, text)
@@ -245,8 +246,14 @@ _FAST = re.compile(
     r'[^{}\n]*)\}\}$', re.M)
 
 
-def parse_proc_trace(text: str, source: str = "<trace>") -> ProcTrace:
-    """One process's file (TraceError naming the line when malformed)."""
+def parse_proc_trace(text: str, source: str = "<trace>", *,
+                     group: "ProcTrace | None" = None,
+                     shared: dict[tuple[str, str], Args] | None = None) -> ProcTrace:
+    """One process's file (TraceError naming the line when malformed).
+
+    ``group``: a file of the same group already read; this header must agree with its
+    constants (checked before the events). ``shared``: a cache of decoded args without
+    devices (those read the same in every file of one group)."""
     nl = text.find("\n")
     first = text if nl < 0 else text[:nl]
     try:
@@ -254,7 +261,14 @@ def parse_proc_trace(text: str, source: str = "<trace>") -> ProcTrace:
     except json.JSONDecodeError as err:
         raise _fail(source, 1, f"not valid JSON ({err.msg} at column {err.colno})") from None
     h = _parse_group_header(head_obj, source)
+    if group is not None:
+        bad = _same_constants(group.header.constants, h.constants)
+        if bad:
+            raise TraceError(f"{source}:1: header.{bad} differs from {group.source} (the "
+                             "files of one group share its constants)", line=1)
     reader = _ArgsReader(h, source)
+    if shared is not None:
+        reader.shared = shared
     body = "" if nl < 0 else text[nl + 1:]
     n = body.count("\n") + (0 if body.endswith("\n") or not body else 1)
     rows = None
@@ -290,8 +304,9 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
     if list(map(_SEQ, m)) != list(map(str, range(len(m)))) or \
             set(map(_RANK, m)) != {rank} or not set(map(_ACTION, m)) <= _GROUP_ACTIONS:
         return None
+    shared = reader.shared
     for k, (seq, r, action, args, result, state) in enumerate(m):
-        a = cache.get((action, args))
+        a = cache.get((action, args)) or shared.get((action, args))
         if a is None:
             # the forward and unwinding steps' args (owner, alloc, mapping, devices, to)
             # without json.loads; anything else, or a bad value, takes the checked path
@@ -319,6 +334,8 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
                             break
             if a is None:
                 a = from_text(action, args, k + 2)
+            elif dv is None:
+                shared[(action, args)] = a
             else:
                 cache[(action, args)] = a
         out.append((action, a, None if result == "null" else result[1:-1], state))
@@ -411,6 +428,7 @@ def load_group(paths: Iterable[str | Path]) -> GroupTrace:
 def _load(files: list[Path]) -> GroupTrace:
     procs: dict[int, ProcTrace] = {}
     first: ProcTrace | None = None
+    shared: dict[tuple[str, str], Args] = {}
     for f in files:
         try:
             text = f.read_text(encoding="utf-8")
@@ -420,14 +438,9 @@ def _load(files: list[Path]) -> GroupTrace:
         except UnicodeDecodeError as err:
             raise TraceError(f"{f}: trace is not UTF-8 text: {err.reason}", line=None) \
                 from err
-        pt = parse_proc_trace(text, str(f))
+        pt = parse_proc_trace(text, str(f), group=first, shared=shared)
         if first is None:
             first = pt
-        else:
-            bad = _same_constants(first.header.constants, pt.header.constants)
-            if bad:
-                raise TraceError(f"{f}:1: header.{bad} differs from {first.source} (the "
-                                 "files of one group share its constants)", line=1)
         if pt.header.rank in procs:
             raise TraceError(f"{f}:1: header.rank = {pt.header.rank}: "
                              f"{procs[pt.header.rank].source} has the same rank", line=1)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 __all__ = [
     "Args",
     "FAIL_STEPS",
+    "FAST_STEPS",
     "FORWARD_GUARDS",
     "GROUP_ACTIONS",
     "GroupConstants",
@@ -749,3 +750,125 @@ def constants_from(ranks: int, allocs: int, aliased: Sequence[int] | frozenset[i
                               else declared_readers.get(r, imp[r] | {r}))
                     for r in range(ranks))
     return GroupConstants(ranks, allocs, frozenset(aliased), frozenset(owner_only), imp, dec)
+
+
+# --- fast successful steps (the replay's hot path) ------------------------------------------
+# Why: a published-scale group is 10^5-10^6 events, nearly all successful forward steps.
+# Each function below is the conjunction of the same conditions as the guard above (in
+# the success case) and applies the effect only when all hold; it returns False and
+# changes nothing otherwise, and the caller then takes :func:`step`, which finds the
+# reason (or WAIT). tests/conformance/test_group_replay.py checks both give the same
+# verdicts.
+
+def _f_create(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    a = e.alloc
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" or not s.va \
+            or a != len(s.created) or a in s.created or (a > 0 and not _complete(c, s, a - 1)):
+        return False
+    s.created.add(a)
+    return True
+
+
+def _f_map(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    a = e.alloc
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or a not in s.created or a in s.mapped:
+        return False
+    s.mapped.add(a)
+    return True
+
+
+def _f_map_alias(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    a = e.alloc
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or a not in c.aliased or a not in s.mapped or a in s.alias_mapped:
+        return False
+    s.alias_mapped.add(a)
+    return True
+
+
+def _f_grant(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    a, m, d = e.alloc, e.mapping, e.devices
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or d is None or len(d) != 1 or p not in d or (a, m) in s.access \
+            or a not in (s.mapped if m == "plane" else s.alias_mapped):
+        return False
+    s.access[(a, m)] = d  # type: ignore[index]
+    s.grants += 1
+    return True
+
+
+def _f_export(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    a = e.alloc
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or a != len(s.exported) or a in s.exported or not _own_done(c, s) \
+            or (a > 0 and not _sent_all(c, s, p, a - 1)):  # type: ignore[operator]
+        return False
+    s.exported.add(a)  # type: ignore[arg-type]
+    return True
+
+
+def _f_send(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    a, i = e.alloc, e.to
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or i not in c.importers[p] or a not in s.exported or (a, i) in s.sent:
+        return False
+    s.sent.add((a, i))  # type: ignore[arg-type]
+    s.sent_per_alloc[a] = s.sent_per_alloc.get(a, 0) + 1  # type: ignore[index]
+    return True
+
+
+def _f_import(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    o, a = e.owner, e.alloc
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" or o == p \
+            or (o, a) in s.imported_set or (a, p) not in g.procs[o].sent \
+            or not _shared(c, s, p):  # type: ignore[index]
+        return False
+    prev = c.prev_import(p, o, a)  # type: ignore[arg-type]
+    if prev is not None and not _import_complete(c, s, *prev):
+        return False
+    if s.imported and s.imported[-1] > (o, a):  # type: ignore[operator]
+        s.import_monotone = False
+    s.imported.append((o, a))  # type: ignore[arg-type]
+    s.imported_set.add((o, a))  # type: ignore[arg-type]
+    return True
+
+
+def _f_import_map(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    o, a, m = e.owner, e.alloc, e.mapping
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or (o, a) not in s.imported_set or (o, a, m) in s.import_mapped:
+        return False
+    if m == "alias" and (a not in c.aliased or a in c.owner_only
+                         or (o, a, "plane") not in s.import_mapped):
+        return False
+    s.import_mapped.add((o, a, m))  # type: ignore[arg-type]
+    return True
+
+
+def _f_import_grant(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
+    s = g.procs[p]
+    key, d = (e.owner, e.alloc, e.mapping), e.devices
+    if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or d is None or len(d) != 1 or p not in d or key not in s.import_mapped \
+            or key in s.import_access:
+        return False
+    s.import_access[key] = d  # type: ignore[index]
+    s.import_grants += 1
+    return True
+
+
+#: Successful forward steps the replay tries first: name -> (c, g, p, args) -> applied?
+FAST_STEPS: dict[str, Callable[[GroupConstants, GroupState, int, Args], bool]] = {
+    "Create": _f_create, "Map": _f_map, "MapAlias": _f_map_alias, "Grant": _f_grant,
+    "Export": _f_export, "Send": _f_send, "Import": _f_import, "ImportMap": _f_import_map,
+    "ImportGrant": _f_import_grant,
+}

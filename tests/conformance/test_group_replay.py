@@ -198,3 +198,15 @@ def test_generator_fails_and_crashes_where_asked() -> None:
     assert len(evs[2]) == 5
     decide = next(e for e in evs[0] if e["action"] == "Decide")
     assert decide["args"] == {"decision": "abort", "failed": [1], "missing": [2]}
+
+
+def test_fast_steps_give_the_same_verdicts(tmp_path: Path) -> None:
+    """FAST_STEPS (the hot path) and step() agree on valid groups and every mutant."""
+    groups = [simulate_group(C3, **kw) for kw in BASES.values()]
+    groups += [simulate_group(C3, crash_after={1: 20}), simulate_group(C2)]
+    groups += [m.texts for _, m in _cases()]
+    for i, texts in enumerate(groups):
+        t = load_group([_write(tmp_path, texts, f"g{i}")])
+        a, b = replay_group(t), replay_group(t, fast=False)
+        assert (a.accepted, a.rank, a.index, a.reason, a.order, a.state_before, a.enabled) \
+            == (b.accepted, b.rank, b.index, b.reason, b.order, b.state_before, b.enabled)
