@@ -709,7 +709,8 @@ def enabled_actions(c: GroupConstants, g: GroupState, p: int) -> list[str]:
                                     "ShutdownComplete", "Free")]
     seen: set[str] = set()
     for name, e in cands:
-        trial = copy.deepcopy(g)
+        # a step of p changes only p's variables: copy p, share the others
+        trial = GroupState([copy.deepcopy(t) if q == p else t for q, t in enumerate(g.procs)])
         if step(c, trial, p, name, e, True) == "":
             txt = _act_text(name, p, e)
             if txt not in seen:
