@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from kvgrant.conformance.group_io import is_group_trace, load_group
 from kvgrant.conformance.group_replay import GroupVerdict, replay_group
