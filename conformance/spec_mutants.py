@@ -29,12 +29,18 @@ except ImportError:  # pragma: no cover - standalone use
 
 __all__ = [
     "BASE_SPEC",
+    "GROUP_MUTANTS",
+    "GROUP_MUTANT_CONFIG",
+    "GROUP_SAFETY_INVARIANTS",
+    "GROUP_SPEC",
     "MUTANTS",
     "MUTANT_CONFIG",
     "Mutant",
     "SAFETY_INVARIANTS",
     "find_guards",
     "mutate",
+    "run_group_mutant",
+    "run_group_unmutated",
     "run_mutant",
     "run_unmutated",
 ]
@@ -176,3 +182,103 @@ def run_unmutated(specdir: str | Path, invariants: tuple[str, ...] = SAFETY_INVA
     root = Path(specdir)
     return _check(root, (root / BASE_SPEC).read_text(), tuple(invariants),
                   timeout=timeout, workers=workers)
+
+
+# --- the group model (specs/KVGroup.tla) ----------------------------------------------------
+
+GROUP_SPEC = "KVGroup.tla"
+_GROUP_MC_SPEC = "MCKVGroup.tla"
+
+#: One or more guard-removal mutants per safety invariant of KVGroup (TypeOK excluded).
+GROUP_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("decide-after-all-votes", "Agreement",
+           "deciding while a live rank has not voted lets one abort and another publish"),
+    Mutant("publish-only-if-all-ready", "Validity",
+           "publishing although a rank voted failed"),
+    Mutant("grant-own-device", "OwnerGrantsOnlyOwnDevice",
+           "the owner grants its importers' devices itself"),
+    Mutant("import-grant-own-device", "ImporterGrantsOnlyOwnDevice",
+           "an importer grants a device other than its own"),
+    Mutant("send-only-to-importers", "ImportOnlyByImporters",
+           "sending an fd to a declared reader that is not an importer"),
+    Mutant("import-after-send", "ImportOnlyByImporters",
+           "importing without a Send (from an owner that never sent to this rank)"),
+    Mutant("import-map-after-import", "MapOnlyImported",
+           "mapping an owner's memory without an imported handle"),
+    Mutant("import-release-after-unmap", "MapOnlyImported",
+           "releasing an imported handle that is still mapped"),
+    Mutant("import-alias-only-shared", "AccessOnlyOwnerAndImporters",
+           "an importer maps (and grants) the alias of an owner-only region"),
+    Mutant("alias-after-backing", "AliasNeverOutlivesBacking",
+           "mapping an own alias before its plane mapping"),
+    Mutant("unmap-alias-before-backing", "AliasNeverOutlivesBacking",
+           "unmapping an own plane mapping before its alias"),
+    Mutant("import-unmap-alias-before-backing", "AliasNeverOutlivesBacking",
+           "unmapping an imported plane mapping before its alias"),
+    Mutant("ready-after-imports", "PublishedHoldsPlan",
+           "RankReady before the imports are mapped and granted"),
+    Mutant("vote-ready-only-if-ready", "PublishedHoldsPlan",
+           "voting ready before RankReady"),
+    Mutant("unmap-only-unwinding", "PublishedHoldsPlan",
+           "unmapping while published"),
+    Mutant("abort-complete-when-empty", "NothingLeftAfterAbort",
+           "finishing the abort while the process still holds (imported) objects"),
+    Mutant("shutdown-complete-when-empty", "NothingLeftAfterShutdown",
+           "finishing shutdown while the process still holds (imported) objects"),
+)
+
+#: The safety invariants of KVGroup.
+GROUP_SAFETY_INVARIANTS: tuple[str, ...] = (
+    "TypeOK", "Agreement", "Validity", "OwnerGrantsOnlyOwnDevice",
+    "ImporterGrantsOnlyOwnDevice", "ImportOnlyByImporters", "MapOnlyImported",
+    "AccessOnlyOwnerAndImporters", "AliasNeverOutlivesBacking", "PublishedHoldsPlan",
+    "NothingLeftAfterAbort", "NothingLeftAfterShutdown")
+
+#: A small config for group mutants: 2 processes (rank 1 imports rank 0, rank 0 is an
+#: overdeclared reader of rank 1), both allocations aliased, allocation 1 owner-only,
+#: one fault in all.
+GROUP_MUTANT_CONFIG = """\
+CONSTANTS
+    NumRanks = 2
+    NumAllocs = 2
+    Aliased = {0, 1}
+    OwnerOnly = {1}
+    Importers <- MCImporters
+    DeclaredReaders <- MCDeclaredReaders
+SPECIFICATION Spec
+CONSTRAINT MCOneFault
+ACTION_CONSTRAINT MCCrashBeforeDecide
+INVARIANTS @INVARIANTS@
+"""
+
+
+def _check_group(specdir: Path, text: str, invariants: tuple[str, ...], *,
+                 timeout: float | None, workers: int) -> TLCResult:
+    work = Path(tempfile.mkdtemp(prefix="kvgrant-group-mutant-"))
+    try:
+        (work / GROUP_SPEC).write_text(text)
+        shutil.copy2(specdir / _GROUP_MC_SPEC, work / _GROUP_MC_SPEC)
+        cfg = work / "MCMutant.cfg"
+        cfg.write_text(GROUP_MUTANT_CONFIG.replace("@INVARIANTS@", " ".join(invariants)))
+        return run_tlc(work / _GROUP_MC_SPEC, cfg, timeout=timeout, workers=workers)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_group_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 300,
+                     workers: int = 1) -> TLCResult:
+    """Model-check a KVGroup ``mutant`` against its invariant on GROUP_MUTANT_CONFIG."""
+    root = Path(specdir)
+    if not (root / GROUP_SPEC).is_file():
+        raise ToolError(f"{root / GROUP_SPEC} does not exist")
+    text = mutate((root / GROUP_SPEC).read_text(), mutant.guard)
+    return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers)
+
+
+def run_group_unmutated(specdir: str | Path,
+                        invariants: tuple[str, ...] = GROUP_SAFETY_INVARIANTS, *,
+                        timeout: float | None = 300, workers: int = 1) -> TLCResult:
+    """The unmutated KVGroup on GROUP_MUTANT_CONFIG (expected ``status == "ok"``)."""
+    root = Path(specdir)
+    return _check_group(root, (root / GROUP_SPEC).read_text(), tuple(invariants),
+                        timeout=timeout, workers=workers)

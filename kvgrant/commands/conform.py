@@ -1,5 +1,9 @@
 """``kvgrant conform TRACE``: check a runtime trace against the lifecycle model.
 
+Several files (or a directory) of one process group, or a file whose header has
+``mode: "group"``, are checked together against the group model instead
+(:mod:`kvgrant.conformance.group_check`, docs/group-trace.md).
+
 Exit status: 0 accepted, 1 rejected (the first event the model does not allow is
 printed with the model state before it and the actions enabled there), 2 when the
 trace is malformed (with its line number) or TLC cannot run. With ``--engine both``
@@ -39,7 +43,9 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "conform", help="check a trace against the lifecycle model (TLC and/or Python)",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("trace", metavar="TRACE", help="NDJSON trace written by kvgrant alloc --trace")
+    p.add_argument("trace", metavar="TRACE", nargs="+",
+                   help="NDJSON trace written by kvgrant alloc --trace; for a process group "
+                        "(docs/group-trace.md) its per-rank files, or their directory")
     p.add_argument("--engine", choices=("python", "tlc", "both"), default="python",
                    help="python: fast replay; tlc: TLC on specs/KVLifecycleTrace.tla; "
                         "both: run both and require the same verdict (default: python)")
@@ -104,10 +110,14 @@ def _tlc_progress(events: int) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvgrant.conformance.group_check import is_group_input, run_group
     from kvgrant.conformance.tlc import exit_on_signals
 
     # TLC and its temp folders must go on SIGTERM/SIGHUP/SIGINT too (issue #16).
     with exit_on_signals():
+        if is_group_input(args.trace):
+            return run_group(args.trace, args.engine, args.json)
+        args.trace = args.trace[0]
         return _run(args)
 
 

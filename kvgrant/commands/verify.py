@@ -3,7 +3,8 @@
 Prints one row per config (spec, config, distinct states, depth, result,
 seconds) as each run finishes, or a JSON list with ``--json``; exits 1 when
 any check fails.  ``--mutants`` also runs the guard-removal mutants of
-:mod:`kvgrant.conformance.spec_mutants`, each of which must be caught.
+:mod:`kvgrant.conformance.spec_mutants` (lifecycle and group specs), each of which
+must be caught.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvgrant.commands._args import positive_int, positive_seconds
-from kvgrant.conformance.spec_mutants import MUTANTS, run_mutant
+from kvgrant.conformance.spec_mutants import GROUP_MUTANTS, MUTANTS, run_group_mutant, run_mutant
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 from kvgrant.errors import ToolError
 from kvgrant.specfiles import specs_dir
@@ -114,8 +115,9 @@ def _run(args: argparse.Namespace, specdir: Path) -> int:
     rows: list[dict[str, Any]] = [r.summary() for r in results]
     failed = sum(not r.ok for r in results)
     if args.mutants:
-        for mutant in MUTANTS:
-            res = run_mutant(mutant, specdir, timeout=args.timeout, workers=args.workers)
+        runs = [(m, run_mutant) for m in MUTANTS] + [(m, run_group_mutant) for m in GROUP_MUTANTS]
+        for mutant, run_one in runs:
+            res = run_one(mutant, specdir, timeout=args.timeout, workers=args.workers)
             caught = res.status == "invariant" and res.violated == mutant.invariant
             failed += not caught
             summary = res.summary() | {"mutant": mutant.guard, "expected": mutant.invariant,

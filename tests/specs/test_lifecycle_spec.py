@@ -94,7 +94,7 @@ def test_find_guards_rejects_bad_tags() -> None:
     assert find_guards("(* \\* @guard g explained *)\n  /\\ y \\* @guard h\n") == {"h": 2}
 
 
-@pytest.mark.parametrize("cfg", sorted(SPECS.glob("MC*.cfg")), ids=lambda p: p.name)
+@pytest.mark.parametrize("cfg", sorted(SPECS.glob("MCKVLifecycle*.cfg")), ids=lambda p: p.name)
 def test_model_configs_meet_the_bounds(cfg: Path) -> None:
     consts = cfg_constants(cfg.read_text())
     assert int(consts["NumRanks"]) >= 3

@@ -1,0 +1,89 @@
+"""``kvgrant conform`` for a process group: run one or both engines on its trace files
+and print the verdicts (the single-process path stays in kvgrant.commands.conform).
+
+Why here: the group verdict has its own fields (file, rank, seq, the interleaving), and
+keeping them out of the command module keeps that module's edits small.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from kvgrant.conformance.group_io import is_group_trace, load_group
+from kvgrant.conformance.group_replay import GroupVerdict, replay_group
+from kvgrant.errors import ToolError, TraceError
+
+__all__ = ["check_group", "is_group_input", "run_group"]
+
+
+def is_group_input(paths: Sequence[str]) -> bool:
+    """Several files, a directory, or one file whose header says ``mode: "group"``."""
+    return len(paths) > 1 or any(Path(p).is_dir() for p in paths) or \
+        (len(paths) == 1 and is_group_trace(paths[0]))
+
+
+def check_group(paths: Sequence[str | Path], engine: str = "python") -> list[GroupVerdict]:
+    """One verdict per engine (Python first). TLC checks the interleaving the Python
+    engine followed, so both judge the same event. Raises TraceError / ToolError."""
+    if engine not in ("python", "tlc", "both"):
+        raise ValueError(f"engine = {engine!r}: must be 'python', 'tlc' or 'both'")
+    t = load_group(paths)
+    py = replay_group(t)
+    out = [py] if engine in ("python", "both") else []
+    if engine in ("tlc", "both"):
+        from kvgrant.conformance.tla_trace import check_group_tlc
+
+        out.append(check_group_tlc(t, order=py.order))
+    return out
+
+
+def _print(v: GroupVerdict) -> None:
+    print(v.summary())
+    if v.accepted:
+        return
+    print(f"  event: {json.dumps(v.event, sort_keys=True)}")
+    st = v.state_before or {}
+    proc = st.get("process") or {}
+    print(f"  process {v.rank} before it: " + ", ".join(
+        f"{k}={len(x) if isinstance(x, list) else x}" for k, x in proc.items()))
+    print("  group: " + "; ".join(f"r{q} {g['phase']} vote={g['vote']} decision="
+                                  f"{g['decision']}{' CRASHED' if g['crashed'] else ''}"
+                                  for q, g in (st.get("group") or {}).items()))
+    print(f"  enabled for rank {v.rank} there: " + (", ".join(v.enabled) or "(none)"))
+
+
+def run_group(paths: Sequence[str], engine: str, as_json: bool) -> int:
+    """The command: exit 0 accepted, 1 rejected, 2 malformed / TLC failed / disagreement."""
+    try:
+        verdicts = check_group(paths, engine)
+    except TraceError as err:
+        _error(paths, engine, as_json, f"malformed trace: {err}", "malformed", err.line)
+        return 2
+    except ToolError as err:
+        _error(paths, engine, as_json, f"TLC could not check the traces: {err}", "tool")
+        return 2
+    agree = len({(v.accepted, v.rank, v.index) for v in verdicts}) == 1
+    if as_json:
+        print(json.dumps({"traces": list(paths), "mode": "group", "engine": engine,
+                          "agree": agree, "accepted": all(v.accepted for v in verdicts),
+                          "verdicts": [v.to_json() for v in verdicts]}, indent=2))
+    else:
+        for v in verdicts:
+            _print(v)
+        if not agree:
+            print("kvgrant conform: engines DISAGREE: " + "; ".join(
+                f"{v.engine}: rank {v.rank} seq {v.index}" for v in verdicts), file=sys.stderr)
+    if not agree:
+        return 2
+    return 0 if verdicts[0].accepted else 1
+
+
+def _error(paths: Sequence[str], engine: str, as_json: bool, message: str, kind: str,
+           line: int | None = None) -> None:
+    if as_json:
+        print(json.dumps({"traces": list(paths), "mode": "group", "engine": engine,
+                          "error": kind, "line": line, "message": message}, indent=2))
+    print(f"kvgrant conform: error: {message}", file=sys.stderr)

@@ -1,0 +1,455 @@
+"""Read and validate the trace files of one process group (docs/group-trace.md).
+
+Each process writes its own NDJSON file: a header with ``mode: "group"`` and its
+``rank``, then its events. This module checks only the *shape* (a malformed file
+raises :class:`~kvgrant.errors.TraceError` naming the file and line; headers that
+disagree about the group's constants are a TraceError too); whether the events are
+allowed is :mod:`kvgrant.conformance.group_replay`'s job.
+
+Why a fast path: a published-scale group is 16 files of 10^4-10^5 lines. Lines in the
+writer's key order (``kind, seq, t, rank, action, args, call, result, device, va, size,
+state``) are matched by one regex per file, and each distinct ``args`` text is decoded
+once (the same texts recur across files); any other line shape sends the file to the
+detailed reader (one ``json.loads`` per line), which names the first bad line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
+from kvgrant.conformance.trace_io import PHASES, _parse_header
+from kvgrant.errors import TraceError
+from kvgrant.gc_pause import gc_paused
+
+__all__ = [
+    "GroupHeader",
+    "GroupTrace",
+    "ProcTrace",
+    "STATE_KEYS",
+    "is_group_trace",
+    "load_group",
+    "parse_proc_trace",
+]
+
+#: Keys of an event's ``state`` in the writer's order, with their types.
+STATE_KEYS: tuple[tuple[str, type], ...] = (
+    ("phase", str), ("va", bool), ("created", int), ("mapped", int), ("alias_mapped", int),
+    ("grants", int), ("ready", bool), ("failed", bool), ("exported", int), ("sent", int),
+    ("imported", int), ("import_mapped", int), ("import_grants", int))
+_SUCCESS = frozenset({"CUDA_SUCCESS", "SUCCESS"})
+#: Arguments each action needs (docs/group-trace.md, "Events").
+_ARGS: Mapping[str, tuple[str, ...]] = {
+    "Reserve": (), "Create": ("alloc",), "Map": ("alloc",), "MapAlias": ("alloc",),
+    "Grant": ("alloc", "mapping", "devices"), "Export": ("alloc",), "Send": ("alloc", "to"),
+    "Import": ("owner", "alloc"), "ImportMap": ("owner", "alloc", "mapping"),
+    "ImportGrant": ("owner", "alloc", "mapping", "devices"),
+    "ImportUnmap": ("owner", "alloc", "mapping"), "ImportRelease": ("owner", "alloc"),
+    "Unmap": ("alloc", "mapping"), "Release": ("alloc",), "Free": (), "RankReady": (),
+    "Vote": ("ready",), "Decide": ("decision", "failed", "missing"), "Publish": (),
+    "Abort": (), "AbortComplete": (), "Unpublish": (), "ShutdownComplete": (),
+}
+_GROUP_ACTIONS = frozenset(GROUP_ACTIONS)
+#: The same, as positions in :class:`Args` (for the fast reader).
+_NEED_IDX: Mapping[str, tuple[int, ...]] = {
+    k: tuple(Args._fields.index(f) for f in v) for k, v in _ARGS.items()}
+
+
+@dataclass(frozen=True)
+class GroupHeader:
+    """One file's header: the group's constants, this file's rank, device ordinals."""
+
+    constants: GroupConstants
+    rank: int
+    devices: Mapping[int, int]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def own_device(self) -> int:
+        return self.devices.get(self.rank, self.rank)
+
+
+@dataclass(frozen=True)
+class ProcTrace:
+    """One process's file: header and events as rows.
+
+    A row is ``(action, args, result, state)``: :class:`Args` with devices read as
+    ranks, the driver result (None for model-only steps), and the recorded state as
+    the text inside its braces (fast reader) or a dict (detailed reader). Row k is
+    event seq k, on line k + 2.
+    """
+
+    source: str
+    header: GroupHeader
+    rows: tuple[tuple[str, Args, str | None, Any], ...]
+    text: str = field(repr=False, default="")
+
+    def raw_event(self, k: int) -> dict[str, Any]:
+        """Event k as written (for reports)."""
+        lines = self.text.split("\n")
+        try:
+            obj = json.loads(lines[k + 1])
+        except (IndexError, json.JSONDecodeError):
+            return {"seq": k}
+        return obj if isinstance(obj, dict) else {"seq": k}
+
+
+@dataclass(frozen=True)
+class GroupTrace:
+    """The files of one group, indexed by rank."""
+
+    constants: GroupConstants
+    procs: tuple[ProcTrace, ...]
+
+    @property
+    def events(self) -> int:
+        return sum(len(p.rows) for p in self.procs)
+
+
+def _fail(source: str, line: int, msg: str) -> TraceError:
+    return TraceError(f"{source}:{line}: {msg}", line=line)
+
+
+def is_group_trace(path: str | Path) -> bool:
+    """True when the file's first line is a header with ``mode: "group"``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+        obj = json.loads(first)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(obj, dict) and obj.get("mode") == "group"
+
+
+def _parse_group_header(obj: Any, source: str) -> GroupHeader:
+    if not isinstance(obj, dict):
+        raise _fail(source, 1, "line 1 must be the header object")
+    if obj.get("mode") != "group":
+        raise _fail(source, 1, f"header.mode = {obj.get('mode')!r}: a group trace has "
+                               "mode 'group'")
+    body = {k: v for k, v in obj.items() if k != "devices"}
+    h = _parse_header(body, 1, source)
+    rank, procs = obj.get("rank"), obj.get("procs")
+    if type(rank) is not int or not 0 <= rank < h.ranks:
+        raise _fail(source, 1, f"header.rank = {rank!r}: must be a rank in 0..{h.ranks - 1}")
+    if procs != h.ranks:
+        raise _fail(source, 1, f"header.procs = {procs!r}: must equal header.ranks "
+                               f"({h.ranks}; one process per rank)")
+    devs_raw = obj.get("devices", {})
+    if not isinstance(devs_raw, dict):
+        raise _fail(source, 1, f"header.devices = {devs_raw!r}: must be an object")
+    devices: dict[int, int] = {}
+    for k, v in devs_raw.items():
+        if not (isinstance(k, str) and k.isdigit() and int(k) < h.ranks) or \
+                type(v) is not int or v < 0:
+            raise _fail(source, 1, f"header.devices[{k!r}] = {v!r}: must map a rank to a "
+                                   "CUDA ordinal >= 0")
+        devices[int(k)] = v
+    c = GroupConstants(h.ranks, h.allocs, h.aliased, h.owner_only, h.importers,
+                       h.declared_readers)
+    extra = {k: v for k, v in h.extra.items() if k not in ("mode", "rank", "procs")}
+    return GroupHeader(c, rank, devices, extra)
+
+
+class _ArgsReader:
+    """Decode and check one file's ``args`` objects into :class:`Args` (cached by text)."""
+
+    def __init__(self, h: GroupHeader, source: str) -> None:
+        self.h, self.source = h, source
+        c = h.constants
+        self.n, self.allocs = c.ranks, c.allocs
+        others = {d: r for r, d in h.devices.items() if r != h.rank}
+        self.dev_rank = {**others, h.own_device: h.rank}
+        self.cache: dict[tuple[str, str], Args] = {}
+        self.shared: dict[tuple[str, str], Args] = {}  # args without devices
+
+    def from_text(self, action: str, text: str, line: int) -> Args:
+        key = (action, text)
+        a = self.cache.get(key)
+        if a is None:
+            try:
+                obj = json.loads("{" + text + "}")
+            except json.JSONDecodeError:
+                raise _fail(self.source, line, "args is not a JSON object") from None
+            a = self.check(action, obj, line)
+            self.cache[key] = a
+        return a
+
+    def _rank(self, v: Any, name: str, line: int) -> int:
+        if type(v) is not int or not 0 <= v < self.n:
+            raise _fail(self.source, line, f"args.{name} = {v!r}: must be a rank in "
+                                           f"0..{self.n - 1}")
+        return v
+
+    def _ranks(self, v: Any, name: str, line: int) -> frozenset[int]:
+        if type(v) is not list:
+            raise _fail(self.source, line, f"args.{name} = {v!r}: must be a list of ranks")
+        return frozenset(self._rank(x, name, line) for x in v)
+
+    def check(self, action: str, obj: Any, line: int) -> Args:
+        if type(obj) is not dict:
+            raise _fail(self.source, line, f"args = {obj!r}: must be an object")
+        for k in _ARGS[action]:
+            if k not in obj:
+                raise _fail(self.source, line, f"args.{k} is missing: {action} needs "
+                                               f"{', '.join(_ARGS[action])}")
+        kw: dict[str, Any] = {}
+        if "alloc" in _ARGS[action]:
+            a = obj["alloc"]
+            if type(a) is not int or not 0 <= a < self.allocs:
+                raise _fail(self.source, line, f"args.alloc = {a!r}: must be in "
+                                               f"0..{self.allocs - 1}")
+            kw["alloc"] = a
+        if "owner" in _ARGS[action]:
+            kw["owner"] = self._rank(obj["owner"], "owner", line)
+        if "to" in _ARGS[action]:
+            kw["to"] = self._rank(obj["to"], "to", line)
+        if "mapping" in _ARGS[action]:
+            if obj["mapping"] not in ("plane", "alias"):
+                raise _fail(self.source, line, f"args.mapping = {obj['mapping']!r}: must be "
+                                               "'plane' or 'alias'")
+            kw["mapping"] = obj["mapping"]
+        if "devices" in _ARGS[action]:
+            devs = obj["devices"]
+            if type(devs) is not list or not all(type(d) is int and d >= 0 for d in devs) \
+                    or len(set(devs)) != len(devs):
+                raise _fail(self.source, line, f"args.devices = {devs!r}: must be a list of "
+                                               "distinct CUDA ordinals")
+            kw["devices"] = frozenset(self.dev_rank.get(d, -1 - d) for d in devs)
+        if action == "Vote":
+            if type(obj["ready"]) is not bool:
+                raise _fail(self.source, line, f"args.ready = {obj['ready']!r}: must be "
+                                               "true/false")
+            kw["ready"] = obj["ready"]
+        if action == "Decide":
+            if obj["decision"] not in ("publish", "abort"):
+                raise _fail(self.source, line, f"args.decision = {obj['decision']!r}: must be "
+                                               "'publish' or 'abort'")
+            kw["decision"] = obj["decision"]
+            kw["failed"] = self._ranks(obj["failed"], "failed", line)
+            kw["missing"] = self._ranks(obj["missing"], "missing", line)
+        return Args(**kw)
+
+
+_INT = r"(?:0|[1-9][0-9]*)"
+_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+_FAST = re.compile(
+    r'^\{"kind": "event", "seq": (' + _INT + r'), "t": ' + _NUM + r', "rank": (' + _INT
+    + r'), "action": "([A-Za-z]+)", "args": \{([^{}\n]*)\}, "call": (?:null|"[A-Za-z_]+"), '
+    r'"result": (null|"[A-Za-z0-9_]+"), "device": (?:null|' + _INT + r'), "va": (?:null|'
+    + _INT + r'), "size": (?:null|' + _INT + r'), "state": \{("phase": "[A-Za-z]+"'
+    r'[^{}\n]*)\}\}$', re.M)
+
+
+def parse_proc_trace(text: str, source: str = "<trace>", *,
+                     group: "ProcTrace | None" = None,
+                     shared: dict[tuple[str, str], Args] | None = None) -> ProcTrace:
+    """One process's file (TraceError naming the line when malformed).
+
+    ``group``: a file of the same group already read; this header must agree with its
+    constants (checked before the events). ``shared``: a cache of decoded args without
+    devices (those read the same in every file of one group)."""
+    nl = text.find("\n")
+    first = text if nl < 0 else text[:nl]
+    try:
+        head_obj = json.loads(first)
+    except json.JSONDecodeError as err:
+        raise _fail(source, 1, f"not valid JSON ({err.msg} at column {err.colno})") from None
+    h = _parse_group_header(head_obj, source)
+    if group is not None:
+        bad = _same_constants(group.header.constants, h.constants)
+        if bad:
+            raise TraceError(f"{source}:1: header.{bad} differs from {group.source} (the "
+                             "files of one group share its constants)", line=1)
+    reader = _ArgsReader(h, source)
+    if shared is not None:
+        reader.shared = shared
+    body = "" if nl < 0 else text[nl + 1:]
+    n = body.count("\n") + (0 if body.endswith("\n") or not body else 1)
+    rows = None
+    if body:
+        with gc_paused():
+            m = _FAST.findall(body)
+            if len(m) == n:
+                rows = _fast_rows(m, h, reader, source)
+    if rows is None:
+        rows = _slow_rows(body, h, reader, source)
+    return ProcTrace(source, h, rows, text)
+
+
+_ARGS_FAST = re.compile(
+    r'(?:"owner": (' + _INT + r')(?:, |$))?(?:"alloc": (' + _INT + r'))?(?:, "mapping": "'
+    r'(plane|alias)")?(?:, "devices": \[(' + _INT + r'(?:, ' + _INT + r')*)\])?(?:, "to": ('
+    + _INT + r'))?')
+
+
+_SEQ, _RANK, _ACTION = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
+               source: str) -> tuple[tuple[str, Args, str | None, Any], ...] | None:
+    rank = str(h.rank)
+    out = []
+    from_text = reader.from_text
+    cache = reader.cache
+    fast_args = _ARGS_FAST.fullmatch
+    n, allocs, dev_rank = reader.n, reader.allocs, reader.dev_rank
+    need = _NEED_IDX
+    # whole-file checks in C; any failure: the detailed reader names the line
+    if list(map(_SEQ, m)) != list(map(str, range(len(m)))) or \
+            set(map(_RANK, m)) != {rank} or not set(map(_ACTION, m)) <= _GROUP_ACTIONS:
+        return None
+    shared = reader.shared
+    for k, (seq, r, action, args, result, state) in enumerate(m):
+        a = cache.get((action, args)) or shared.get((action, args))
+        if a is None:
+            # the forward and unwinding steps' args (owner, alloc, mapping, devices, to)
+            # without json.loads; anything else, or a bad value, takes the checked path
+            f = fast_args(args)
+            if f is not None:
+                o, al, mp, dv, to = f.groups()
+                if dv is None:
+                    devs = None
+                elif "," not in dv:
+                    d = int(dv)
+                    devs = frozenset((dev_rank.get(d, -1 - d),))
+                else:
+                    ds = [int(x) for x in dv.split(", ")]
+                    devs = frozenset(dev_rank.get(d, -1 - d) for d in ds) \
+                        if len(set(ds)) == len(ds) else None
+                a = Args(None if o is None else int(o), None if al is None else int(al), mp,
+                         devs, None if to is None else int(to))
+                if (a[1] is not None and a[1] >= allocs) or (a[0] is not None and a[0] >= n) \
+                        or (a[4] is not None and a[4] >= n) or (dv is not None and devs is None):
+                    a = None
+                else:
+                    for i in need[action]:
+                        if a[i] is None:
+                            a = None
+                            break
+            if a is None:
+                a = from_text(action, args, k + 2)
+            elif dv is None:
+                shared[(action, args)] = a
+            else:
+                cache[(action, args)] = a
+        out.append((action, a, None if result == "null" else result[1:-1], state))
+    return tuple(out)
+
+
+def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
+               source: str) -> tuple[tuple[str, Args, str | None, Any], ...]:
+    lines = body.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    out = []
+    for k, line in enumerate(lines):
+        ln = k + 2
+        if not line.strip():
+            raise _fail(source, ln, "blank line: every line must be one JSON object")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise _fail(source, ln, f"not valid JSON ({err.msg} at column {err.colno})") \
+                from None
+        if type(obj) is not dict or obj.get("kind") != "event":
+            raise _fail(source, ln, "every line after the header must be an event object "
+                                    "(kind = 'event')")
+        if obj.get("seq") != k or type(obj.get("seq")) is not int:
+            raise _fail(source, ln, f"seq = {obj.get('seq')!r}: expected {k} (seq counts "
+                                    "from 0 without gaps)")
+        if obj.get("rank") != h.rank:
+            raise _fail(source, ln, f"rank = {obj.get('rank')!r}: every event of this file "
+                                    f"has the header's rank {h.rank}")
+        action = obj.get("action")
+        if action not in _GROUP_ACTIONS:
+            raise _fail(source, ln, f"action = {action!r}: not a group action (one of "
+                                    f"{', '.join(sorted(_GROUP_ACTIONS))})")
+        args = reader.check(action, obj.get("args") or {}, ln)
+        result = obj.get("result")
+        if result is not None and type(result) is not str:
+            raise _fail(source, ln, f"result = {result!r}: must be a string or null")
+        call = obj.get("call")
+        if call is not None and type(call) is not str:
+            raise _fail(source, ln, f"call = {call!r}: must be a string or null")
+        state = obj.get("state")
+        if type(state) is not dict:
+            raise _fail(source, ln, f"state = {state!r}: must be an object")
+        for key, typ in STATE_KEYS:
+            v = state.get(key)
+            if type(v) is not typ or (typ is int and v < 0):
+                raise _fail(source, ln, f"state.{key} = {v!r}: must be "
+                                        + ("true/false" if typ is bool else "an integer >= 0"
+                                           if typ is int else "a phase"))
+        if state["phase"] not in PHASES:
+            raise _fail(source, ln, f"state.phase = {state['phase']!r}: must be one of "
+                                    f"{', '.join(PHASES)}")
+        out.append((action, args, result, state))
+    return tuple(out)
+
+
+def _same_constants(a: GroupConstants, b: GroupConstants) -> str:
+    for f in ("ranks", "allocs", "aliased", "owner_only", "importers", "declared_readers"):
+        if getattr(a, f) != getattr(b, f):
+            return f
+    return ""
+
+
+def _expand(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted(q for q in p.iterdir() if q.suffix in (".ndjson", ".jsonl")
+                           and q.is_file())
+            if not files:
+                raise TraceError(f"{p}: no *.ndjson trace files in this directory", line=None)
+            out += files
+        else:
+            out.append(p)
+    return out
+
+
+def load_group(paths: Iterable[str | Path]) -> GroupTrace:
+    """Read the trace files (or directories of ``*.ndjson``) of one group.
+
+    Raises TraceError when a file is unreadable or malformed, two files claim one rank,
+    a rank has no file, or the headers disagree about the group's constants.
+    """
+    files = _expand(paths)
+    with gc_paused():  # 10^5-10^6 rows, no cycles: a collection would only rescan them
+        return _load(files)
+
+
+def _load(files: list[Path]) -> GroupTrace:
+    procs: dict[int, ProcTrace] = {}
+    first: ProcTrace | None = None
+    shared: dict[tuple[str, str], Args] = {}
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except OSError as err:
+            raise TraceError(f"{f}: cannot read trace: {err.strerror or err}",
+                             line=None) from err
+        except UnicodeDecodeError as err:
+            raise TraceError(f"{f}: trace is not UTF-8 text: {err.reason}", line=None) \
+                from err
+        pt = parse_proc_trace(text, str(f), group=first, shared=shared)
+        if first is None:
+            first = pt
+        if pt.header.rank in procs:
+            raise TraceError(f"{f}:1: header.rank = {pt.header.rank}: "
+                             f"{procs[pt.header.rank].source} has the same rank", line=1)
+        procs[pt.header.rank] = pt
+    if first is None:
+        raise TraceError("no trace files given", line=None)
+    n = first.header.constants.ranks
+    missing = [r for r in range(n) if r not in procs]
+    if missing:
+        raise TraceError(f"ranks {missing} have no trace file (a group of {n} processes "
+                         "writes one file per rank)", line=None)
+    return GroupTrace(first.header.constants, tuple(procs[r] for r in range(n)))

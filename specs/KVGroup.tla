@@ -1,0 +1,631 @@
+------------------------------- MODULE KVGroup -------------------------------
+(***************************************************************************)
+(* The KV-cache lifecycle of a group of processes, one rank each (the     *)
+(* form serving engines run): every process makes its own plan, exports   *)
+(* one fd per allocation and sends it (SCM_RIGHTS) only to its validated  *)
+(* importers; an importer imports, maps into its own VA and grants its    *)
+(* own device only.  The group decides like TwoPhase.tla: every process   *)
+(* votes ready or failed in one all-gather (Vote), then each decides      *)
+(* (Decide) publish iff every rank voted ready, else every process        *)
+(* unwinds what it made and imported.  A process may crash at any point  *)
+(* (Crash); the others name it missing after the deadline and abort.      *)
+(*                                                                         *)
+(* One action per runtime step, with the trace's names (docs/group-       *)
+(* trace.md).  Each process follows the order of that document: own       *)
+(* allocations in plan order (each complete before the next Create), then *)
+(* Export + Send per allocation, then imports per owner (ascending) and   *)
+(* allocation, RankReady, Vote, Decide, Publish or Abort; unwinding is    *)
+(* LIFO, imports first.  Any step of the forward path may fail (Fail); a  *)
+(* process that fails does nothing more before its Vote (ready: false).   *)
+(* An importer whose owner will never send (crashed, or failed before     *)
+(* sending) gives up after the deadline: a failed Import, which is fair.  *)
+(*                                                                         *)
+(* Omitted: byte ranges and VA values; fd closing (Export/Send are        *)
+(* counted, not unwound); the owner's memory after its crash (the OS      *)
+(* frees it; claims about leftovers are about surviving processes);       *)
+(* retries (none: one attempt); a late rank that answers after being     *)
+(* named missing (a rank named missing never votes).                      *)
+(*                                                                         *)
+(* Tags  \* @guard <name>  mark conjuncts a safety invariant relies on;   *)
+(* kvgrant.conformance.spec_mutants removes one at a time (GROUP_MUTANTS) *)
+(* and expects TLC to report that invariant.  One tag per line.           *)
+(***************************************************************************)
+EXTENDS Naturals, FiniteSets
+
+CONSTANTS
+    NumRanks,         \* processes of the group, one rank each
+    NumAllocs,        \* allocations of the plan (same plan on every rank)
+    Aliased,          \* allocations that are also mapped into a region
+    OwnerOnly,        \* aliased allocations whose region has access: owner
+    Importers,        \* Importers[o]: ranks whose validated imports map o's memory
+    DeclaredReaders   \* DeclaredReaders[o]: readers declared by exported metadata
+
+Ranks  == 0..(NumRanks - 1)
+Allocs == 0..(NumAllocs - 1)
+
+ASSUME NumRanks \in Nat \ {0}
+ASSUME NumAllocs \in Nat \ {0}
+ASSUME Aliased \subseteq Allocs
+ASSUME OwnerOnly \subseteq Aliased
+ASSUME \A r \in Ranks : Importers[r] \subseteq Ranks \ {r}
+ASSUME \A r \in Ranks : Importers[r] \subseteq DeclaredReaders[r]
+                        /\ DeclaredReaders[r] \subseteq Ranks
+
+Phases == {"Allocating", "Published", "Aborting", "Aborted",
+           "ShuttingDown", "Shutdown"}
+MappingKinds == {"plane", "alias"}
+Votes == {"none", "ready", "failed"}
+Decisions == {"none", "publish", "abort"}
+
+\* The forward steps that can fail (the x of Fail(p, x)).
+FailSteps == {"Reserve", "Create", "Map", "MapAlias", "Grant", "Export", "Send",
+              "Import", "ImportMap", "ImportGrant"}
+
+\* Owners whose memory rank p imports (p is one of their validated importers).
+\* (A constant function, so TLC evaluates it once.)
+SourcesOf == [p \in Ranks |-> {o \in Ranks : p \in Importers[o]}]
+Sources(p) == SourcesOf[p]
+
+\* Mappings of an own allocation, and of an imported one (an importer maps
+\* the alias only of regions with access: importers).
+OwnKinds(a) == IF a \in Aliased THEN MappingKinds ELSE {"plane"}
+ImportKinds(a) == IF a \in Aliased \ OwnerOnly THEN MappingKinds ELSE {"plane"}
+
+\* Import order: owner ascending, then allocation.
+Before(o1, a1, o2, a2) == o1 < o2 \/ (o1 = o2 /\ a1 < a2)
+
+VARIABLES
+    phase,         \* phase[p]: this process's phase, one of Phases
+    va,            \* va[p]: p holds its VA reservation
+    created,       \* created[p]: own allocations whose handle is live
+    mapped,        \* mapped[p]: own allocations mapped into their plane
+    aliasMapped,   \* aliasMapped[p]: own allocations mapped into their region
+    access,        \* access[p]: <<a, m, d>>: mapping m of own a accessible by device d
+    ready,         \* ready[p]: p finished its whole part (RankReady)
+    failed,        \* failed[p]: a forward step of p failed
+    exported,      \* exported[p]: own allocations exported as an fd
+    sent,          \* <<o, a, i>>: o sent the fd of a to i (the Unix socket)
+    imported,      \* imported[p]: <<o, a>>: p holds an imported handle of o's a
+    importMapped,  \* importMapped[p]: <<o, a, m>>: p mapped mapping m of o's a
+    importAccess,  \* importAccess[p]: <<o, a, m, d>>: that mapping accessible by d
+    vote,          \* vote[p]: what p contributed to the all-gather
+    decision,      \* decision[p]: what p decided
+    crashed        \* crashed[p]: p died (takes no step again)
+
+vars == <<phase, va, created, mapped, aliasMapped, access, ready, failed, exported,
+          sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+TypeOK ==
+    /\ phase \in [Ranks -> Phases]
+    /\ va \in [Ranks -> BOOLEAN]
+    /\ created \in [Ranks -> SUBSET Allocs]
+    /\ mapped \in [Ranks -> SUBSET Allocs]
+    /\ aliasMapped \in [Ranks -> SUBSET Allocs]
+    /\ access \in [Ranks -> SUBSET (Allocs \X MappingKinds \X Ranks)]
+    /\ ready \in [Ranks -> BOOLEAN]
+    /\ failed \in [Ranks -> BOOLEAN]
+    /\ exported \in [Ranks -> SUBSET Allocs]
+    /\ sent \subseteq Ranks \X Allocs \X Ranks
+    /\ imported \in [Ranks -> SUBSET (Ranks \X Allocs)]
+    /\ importMapped \in [Ranks -> SUBSET (Ranks \X Allocs \X MappingKinds)]
+    /\ importAccess \in [Ranks -> SUBSET (Ranks \X Allocs \X MappingKinds \X Ranks)]
+    /\ vote \in [Ranks -> Votes]
+    /\ decision \in [Ranks -> Decisions]
+    /\ crashed \in [Ranks -> BOOLEAN]
+
+-----------------------------------------------------------------------------
+(* Helpers *)
+
+HasMapping(p, a, m) ==
+    IF m = "plane" THEN a \in mapped[p] ELSE a \in aliasMapped[p]
+
+\* Set tests, not \E d (TLC would enumerate one successor per witness).
+Granted(p, a, m) == {d \in Ranks : <<a, m, d>> \in access[p]} # {}
+ImportGranted(p, o, a, m) == {d \in Ranks : <<o, a, m, d>> \in importAccess[p]} # {}
+
+\* Own allocation a is created, mapped (twice if aliased) and granted.
+Complete(p, a) ==
+    /\ a \in created[p]
+    /\ a \in mapped[p]
+    /\ a \in Aliased => a \in aliasMapped[p]
+    /\ \A m \in OwnKinds(a) : Granted(p, a, m)
+
+OwnDone(p) == va[p] /\ \A a \in Allocs : Complete(p, a)
+
+\* Own allocation a is exported and sent to every validated importer.
+SentAll(p, a) == a \in exported[p] /\ \A i \in Importers[p] : <<p, a, i>> \in sent
+Shared(p) == \A a \in Allocs : SentAll(p, a)
+
+ImportComplete(p, o, a) ==
+    /\ <<o, a>> \in imported[p]
+    /\ \A m \in ImportKinds(a) : <<o, a, m>> \in importMapped[p]
+                                 /\ ImportGranted(p, o, a, m)
+
+ImportsDone(p) == \A o \in Sources(p), a \in Allocs : ImportComplete(p, o, a)
+
+\* p holds everything it made and imported (what publishing relies on).
+HoldsPlan(p) == OwnDone(p) /\ ImportsDone(p)
+
+\* Process p holds no driver object at all, imported handles included.
+NothingLeftOn(p) ==
+    /\ ~va[p]
+    /\ created[p] = {}
+    /\ mapped[p] = {}
+    /\ aliasMapped[p] = {}
+    /\ access[p] = {}
+    /\ imported[p] = {}
+    /\ importMapped[p] = {}
+    /\ importAccess[p] = {}
+
+Alive(p) == ~crashed[p]
+Unwinding(p) == phase[p] \in {"Aborting", "ShuttingDown"} /\ Alive(p)
+
+-----------------------------------------------------------------------------
+Init ==
+    /\ phase = [p \in Ranks |-> "Allocating"]
+    /\ va = [p \in Ranks |-> FALSE]
+    /\ created = [p \in Ranks |-> {}]
+    /\ mapped = [p \in Ranks |-> {}]
+    /\ aliasMapped = [p \in Ranks |-> {}]
+    /\ access = [p \in Ranks |-> {}]
+    /\ ready = [p \in Ranks |-> FALSE]
+    /\ failed = [p \in Ranks |-> FALSE]
+    /\ exported = [p \in Ranks |-> {}]
+    /\ sent = {}
+    /\ imported = [p \in Ranks |-> {}]
+    /\ importMapped = [p \in Ranks |-> {}]
+    /\ importAccess = [p \in Ranks |-> {}]
+    /\ vote = [p \in Ranks |-> "none"]
+    /\ decision = [p \in Ranks |-> "none"]
+    /\ crashed = [p \in Ranks |-> FALSE]
+
+-----------------------------------------------------------------------------
+(* Forward steps: guards shared by each step and its failure Fail(p, x).  *)
+
+\* p may take a forward step: before its vote, not failed, alive.
+CanDrive(p) ==
+    /\ phase[p] = "Allocating"
+    /\ Alive(p)
+    /\ ~failed[p]
+    /\ vote[p] = "none"
+
+CanReserve(p) == CanDrive(p) /\ ~va[p]
+
+CanCreate(p, a) ==
+    /\ CanDrive(p)
+    /\ va[p]
+    /\ a \notin created[p]
+    /\ \A b \in Allocs : b < a => Complete(p, b)   \* plan order, one at a time
+
+CanMap(p, a) ==
+    /\ CanDrive(p)
+    /\ a \in created[p]
+    /\ a \notin mapped[p]
+
+CanMapAlias(p, a) ==
+    /\ CanDrive(p)
+    /\ a \in Aliased
+    /\ a \in mapped[p]                               \* @guard alias-after-backing
+    /\ a \in created[p]
+    /\ a \notin aliasMapped[p]
+
+CanGrant(p, a, m) ==
+    /\ CanDrive(p)
+    /\ m \in MappingKinds
+    /\ HasMapping(p, a, m)
+    /\ ~Granted(p, a, m)
+
+CanExport(p, a) ==
+    /\ CanDrive(p)
+    /\ OwnDone(p)
+    /\ a \notin exported[p]
+    /\ \A b \in Allocs : b < a => SentAll(p, b)
+
+CanSend(p, a, i) ==
+    /\ CanDrive(p)
+    /\ i \in Ranks \ {p}
+    /\ a \in exported[p]
+    /\ <<p, a, i>> \notin sent
+
+CanImport(p, o, a) ==
+    /\ CanDrive(p)
+    /\ o \in Ranks \ {p}
+    /\ Shared(p)                                     \* own fds sent before importing
+    /\ <<o, a>> \notin imported[p]
+    /\ \A o2 \in Sources(p), a2 \in Allocs :
+          Before(o2, a2, o, a) => ImportComplete(p, o2, a2)
+
+CanImportMap(p, o, a, m) ==
+    /\ CanDrive(p)
+    /\ m \in MappingKinds
+    /\ <<o, a>> \in imported[p]                      \* @guard import-map-after-import
+    /\ <<o, a, m>> \notin importMapped[p]
+    /\ m = "alias" => a \in Aliased \ OwnerOnly      \* @guard import-alias-only-shared
+    /\ m = "alias" => <<o, a, "plane">> \in importMapped[p]
+
+CanImportGrant(p, o, a, m) ==
+    /\ CanDrive(p)
+    /\ <<o, a, m>> \in importMapped[p]
+    /\ ~ImportGranted(p, o, a, m)
+
+\* The forward step x of p could run now (for some arguments).  A failed
+\* Import needs no Send: it is how a receive that timed out is recorded.
+StepEnabled(p, x) ==
+    CASE x = "Reserve"     -> CanReserve(p)
+      [] x = "Create"      -> \E a \in Allocs : CanCreate(p, a)
+      [] x = "Map"         -> \E a \in Allocs : CanMap(p, a)
+      [] x = "MapAlias"    -> \E a \in Allocs : CanMapAlias(p, a)
+      [] x = "Grant"       -> \E a \in Allocs, m \in MappingKinds : CanGrant(p, a, m)
+      [] x = "Export"      -> \E a \in Allocs : CanExport(p, a)
+      [] x = "Send"        -> \E a \in Allocs, i \in Importers[p] : CanSend(p, a, i)
+      [] x = "Import"      -> \E o \in Sources(p), a \in Allocs : CanImport(p, o, a)
+      [] x = "ImportMap"   -> \E o \in Ranks, a \in Allocs, m \in MappingKinds :
+                                  CanImportMap(p, o, a, m)
+      [] x = "ImportGrant" -> \E o \in Ranks, a \in Allocs, m \in MappingKinds :
+                                  CanImportGrant(p, o, a, m)
+      [] OTHER             -> FALSE
+
+Reserve(p) ==
+    /\ CanReserve(p)
+    /\ va' = [va EXCEPT ![p] = TRUE]
+    /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Create(p, a) ==
+    /\ CanCreate(p, a)
+    /\ created' = [created EXCEPT ![p] = @ \cup {a}]
+    /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Map(p, a) ==
+    /\ CanMap(p, a)
+    /\ mapped' = [mapped EXCEPT ![p] = @ \cup {a}]
+    /\ UNCHANGED <<phase, va, created, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+MapAlias(p, a) ==
+    /\ CanMapAlias(p, a)
+    /\ aliasMapped' = [aliasMapped EXCEPT ![p] = @ \cup {a}]
+    /\ UNCHANGED <<phase, va, created, mapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+\* The owner grants its own device only (its importers grant theirs).
+Grant(p, a, m) ==
+    /\ CanGrant(p, a, m)
+    /\ \E D \in SUBSET ({p} \cup DeclaredReaders[p]) :
+          /\ D = {p}                                 \* @guard grant-own-device
+          /\ access' = [access EXCEPT ![p] = @ \cup {<<a, m, d>> : d \in D}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Export(p, a) ==
+    /\ CanExport(p, a)
+    /\ exported' = [exported EXCEPT ![p] = @ \cup {a}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Send(p, a, i) ==
+    /\ CanSend(p, a, i)
+    /\ i \in Importers[p]                            \* @guard send-only-to-importers
+    /\ sent' = sent \cup {<<p, a, i>>}
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, imported, importMapped, importAccess, vote, decision,
+                   crashed>>
+
+Import(p, o, a) ==
+    /\ CanImport(p, o, a)
+    /\ <<o, a, p>> \in sent                          \* @guard import-after-send
+    /\ imported' = [imported EXCEPT ![p] = @ \cup {<<o, a>>}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, importMapped, importAccess, vote, decision, crashed>>
+
+ImportMap(p, o, a, m) ==
+    /\ CanImportMap(p, o, a, m)
+    /\ importMapped' = [importMapped EXCEPT ![p] = @ \cup {<<o, a, m>>}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, imported, importAccess, vote, decision, crashed>>
+
+\* An importer grants its own device only.
+ImportGrant(p, o, a, m) ==
+    /\ CanImportGrant(p, o, a, m)
+    /\ \E D \in SUBSET ({p} \cup DeclaredReaders[o]) :
+          /\ D = {p}                                 \* @guard import-grant-own-device
+          /\ importAccess' = [importAccess EXCEPT ![p] = @ \cup {<<o, a, m, d>> : d \in D}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, imported, importMapped, vote, decision, crashed>>
+
+RankReady(p) ==
+    /\ CanDrive(p)
+    /\ ~ready[p]
+    /\ OwnDone(p) /\ Shared(p) /\ ImportsDone(p)     \* @guard ready-after-imports
+    /\ ready' = [ready EXCEPT ![p] = TRUE]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+\* Forward step x of p failed: nothing changes but the failure flag.
+Fail(p, x) ==
+    /\ x \in FailSteps
+    /\ StepEnabled(p, x)
+    /\ failed' = [failed EXCEPT ![p] = TRUE]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+\* The deadline: an importer whose owner will never send (crashed, or failed
+\* before sending) stops waiting; its Import fails.  Fair, unlike Fail.
+GiveUp(p) ==
+    /\ \E o \in Sources(p), a \in Allocs :
+          /\ CanImport(p, o, a)
+          /\ <<o, a, p>> \notin sent
+          /\ crashed[o] \/ failed[o]
+    /\ failed' = [failed EXCEPT ![p] = TRUE]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Crash(p) ==
+    /\ Alive(p)
+    /\ phase[p] \notin {"Aborted", "Shutdown"}
+    /\ crashed' = [crashed EXCEPT ![p] = TRUE]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, imported, importMapped, importAccess, vote, decision>>
+
+-----------------------------------------------------------------------------
+(* The group decision: one all-gather of votes, then each process decides. *)
+
+\* p's contribution: ready once RankReady ran, failed once a step failed.
+Vote(p, v) ==
+    /\ phase[p] = "Allocating"
+    /\ Alive(p)
+    /\ vote[p] = "none"
+    /\ v \in {"ready", "failed"}
+    /\ v = "ready" => ready[p] /\ ~failed[p]         \* @guard vote-ready-only-if-ready
+    /\ v = "failed" => failed[p]
+    /\ vote' = [vote EXCEPT ![p] = v]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, imported, importMapped, importAccess, decision,
+                   crashed>>
+
+\* Ranks without a vote (named missing) and ranks that voted failed.
+Missing == {q \in Ranks : vote[q] = "none"}
+FailedVoters == {q \in Ranks : vote[q] = "failed"}
+
+\* p decides d; a rank is named missing only once it is dead (the deadline).
+Decide(p, d) ==
+    /\ phase[p] = "Allocating"
+    /\ Alive(p)
+    /\ vote[p] # "none"
+    /\ decision[p] = "none"
+    /\ d \in {"publish", "abort"}
+    /\ \A q \in Missing : crashed[q]                 \* @guard decide-after-all-votes
+    /\ d = "publish" => Missing = {} /\ FailedVoters = {}  \* @guard publish-only-if-all-ready
+    /\ d = "abort" => Missing # {} \/ FailedVoters # {}
+    /\ decision' = [decision EXCEPT ![p] = d]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, imported, importMapped, importAccess, vote, crashed>>
+
+Publish(p) ==
+    /\ phase[p] = "Allocating"
+    /\ Alive(p)
+    /\ decision[p] = "publish"
+    /\ phase' = [phase EXCEPT ![p] = "Published"]
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Abort(p) ==
+    /\ phase[p] = "Allocating"
+    /\ Alive(p)
+    /\ decision[p] = "abort"
+    /\ phase' = [phase EXCEPT ![p] = "Aborting"]
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Unpublish(p) ==
+    /\ phase[p] = "Published"
+    /\ Alive(p)
+    /\ phase' = [phase EXCEPT ![p] = "ShuttingDown"]
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+-----------------------------------------------------------------------------
+(* Unwinding (after Abort or Unpublish), LIFO: imports first, the last    *)
+(* import first; then own objects as in KVLifecycle.  Never fails.        *)
+
+\* No import later than <<o, a>> is still held.
+LastImport(p, o, a) ==
+    \A x \in imported[p] : ~Before(o, a, x[1], x[2])
+
+ImportUnmap(p, o, a, m) ==
+    /\ Unwinding(p)
+    /\ <<o, a, m>> \in importMapped[p]
+    /\ m = "plane" => <<o, a, "alias">> \notin importMapped[p]  \* @guard import-unmap-alias-before-backing
+    /\ LastImport(p, o, a)
+    /\ importMapped' = [importMapped EXCEPT ![p] = @ \ {<<o, a, m>>}]
+    /\ importAccess' = [importAccess EXCEPT ![p] =
+                           {g \in @ : ~(g[1] = o /\ g[2] = a /\ g[3] = m)}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, imported, vote, decision, crashed>>
+
+ImportRelease(p, o, a) ==
+    /\ Unwinding(p)
+    /\ <<o, a>> \in imported[p]
+    /\ \A m \in MappingKinds : <<o, a, m>> \notin importMapped[p]  \* @guard import-release-after-unmap
+    /\ LastImport(p, o, a)
+    /\ imported' = [imported EXCEPT ![p] = @ \ {<<o, a>>}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, importMapped, importAccess, vote, decision, crashed>>
+
+Unmap(p, a, m) ==
+    /\ Unwinding(p)                                  \* @guard unmap-only-unwinding
+    /\ imported[p] = {}
+    /\ m \in MappingKinds
+    /\ HasMapping(p, a, m)
+    /\ m = "plane" => a \notin aliasMapped[p]        \* @guard unmap-alias-before-backing
+    /\ \A b \in Allocs : b > a => b \notin created[p]  \* reverse order
+    /\ IF m = "plane"
+          THEN /\ mapped' = [mapped EXCEPT ![p] = @ \ {a}]
+               /\ UNCHANGED aliasMapped
+          ELSE /\ aliasMapped' = [aliasMapped EXCEPT ![p] = @ \ {a}]
+               /\ UNCHANGED mapped
+    /\ access' = [access EXCEPT ![p] = {g \in @ : ~(g[1] = a /\ g[2] = m)}]
+    /\ UNCHANGED <<phase, va, created, ready, failed, exported, sent, imported,
+                   importMapped, importAccess, vote, decision, crashed>>
+
+Release(p, a) ==
+    /\ Unwinding(p)
+    /\ imported[p] = {}
+    /\ a \in created[p]
+    /\ a \notin mapped[p]
+    /\ a \notin aliasMapped[p]
+    /\ \A b \in Allocs : b > a => b \notin created[p]
+    /\ created' = [created EXCEPT ![p] = @ \ {a}]
+    /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+Free(p) ==
+    /\ Unwinding(p)
+    /\ imported[p] = {}
+    /\ va[p]
+    /\ created[p] = {}
+    /\ va' = [va EXCEPT ![p] = FALSE]
+    /\ ready' = [ready EXCEPT ![p] = FALSE]
+    /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+AbortComplete(p) ==
+    /\ phase[p] = "Aborting"
+    /\ Alive(p)
+    /\ NothingLeftOn(p)                              \* @guard abort-complete-when-empty
+    /\ phase' = [phase EXCEPT ![p] = "Aborted"]
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+ShutdownComplete(p) ==
+    /\ phase[p] = "ShuttingDown"
+    /\ Alive(p)
+    /\ NothingLeftOn(p)                              \* @guard shutdown-complete-when-empty
+    /\ phase' = [phase EXCEPT ![p] = "Shutdown"]
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
+                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+
+\* Every process finished or dead: stutter, so this is not a deadlock.
+Done ==
+    /\ \A p \in Ranks : crashed[p] \/ phase[p] \in {"Aborted", "Shutdown"}
+    /\ UNCHANGED vars
+
+-----------------------------------------------------------------------------
+\* (CanDrive first: TLC skips the whole disjunction when it is false.)
+ForwardStep(p) ==
+  /\ CanDrive(p)
+  /\ \/ Reserve(p)
+     \/ \E a \in Allocs : Create(p, a) \/ Map(p, a) \/ MapAlias(p, a) \/ Export(p, a)
+     \/ \E a \in Allocs, m \in MappingKinds : Grant(p, a, m)
+     \/ \E a \in Allocs, i \in Ranks : Send(p, a, i)
+     \/ \E o \in Ranks, a \in Allocs : Import(p, o, a)
+     \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds :
+           ImportMap(p, o, a, m) \/ ImportGrant(p, o, a, m)
+     \/ RankReady(p)
+
+\* (No Unwinding(p) prefix here: Unmap's own guard is a tagged mutant.)
+UnwindStep(p) ==
+    \/ \E o \in Ranks, a \in Allocs, m \in MappingKinds : ImportUnmap(p, o, a, m)
+    \/ \E o \in Ranks, a \in Allocs : ImportRelease(p, o, a)
+    \/ \E a \in Allocs, m \in MappingKinds : Unmap(p, a, m)
+    \/ \E a \in Allocs : Release(p, a)
+    \/ Free(p)
+
+GroupStep(p) ==
+    \/ \E v \in {"ready", "failed"} : Vote(p, v)
+    \/ \E d \in {"publish", "abort"} : Decide(p, d)
+    \/ Publish(p) \/ Abort(p) \/ Unpublish(p) \/ AbortComplete(p) \/ ShutdownComplete(p)
+
+\* Every step except failures, crashes and terminal stuttering; the deadline
+\* (GiveUp) is part of it.
+Progress ==
+    \E p \in Ranks : ForwardStep(p) \/ UnwindStep(p) \/ GroupStep(p) \/ GiveUp(p)
+
+Next ==
+    \/ Progress
+    \/ \E p \in Ranks : CanDrive(p) /\ \E x \in FailSteps : Fail(p, x)
+    \/ \E p \in Ranks : Crash(p)
+    \/ Done
+
+Spec == Init /\ [][Next]_vars /\ WF_vars(Progress)
+
+-----------------------------------------------------------------------------
+(* Safety invariants, each stated from the constants, not from the guards. *)
+
+\* No process publishes while another aborts (TwoPhase's consistency).
+Agreement ==
+    \A p, q \in Ranks : ~(decision[p] = "publish" /\ decision[q] = "abort")
+
+\* A process decides publish only if every rank voted ready.
+Validity ==
+    \A p \in Ranks : decision[p] = "publish" => \A q \in Ranks : vote[q] = "ready"
+
+\* The owner's cuMemSetAccess names its own device only.
+OwnerGrantsOnlyOwnDevice ==
+    \A p \in Ranks : \A g \in access[p] : g[3] = p
+
+\* An importer's cuMemSetAccess names its own device only.
+ImporterGrantsOnlyOwnDevice ==
+    \A p \in Ranks : \A g \in importAccess[p] : g[4] = p
+
+\* Only a validated importer of o holds a handle of o's memory.
+ImportOnlyByImporters ==
+    \A p \in Ranks : \A x \in imported[p] : p \in Importers[x[1]]
+
+\* No importer maps a handle it has not imported (or has released).
+MapOnlyImported ==
+    \A p \in Ranks : \A x \in importMapped[p] : <<x[1], x[2]>> \in imported[p]
+
+\* The devices that can reach mapping m of o's allocation a, over the whole
+\* group, are o and o's importers (an owner-only region: o alone); never a
+\* declared reader that imports nothing.
+AccessOnlyOwnerAndImporters ==
+    \A o \in Ranks, a \in Allocs, m \in MappingKinds :
+        LET reach == {g[3] : g \in {h \in access[o] : h[1] = a /\ h[2] = m}}
+                     \cup UNION {{g[4] : g \in {h \in importAccess[p] :
+                                   h[1] = o /\ h[2] = a /\ h[3] = m}} : p \in Ranks}
+            allowed == IF m = "alias" /\ a \in OwnerOnly THEN {o}
+                       ELSE {o} \cup Importers[o]
+        IN reach \subseteq allowed
+
+\* A region mapping exists only while its plane mapping, handle and VA do,
+\* for own and imported memory.
+AliasNeverOutlivesBacking ==
+    \A p \in Ranks :
+        /\ aliasMapped[p] \subseteq mapped[p]
+        /\ mapped[p] \subseteq created[p]
+        /\ created[p] # {} => va[p]
+        /\ \A x \in importMapped[p] :
+              x[3] = "alias" => <<x[1], x[2], "plane">> \in importMapped[p]
+
+\* A published process holds its whole part: own plan and every import.
+PublishedHoldsPlan ==
+    \A p \in Ranks : phase[p] = "Published" =>
+        /\ va[p]
+        /\ created[p] = Allocs /\ mapped[p] = Allocs /\ aliasMapped[p] = Aliased
+        /\ \A a \in Allocs, m \in MappingKinds :
+              HasMapping(p, a, m) => <<a, m, p>> \in access[p]
+        /\ \A o \in Sources(p), a \in Allocs : <<o, a>> \in imported[p]
+        /\ \A o \in Sources(p), a \in Allocs : \A m \in ImportKinds(a) :
+              <<o, a, m, p>> \in importAccess[p]
+
+\* After Abort nothing is left in the process, imported handles included.
+NothingLeftAfterAbort ==
+    \A p \in Ranks : phase[p] = "Aborted" => NothingLeftOn(p)
+
+\* After shutdown likewise.
+NothingLeftAfterShutdown ==
+    \A p \in Ranks : phase[p] = "Shutdown" => NothingLeftOn(p)
+
+-----------------------------------------------------------------------------
+(* Liveness (under WF_vars(Progress), the deadline included). *)
+
+\* Every process that does not crash decides, also when another crashes.
+SurvivorsDecide == \A p \in Ranks : <>(crashed[p] \/ decision[p] # "none")
+
+\* Every surviving process ends its attempt: published or aborted.
+SurvivorsEnd ==
+    \A p \in Ranks : <>(crashed[p] \/ phase[p] \in {"Published", "Aborted"})
+
+=============================================================================

@@ -1,0 +1,37 @@
+------------------------------ MODULE MCKVGroup ------------------------------
+(***************************************************************************)
+(* Bounds for model checking KVGroup.  The cfg files pick the sizes and   *)
+(* bind  Importers <- MCImporters, DeclaredReaders <- MCDeclaredReaders.  *)
+(* Importers form a chain (asymmetric): rank r's memory is imported by    *)
+(* r + 1 only, so rank 0 imports nothing and the last rank's memory is    *)
+(* imported by nobody.  Every rank is declared a reader of every rank, so *)
+(* rank 0 (and, for rank 0's memory, every rank but 1) is an overdeclared *)
+(* reader that must never be granted access.                              *)
+(***************************************************************************)
+EXTENDS KVGroup
+
+MCImporters ==
+    [r \in Ranks |-> IF r + 1 < NumRanks THEN {r + 1} ELSE {}]
+
+MCDeclaredReaders == [r \in Ranks |-> Ranks]
+
+\* Bound the interleaving space: at most MaxFailures failed steps and at
+\* most MaxCrashes crashed processes in one attempt.
+MaxFailures == 1
+MaxCrashes == 1
+MCStateConstraint ==
+    /\ Cardinality({p \in Ranks : failed[p]}) <= MaxFailures
+    /\ Cardinality({p \in Ranks : crashed[p]}) <= MaxCrashes
+
+\* For 3 processes: one fault in all (a failed step or a crash), which keeps
+\* the state space small enough for `make verify`.
+MCOneFault ==
+    Cardinality({p \in Ranks : failed[p]}) + Cardinality({p \in Ranks : crashed[p]}) <= 1
+
+\* A crash after the process decided changes nothing for the others (no step
+\* of another process waits for it then): only crashes before Decide are
+\* explored (ACTION_CONSTRAINT MCCrashBeforeDecide).
+MCCrashBeforeDecide ==
+    \A p \in Ranks : (crashed'[p] /\ ~crashed[p]) => decision[p] = "none"
+
+=============================================================================

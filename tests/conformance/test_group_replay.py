@@ -1,0 +1,212 @@
+"""Group traces (docs/group-trace.md) and the Python group engine: the reader, the
+interleaving, valid groups accepted, every group mutant rejected at its event, and
+``kvgrant conform`` on several files or a directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgrant.conformance.group_gen import simulate_group, write_group
+from kvgrant.conformance.group_io import load_group
+from kvgrant.conformance.group_model import constants_from
+from kvgrant.conformance.group_mutants import GROUP_MUTATIONS, group_mutants, parse_texts
+from kvgrant.conformance.group_replay import CRASH, replay_group, replay_group_files
+from kvgrant.errors import TraceError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "group"
+C2 = constants_from(2, 2, [0, 1], [1], {0: [1], 1: []}, {0: [0, 1], 1: [0, 1]})
+C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [2], 2: []},
+                    {r: [0, 1, 2] for r in range(3)})
+
+
+def _write(tmp_path: Path, texts: list[str], name: str = "g") -> Path:
+    d = tmp_path / name
+    write_group(texts, d)
+    return d
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in FIXTURES.iterdir() if p.is_dir()))
+def test_fixtures_are_accepted(case: str) -> None:
+    v = replay_group_files([FIXTURES / case])
+    assert v.accepted, v.summary()
+    assert all(ph in ("Published", "Aborted", "Shutdown") or ph.startswith("crashed")
+               for ph in v.final.values())
+
+
+def test_owner_crash_fixture_names_the_dead_rank_missing() -> None:
+    v = replay_group_files([FIXTURES / "2proc-owner-crashes"])
+    assert v.final == {0: "crashed in Allocating", 1: "Aborted"}
+    assert (0, CRASH) in v.order
+    crash_at = v.order.index((0, CRASH))
+    t = load_group([FIXTURES / "2proc-owner-crashes"])
+    decide = next(k for k, row in enumerate(t.procs[1].rows) if row[0] == "Decide")
+    assert crash_at < v.order.index((1, decide))  # the crash comes before the Decide
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"shutdown": False}, {"fail_at": {0: 0}}, {"fail_at": {1: 3}}, {"fail_at": {2: 20}},
+    {"crash_after": {0: 4}}, {"crash_after": {1: 20}}, {"crash_after": {2: 0}},
+    {"fail_at": {1: 16}, "crash_after": {0: 30}}], ids=str)
+def test_generated_groups_are_accepted(tmp_path: Path, kw: dict) -> None:
+    v = replay_group_files([_write(tmp_path, simulate_group(C3, **kw))])
+    assert v.accepted, v.summary()
+    # the interleaving holds every event once, in each file's order
+    seen: dict[int, list[int]] = {}
+    for p, k in v.order:
+        if k != CRASH:
+            seen.setdefault(p, []).append(k)
+    assert sum(map(len, seen.values())) == v.events
+    assert all(ks == sorted(ks) for ks in seen.values())
+
+
+def test_interleaving_puts_every_send_before_its_import(tmp_path: Path) -> None:
+    t = load_group([_write(tmp_path, simulate_group(C3))])
+    v = replay_group(t)
+    where = {pk: i for i, pk in enumerate(v.order)}
+    for i, pt in enumerate(t.procs):
+        for k, (action, e, _, _) in enumerate(pt.rows):
+            if action == "Import":
+                send = next(j for j, row in enumerate(t.procs[e.owner].rows)
+                            if row[0] == "Send" and row[1].alloc == e.alloc and row[1].to == i)
+                assert where[(e.owner, send)] < where[(i, k)]
+
+
+BASES = {"published": {}, "owner-fails": {"fail_at": {0: 3}},
+         "importer-aborts": {"fail_at": {2: 14}}}
+
+
+def _cases():
+    for base, kw in BASES.items():
+        for m in group_mutants(simulate_group(C3, **kw)):
+            yield f"{base}/{m.name}", m
+
+
+@pytest.mark.parametrize("label, m", list(_cases()), ids=[x for x, _ in _cases()])
+def test_every_group_mutant_is_rejected_at_its_event(tmp_path: Path, label: str, m) -> None:
+    v = replay_group_files([_write(tmp_path, m.texts)])
+    assert not v.accepted, m.description
+    assert (v.rank, v.index) == (m.rank, m.seq), (m.description, v.summary())
+    assert v.event is not None and v.event["seq"] == m.seq
+    assert v.state_before is not None and v.state_before["process"] is not None
+    assert v.order[-1] == (m.rank, m.seq)
+
+
+def test_every_mutation_applies_to_some_base() -> None:
+    applied = {m.name for _, m in _cases()}
+    assert applied == set(GROUP_MUTATIONS)
+
+
+def test_key_order_does_not_matter(tmp_path: Path) -> None:
+    """Lines in another key order take the detailed reader and give the same verdicts."""
+    texts = simulate_group(C3, fail_at={1: 16})
+    heads, evs = parse_texts(texts)
+    other = [json.dumps(heads[r], sort_keys=True) + "\n" + "".join(
+        json.dumps(e, sort_keys=True) + "\n" for e in evs[r]) for r in range(3)]
+    a = replay_group_files([_write(tmp_path, texts, "a")])
+    b = replay_group_files([_write(tmp_path, other, "b")])
+    assert a.accepted and b.accepted and a.order == b.order
+    bad = group_mutants(other, ["grant_other_device"])[0]
+    v = replay_group_files([_write(tmp_path, bad.texts, "c")])
+    assert (v.rank, v.index) == (bad.rank, bad.seq)
+
+
+def test_a_wrong_recorded_state_is_rejected_at_that_event(tmp_path: Path) -> None:
+    heads, evs = parse_texts(simulate_group(C3))
+    evs[1][5]["state"]["grants"] += 1
+    d = tmp_path / "g"
+    d.mkdir()
+    for r in range(3):
+        (d / f"rank{r}.ndjson").write_text("\n".join(
+            [json.dumps(heads[r])] + [json.dumps(e) for e in evs[r]]) + "\n")
+    v = replay_group_files([d])
+    assert (v.rank, v.index) == (1, 5)
+    assert "grants" in v.reason
+
+
+def _files(tmp_path: Path, texts: list[str]) -> list[Path]:
+    return write_group(texts, tmp_path / "m")
+
+
+def test_reader_names_what_is_malformed(tmp_path: Path) -> None:
+    files = _files(tmp_path, simulate_group(C2))
+    with pytest.raises(TraceError, match="ranks \\[1\\] have no trace file"):
+        load_group([files[0]])
+    with pytest.raises(TraceError, match="has the same rank"):
+        load_group([files[0], files[0]])
+    head, *rest = files[1].read_text().splitlines()
+    h = json.loads(head)
+    h["allocs"] = 3
+    files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
+    with pytest.raises(TraceError, match="header.allocs differs"):
+        load_group(files)
+    h["allocs"], h["mode"] = 2, "process"
+    files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
+    with pytest.raises(TraceError, match="mode"):
+        load_group(files)
+    h["mode"] = "group"
+    ev = json.loads(rest[3])
+    ev["args"] = {"alloc": 7}
+    files[1].write_text("\n".join([json.dumps(h)] + rest[:3] + [json.dumps(ev)] + rest[4:])
+                        + "\n")
+    with pytest.raises(TraceError, match="args.alloc = 7") as err:
+        load_group(files)
+    assert err.value.line == 5
+    ev["args"], ev["rank"] = {"alloc": 1}, 0
+    files[1].write_text("\n".join([json.dumps(h)] + rest[:3] + [json.dumps(ev)] + rest[4:])
+                        + "\n")
+    with pytest.raises(TraceError, match="rank = 0"):
+        load_group(files)
+
+
+def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
+    from kvgrant.cli import main
+
+    d = _write(tmp_path, simulate_group(C3, crash_after={1: 9}))
+    assert main(["conform", str(d)]) == 0
+    assert "accepted by python: 3 processes" in capsys.readouterr().out
+    files = sorted(str(p) for p in d.iterdir())
+    assert main(["conform", *files, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "group" and out["accepted"] and out["verdicts"][0]["final"]["1"] \
+        == "crashed in Allocating"
+    bad = group_mutants(simulate_group(C3), ["publish_while_abort", "send_to_non_importer"])[0]
+    d2 = _write(tmp_path, bad.texts, "bad")
+    assert main(["conform", str(d2)]) == 1
+    out_text = capsys.readouterr().out
+    assert f"seq {bad.seq}" in out_text and f"rank {bad.rank}" in out_text
+    assert main(["conform", files[0]]) == 2  # one file of a group of three
+    assert "have no trace file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mod", ["group_model", "group_io", "group_replay", "group_gen",
+                                 "group_mutants", "group_check"])
+def test_group_modules_pin_their_public_names(mod: str) -> None:
+    import importlib
+
+    m = importlib.import_module(f"kvgrant.conformance.{mod}")
+    assert m.__all__ == sorted(m.__all__)
+    assert all(hasattr(m, name) for name in m.__all__)
+
+
+def test_generator_fails_and_crashes_where_asked() -> None:
+    heads, evs = parse_texts(simulate_group(C3, fail_at={1: 2}, crash_after={2: 5}))
+    fails = [e for e in evs[1] if e["result"] not in (None, "CUDA_SUCCESS", "SUCCESS")]
+    assert [e["action"] for e in fails] == ["Map"] and fails[0]["seq"] == 2
+    assert len(evs[2]) == 5
+    decide = next(e for e in evs[0] if e["action"] == "Decide")
+    assert decide["args"] == {"decision": "abort", "failed": [1], "missing": [2]}
+
+
+def test_fast_steps_give_the_same_verdicts(tmp_path: Path) -> None:
+    """FAST_STEPS (the hot path) and step() agree on valid groups and every mutant."""
+    groups = [simulate_group(C3, **kw) for kw in BASES.values()]
+    groups += [simulate_group(C3, crash_after={1: 20}), simulate_group(C2)]
+    groups += [m.texts for _, m in _cases()]
+    for i, texts in enumerate(groups):
+        t = load_group([_write(tmp_path, texts, f"g{i}")])
+        a, b = replay_group(t), replay_group(t, fast=False)
+        assert (a.accepted, a.rank, a.index, a.reason, a.order, a.state_before, a.enabled) \
+            == (b.accepted, b.rank, b.index, b.reason, b.order, b.state_before, b.enabled)
