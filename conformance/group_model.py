@@ -186,10 +186,16 @@ def _own_done(c: GroupConstants, s: ProcState) -> bool:
 
 
 def _sent_all(c: GroupConstants, s: ProcState, p: int, a: int) -> bool:
+    """SentAll(p, a): exported and sent to every importer (vacuous without importers:
+    a rank nobody imports from exports nothing)."""
+    if not c.importers[p]:
+        return True
     return a in s.exported and s.sent_per_alloc.get(a, 0) == len(c.importers[p])
 
 
 def _shared(c: GroupConstants, s: ProcState, p: int) -> bool:
+    if not c.importers[p]:
+        return True
     return len(s.exported) == c.allocs and _sent_all(c, s, p, c.allocs - 1)
 
 
@@ -305,6 +311,8 @@ def _g_export(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
     why = _can_drive(s)
     if why:
         return why
+    if not c.importers[p]:
+        return f"rank {p} has no importers: nothing is exported"
     if not _own_done(c, s):
         return "own allocations are not all created, mapped and granted yet"
     if a in s.exported:
@@ -807,6 +815,7 @@ def _f_export(c: GroupConstants, g: GroupState, p: int, e: Args) -> bool:
     s = g.procs[p]
     a = e.alloc
     if s.phase != "Allocating" or s.failed or s.crashed or s.vote != "none" \
+            or not c.importers[p] \
             or a != len(s.exported) or a in s.exported or not _own_done(c, s) \
             or (a > 0 and not _sent_all(c, s, p, a - 1)):  # type: ignore[operator]
         return False

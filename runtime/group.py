@@ -593,14 +593,21 @@ class _GroupRun:
             slot = self.ranks[k + 1].base
             for i, a in enumerate(self.allocs):
                 n = a.length
+                iargs = {"owner": o, "alloc": i}
                 try:
                     got = server.take(o, i, deadline, lambda: check(o))
                 except GroupError as e:
+                    # the model's failed Import: the fd never came (the owner failed,
+                    # died or did not answer by the deadline)
+                    s.failed = True
+                    self.ev("Import", iargs, "recvmsg", "ETIMEDOUT" if e.missing else
+                            "ECANCELED", None, n)
                     raise _StepFailed(f"rank {self.rank} stopped importing from rank {o}: {e}",
                                       e, peer=-1 if e.peer is None else e.peer) from e
-                iargs = {"owner": o, "alloc": i}
                 try:
                     if got.size != n:
+                        s.failed = True
+                        self.ev("Import", iargs, "recvmsg", "EINVAL", None, n)
                         raise _StepFailed(f"rank {o} sent allocation {i} of {got.size:#x} "
                                           f"bytes, the plan says {n:#x}", GroupError("size"),
                                           peer=o)
@@ -941,6 +948,13 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
             assert driver is not None
             run = _GroupRun(g, the_plan, driver, rank, devices, tw)
             run.header(n, host)
+            if fail is not None:
+                # stopped before its first step (its own set-up failed, or another
+                # rank's did): the model's failed Reserve, nothing was made
+                run.st.failed = True
+                cause = fail.cause
+                run.ev("Reserve", {}, getattr(cause, "call", None) or "all_gather",
+                       getattr(cause, "result_name", None) or "ECANCELED")
             # drain what owners send even if this rank fails, so no sender blocks
             server.start({o: recs[o]["pid"] for o in run.owners})
             if fail is None:

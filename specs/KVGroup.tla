@@ -132,8 +132,10 @@ Complete(p, a) ==
 
 OwnDone(p) == va[p] /\ \A a \in Allocs : Complete(p, a)
 
-\* Own allocation a is exported and sent to every validated importer.
-SentAll(p, a) == a \in exported[p] /\ \A i \in Importers[p] : <<p, a, i>> \in sent
+\* Own allocation a is exported and sent to every validated importer (vacuous for a
+\* rank nobody imports from: it exports nothing).
+SentAll(p, a) == Importers[p] = {}
+                 \/ (a \in exported[p] /\ \A i \in Importers[p] : <<p, a, i>> \in sent)
 Shared(p) == \A a \in Allocs : SentAll(p, a)
 
 ImportComplete(p, o, a) ==
@@ -217,6 +219,7 @@ CanGrant(p, a, m) ==
 
 CanExport(p, a) ==
     /\ CanDrive(p)
+    /\ Importers[p] # {}
     /\ OwnDone(p)
     /\ a \notin exported[p]
     /\ \A b \in Allocs : b < a => SentAll(p, b)

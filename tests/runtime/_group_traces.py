@@ -80,4 +80,9 @@ def check_group(paths: list[Path], *, dead: set[int] = frozenset()) -> str:  # t
         for r, es in evs.items():
             assert [e["action"] for e in es].count("RankReady") == 1
             assert "Publish" in [e["action"] for e in es]
+    # and the files together are a behaviour of the group model (specs/KVGroup.tla)
+    from kvgrant.conformance.group_check import check_group as model_check
+
+    verdict = model_check([str(p) for p in paths])[0]
+    assert verdict.accepted, verdict.summary()
     return decision
