@@ -64,7 +64,7 @@ def _forward_program(c: GroupConstants, p: int) -> Iterator[tuple[str, Args]]:
         yield "Grant", Args(alloc=a, mapping="plane", devices=own)
         if a in c.aliased:
             yield "Grant", Args(alloc=a, mapping="alias", devices=own)
-    for a in range(c.allocs):
+    for a in range(c.allocs if c.importers[p] else 0):  # nobody imports: no export
         yield "Export", Args(alloc=a)
         for i in sorted(c.importers[p]):
             yield "Send", Args(alloc=a, to=i)
