@@ -92,7 +92,7 @@ def test_kill_9_during_start_up_leaves_both_gpus_free_once_the_survivor_aborted(
     before = _free_memory()
     seen: dict[str, list[int]] = {}
 
-    def measure_while_the_survivor_waits() -> None:
+    def measure_while_the_survivor_waits(procs: list[subprocess.Popen[bytes]]) -> None:
         marker = tmp_path / "aborted-0"
         deadline = time.monotonic() + 200
         while not marker.exists() and time.monotonic() < deadline:
