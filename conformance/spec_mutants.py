@@ -22,15 +22,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    from kvgrant.conformance.tlc import TLCResult, ToolError, run_tlc
-except ImportError:  # pragma: no cover - standalone use
-    from tlc import TLCResult, ToolError, run_tlc  # type: ignore[no-redef]
+from kvgrant.conformance.tlc import TLCResult, ToolError, run_tlc
 
 __all__ = [
     "BASE_SPEC",
     "GROUP_MUTANTS",
     "GROUP_MUTANT_CONFIG",
+    "GROUP_MUTANT_CONFIG_3",
     "GROUP_SAFETY_INVARIANTS",
     "GROUP_SPEC",
     "MUTANTS",
@@ -252,14 +250,34 @@ INVARIANTS @INVARIANTS@
 """
 
 
+#: Mutants that need a rank that exports and a third rank that is not its importer: on
+#: GROUP_MUTANT_CONFIG's two ranks the only rank that exports has the other as importer.
+#: They run on three ranks (the importer chain 0 -> 1 -> 2) with one allocation.
+GROUP_MUTANT_CONFIG_3 = """\
+CONSTANTS
+    NumRanks = 3
+    NumAllocs = 1
+    Aliased = {0}
+    OwnerOnly = {}
+    Importers <- MCImporters
+    DeclaredReaders <- MCDeclaredReaders
+SPECIFICATION Spec
+CONSTRAINT MCOneFault
+ACTION_CONSTRAINT MCCrashBeforeDecide
+INVARIANTS @INVARIANTS@
+"""
+_THREE_RANKS = frozenset({"send-only-to-importers"})
+
+
 def _check_group(specdir: Path, text: str, invariants: tuple[str, ...], *,
-                 timeout: float | None, workers: int) -> TLCResult:
+                 timeout: float | None, workers: int,
+                 config: str = GROUP_MUTANT_CONFIG) -> TLCResult:
     work = Path(tempfile.mkdtemp(prefix="kvgrant-group-mutant-"))
     try:
         (work / GROUP_SPEC).write_text(text)
         shutil.copy2(specdir / _GROUP_MC_SPEC, work / _GROUP_MC_SPEC)
         cfg = work / "MCMutant.cfg"
-        cfg.write_text(GROUP_MUTANT_CONFIG.replace("@INVARIANTS@", " ".join(invariants)))
+        cfg.write_text(config.replace("@INVARIANTS@", " ".join(invariants)))
         return run_tlc(work / _GROUP_MC_SPEC, cfg, timeout=timeout, workers=workers)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -272,7 +290,9 @@ def run_group_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | No
     if not (root / GROUP_SPEC).is_file():
         raise ToolError(f"{root / GROUP_SPEC} does not exist")
     text = mutate((root / GROUP_SPEC).read_text(), mutant.guard)
-    return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers)
+    config = GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS else GROUP_MUTANT_CONFIG
+    return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
+                        config=config)
 
 
 def run_group_unmutated(specdir: str | Path,

@@ -44,11 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-try:  # inside kvgrant: raise the library's error class
-    from kvgrant.errors import ToolError
-except ImportError:  # pragma: no cover - standalone use from tools/tlc.py
-    class ToolError(RuntimeError):  # type: ignore[no-redef]
-        """An external tool (Java, TLC) is missing or failed to run."""
+from kvgrant.errors import ToolError
 
 __all__ = [
     "EXIT_STATUS",

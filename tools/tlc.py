@@ -17,7 +17,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shlex
 import sys
@@ -31,15 +30,10 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_tlc() -> ModuleType:
-    """``conformance/tlc.py`` loaded by path (kvgrant need not be installed)."""
-    path = _ROOT / "conformance" / "tlc.py"
-    spec = importlib.util.spec_from_file_location("kvgrant_tlc_standalone", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
+    """kvgrant's TLC wrapper (``kvgrant.conformance.tlc``; `make` installs kvgrant)."""
+    from kvgrant.conformance import tlc
+
+    return tlc
 
 
 def _parser() -> argparse.ArgumentParser:

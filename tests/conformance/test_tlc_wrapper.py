@@ -309,7 +309,7 @@ def test_discover_models_pairs_configs_with_specs(tmp_path: Path) -> None:
 def test_repository_configs_are_discovered() -> None:
     pairs = discover_models(REPO / "specs")
     assert len(pairs) >= 3
-    assert all(s.name == "MCKVLifecycle.tla" for s, _ in pairs)
+    assert {s.name for s, _ in pairs} == {"MCKVLifecycle.tla", "MCKVGroup.tla"}
     assert not any(c.name.startswith("Trace") for _, c in pairs)
 
 
@@ -420,6 +420,7 @@ def test_verify_mutants_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     # A guard that AccessOnlyOwnerAndImporters does not rely on: TLC passes, not caught.
     wrong = Mutant("abort-complete-when-empty", "AccessOnlyOwnerAndImporters", "wrong guard")
     monkeypatch.setattr(verify, "MUTANTS", (grant,))
+    monkeypatch.setattr(verify, "GROUP_MUTANTS", ())  # the tmp folder has no KVGroup
     assert cli_main(["verify", str(tmp_path), "--mutants"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[2].split()[:2] == ["mutant", "grant-owner-and-importers"]
@@ -438,7 +439,9 @@ def test_public_names_are_pinned() -> None:
         "discover_models", "exit_on_signals", "find_jar", "find_java", "kill_running",
         "parse_tool_output", "parse_value", "reporting_progress", "run_tlc", "tlc_command"]
     assert spec_mutants.__all__ == sorted(spec_mutants.__all__) == [
-        "BASE_SPEC", "MUTANTS", "MUTANT_CONFIG", "Mutant", "SAFETY_INVARIANTS",
-        "find_guards", "mutate", "run_mutant", "run_unmutated"]
+        "BASE_SPEC", "GROUP_MUTANTS", "GROUP_MUTANT_CONFIG", "GROUP_MUTANT_CONFIG_3",
+        "GROUP_SAFETY_INVARIANTS", "GROUP_SPEC", "MUTANTS", "MUTANT_CONFIG", "Mutant",
+        "SAFETY_INVARIANTS", "find_guards", "mutate", "run_group_mutant",
+        "run_group_unmutated", "run_mutant", "run_unmutated"]
     assert verify.__all__ == ["add_parser", "default_specdir", "run", "verify_specs"]
     assert tlc.ToolError is ToolError  # the library's error when kvgrant is installed
