@@ -113,17 +113,25 @@ def _piece_bytes(n: int, bpp: int, tail: int, last: bool) -> tuple[int, int]:
 
 def _few_pieces(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -> int:
     """1, 2 or 3: the fewest pieces (up to 3) that can touch exactly the row's pages
-    with exactly ``row_bytes`` bytes; 3 means "1 and 2 are impossible"."""
+    with exactly ``row_bytes`` bytes; 3 means "1 and 2 are impossible".
+
+    A piece may also lie wholly in a plane's tail (bytes past the last page): it
+    touches no page and holds 1..t_P bytes, so "two pieces" includes one piece that
+    touches every page plus one tail-only piece (issue #15's counterexample)."""
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
     planes = sorted({(p.bytes_per_page, t) for p, t in zip(g.planes, tails)})
+    # a piece of tail bytes only touches no page and holds 1..t_P bytes
+    tail_max = max((t for _, t in planes), default=0)
     if len(comps) == 1:
         a, b = comps[0]
         n = b - a
         last = b >= g.pages
-        for bpp, t in planes:
-            lo, hi = _piece_bytes(n, bpp, t, last)
-            if lo <= row_bytes <= hi:
-                return 1
+        spans = [_piece_bytes(n, bpp, t, last) for bpp, t in planes]
+        if any(lo <= row_bytes <= hi for lo, hi in spans):
+            return 1
+        # one piece touching every page plus one tail-only piece
+        if tail_max and any(lo + 1 <= row_bytes <= hi + tail_max for lo, hi in spans):
+            return 2
         # two runs covering one interval: n1 + n2 >= n; for each n1 the byte totals
         # over every n2 lie inside [lo1 + lo2(min n2), hi1 + hi2(max n2)]
         for b1, t1 in planes:
