@@ -42,12 +42,16 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
 from kvgrant.layout.plan import Allocation, PhysicalPlan
-from kvgrant.layout.plans import finish_plan
+from kvgrant.layout.rules import finish_plan
 
-__all__ = ["DEFAULT_TIME_LIMIT", "ExactResult", "exact_plan"]
+__all__ = ["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "ExactResult", "exact_plan"]
 
-DEFAULT_TIME_LIMIT = 1.5
-"""Seconds HiGHS may search before the best plan so far and its gap are reported."""
+DEFAULT_TIME_LIMIT = 60.0
+"""Wall-clock safety net, in seconds, for one planning call (not the planned limit:
+a clock makes plans differ between processes on a loaded host, and every rank must
+compute the same plan; :data:`DEFAULT_NODE_LIMIT` is the limit that decides)."""
+DEFAULT_NODE_LIMIT = 1000
+"""Branch-and-bound nodes per solve: a deterministic work limit."""
 
 _FREE = -1
 _MAX_ROUNDS = 6  # solves: the first, then with lost joins forbidden
@@ -369,7 +373,7 @@ def _cost(plan: PhysicalPlan, plane_cost: float, region_cost: dict[str, float]) 
 def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
                time_limit: float = DEFAULT_TIME_LIMIT, plane_cost: int = 1,
                region_cost: dict[str, int] | None = None, label: str = "exact",
-               node_limit: int | None = None,
+               node_limit: int | None = DEFAULT_NODE_LIMIT,
                progress: Callable[[str], None] | None = None) -> ExactResult:
     """The best plan HiGHS finds within ``time_limit`` seconds, with its proof.
 
@@ -383,7 +387,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
         aliased into region R. The default counts allocations; driver handles are
         ``plane_cost`` = plane grants and ``region_cost[R]`` = alias grants.
     node_limit
-        Branch-and-bound nodes HiGHS may explore (a deterministic limit for tests).
+        Branch-and-bound nodes HiGHS may explore per solve: the deterministic limit
+        (``time_limit`` is only a safety net; when it cuts a solve short, the plan
+        may depend on the host's load).
 
     Returns
     -------
@@ -430,8 +436,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
             h.setSolution(sol)
             start_cost = _cost(start, plane_cost, rc)
     if progress:
-        progress(f"exact model: {n:,} columns, {len(m.rows):,} rows; HiGHS for up to "
-                 f"{time_limit:g} s")
+        progress(f"exact model: {n:,} columns, {len(m.rows):,} rows, "
+                 f"{len(m.classes)} plane classes; solving with HiGHS")
     bound_valid = True
     dual = -float("inf")
     best, best_cost, source = start, start_cost, "start"

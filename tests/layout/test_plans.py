@@ -142,7 +142,7 @@ def test_generated_layouts_pack_no_worse_than_reference(seed):
 
 def _exchanged(g, start):
     from kvgrant.layout.packer import _exchange
-    from kvgrant.layout.plans import finish_plan
+    from kvgrant.layout.rules import finish_plan
 
     before = finish_plan(g, "before", start)
     after = finish_plan(g, "after", _exchange(g, [a for a in before.allocations if a.aliased]))
