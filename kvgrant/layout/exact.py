@@ -188,6 +188,7 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
             for b, ents in into.items():
                 dst = m.z[(c, u + 1)] if b == _FREE else m.x[(c, u + 1, b)]
                 m.row(ents + [(dst, -1.0)], -float("inf"), 0)
+    _pass_through_cuts(m, lab)
     for l_ in range(nl):
         if not by_label[l_]:
             raise PlanError(f"label {l_} of region {lab.region[l_]!r}: no plane granule may "
@@ -204,6 +205,56 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
                                     "no eligible granule")
                 m.row([(xc, 1.0) for xc in ents], 1, float("inf"))
     return m, lab
+
+
+def _pass_through_cuts(m: _Model, lab: Labels) -> None:
+    """Rows that forbid joining one run of a row interior at both ends while the
+    interior has more granules (the extracted plan could not realise both joins).
+
+    For an in-join (pred -> l) into granule u and an out-join (l -> succ) out of
+    granule v, v - u + 1 < need_l, every plan has, besides the pass-through, another
+    l-run near the window: one ending unjoined in [u, v-1] (``E_t``), one starting
+    unjoined in [u, v] (``S_t``), or one holding granule u - 1. So
+    ``F_in + F_out <= 1 + X[u-1] + sum E_t + sum S_t`` holds for every plan, and
+    cuts off the pass-through (proof in docs/layout.md, "Exact planner").
+    """
+    succ = lab.succ
+    ins: dict[tuple[int, int], list[int]] = {}  # (class, label) -> u of in-joins
+    outs: dict[tuple[int, int], list[int]] = {}
+    for (c, u, a, b) in m.f:
+        if a == _FREE or a == b:
+            continue
+        ins.setdefault((c, b), []).append(u + 1)
+        outs.setdefault((c, a), []).append(u)
+    for (c, l_), us in ins.items():
+        n = lab.need[l_]
+        p, s_ = lab.pred[l_], succ[l_]
+        if n < 2 or s_ < 0 or lab.parts[l_][0][2] != 0:
+            continue
+        for u in us:
+            for v in outs.get((c, l_), ()):
+                if not u <= v < u + n - 1:
+                    continue
+                if any((c, t, l_) not in m.x for t in range(u, v + 1)):
+                    continue
+                coef: dict[int, float] = {}
+
+                def add(col: int | None, k: float) -> None:
+                    if col is not None:
+                        coef[col] = coef.get(col, 0.0) + k
+
+                add(m.f[(c, u - 1, p, l_)], 1.0)
+                add(m.f[(c, v, l_, s_)], 1.0)
+                add(m.x.get((c, u - 1, l_)), -1.0)
+                for t in range(u, v):  # unjoined ends
+                    add(m.x[(c, t, l_)], -1.0)
+                    add(m.f.get((c, t, l_, l_)), 1.0)
+                    add(m.f.get((c, t, l_, s_)), 1.0)
+                for t in range(u, v + 1):  # unjoined starts
+                    add(m.x[(c, t, l_)], -1.0)
+                    add(m.f.get((c, t - 1, l_, l_)), 1.0)
+                    add(m.f.get((c, t - 1, p, l_)), 1.0)
+                m.row([(k, v_) for k, v_ in coef.items() if v_], -float("inf"), 1.0)
 
 
 def _highs():
