@@ -64,7 +64,7 @@ _TAIL_PIECE_COUNTEREXAMPLE = {
 
 def test_all_is_pinned():
     assert bound.__all__ == sorted(["LowerBound", "RegionBound", "allocation_lower_bound",
-                                    "lagrangian_bound"])
+                                    "handle_lower_bound", "lagrangian_bound"])
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
