@@ -16,7 +16,7 @@ Layouts: every ``examples/*.json``; the seeded exporter family
 (``tools/gen_layout.py exporter``; seeds 0..N-1, of which only 0-2 were looked at
 while the exact model was built, and seeds 1000.. that nobody looked at before the
 figures were taken); and random layouts (``random``). ``--large`` adds the scale
-cases (one plane, every granule aliased: 66,560 chunks; 5,000 and 10,000 aliases).
+cases (one plane, 2-page chunks: about 5,000, 10,000 and 66,560 aliases).
 
 Usage::
 
@@ -126,17 +126,25 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _large(gen: Any) -> list[Geometry]:
-    """Scale cases: one plane, every granule aliased, chunks in exporter order."""
+    """Scale cases: one plane of 1,179,648-byte pages, every chunk one page group of
+    2 pages (1-2 granules), 16 groups per row, all chunks aliased."""
     out = []
-    for chunks, ranks in ((66_560, 2), (5_000, 16), (10_000, 16)):
-        G = 2 << 20
-        rows = max(1, chunks // 16)
-        row_bytes = chunks * G // rows - 4096
-        pages = -(-(rows * row_bytes) // 1_179_648)
+    for chunks, ranks in ((5_000, 16), (10_000, 16), (66_560, 2)):
+        rows = chunks // 16
         doc = gen.generate(name=f"large-{chunks}", planes=[("kv", 1_179_648)],
-                           regions=[gen.RegionSpec("snapshot", rows, 1.0)], pages=pages,
-                           group_pages=16, ranks=ranks, group_size=ranks, rounding="claim")
+                           regions=[gen.RegionSpec("snapshot", rows, 16.0)],
+                           pages=2 * chunks + 64, group_pages=2, ranks=ranks,
+                           group_size=ranks, rounding="claim")
         out.append(parse_geometry(doc))
+    # the published exporter (16 planes, 6-page groups, 1.1 groups per row) at 5 x scale
+    planes = [(f"layers{4 * i}-{4 * i + 3}.latent", gen.LATENT_4) for i in range(15)]
+    planes += [("layer60.latent", gen.LATENT_1)]
+    doc = gen.generate(name="large-published-x5", planes=planes,
+                       regions=[gen.RegionSpec("snapshot", 560, 1.1),
+                                gen.RegionSpec("execution", 25, 1.65, "owner")],
+                       pages=5 * 2234, group_pages=6, ranks=16, group_size=16,
+                       overdeclare=True, rounding="claim")
+    out.append(parse_geometry(doc))
     return out
 
 

@@ -453,6 +453,12 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
 
     t0 = time.perf_counter()
     rc = {k: float(v) for k, v in (region_cost or {}).items()}
+    if start is not None and plane_cost == 1 and not any(rc.values()):
+        floor = _floor(g)
+        if len(start.allocations) <= floor:  # nothing to solve: the start is optimal
+            plan = PhysicalPlan(label, g, start.allocations, start.notes)
+            return ExactResult(plan, floor, floor, True, time.perf_counter() - t0,
+                               "Optimal (start meets the trivial bound)", "start")
     m, lab = _build(g, float(plane_cost), rc)
     n = len(m.lower)
     h = _highs()
@@ -543,6 +549,14 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
                        time.perf_counter() - t0, status, source,
                        {"columns": n, "rows": len(m.rows), "classes": len(m.classes),
                         "labels": len(lab.need), "rounds": rounds})
+
+
+def _floor(g: Geometry) -> int:
+    """Allocations every plan needs: one per plane, and one aliased per region plus
+    one non-aliased when the planes hold more granules than the regions."""
+    spare = sum(g.plane_bytes(p.name) for p in g.planes) > \
+        sum(g.region_bytes(r.name) for r in g.regions)
+    return max(len(g.planes), len(g.regions) + spare)
 
 
 def _ceil(x: float) -> int:
