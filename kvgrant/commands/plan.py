@@ -109,8 +109,11 @@ def _run(args: argparse.Namespace) -> int:
         progress("combinatorial lower bound (--no-bound skips it)")
         bound = allocation_lower_bound(g)
         progress("any-plan handle bound")
-        handles = {"importers": handle_lower_bound(g, bound),
-                   "declared": handle_lower_bound(g, bound, declared=True)}
+        imp = handle_lower_bound(g, bound)
+        same = all(g.declared_readers(r) == g.granted_devices(r)
+                   for r in range(g.topology.ranks))  # e.g. DCP16: every reader imports
+        handles = {"importers": imp,
+                   "declared": imp if same else handle_lower_bound(g, bound, declared=True)}
     progress("report")
     if args.json:
         rep = build_report(g, plans, args.handle_budget, lower_bound=bound,

@@ -122,7 +122,7 @@ def test_make_plan_rejects_unknown_label():
     assert "'greedy'" in str(err.value) and "naive" in str(err.value)
 
 
-@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(geometries())
 def test_every_plan_keeps_the_contract(g):
     naive, ref, packed = naive_plan(g), reference_plan(g), packed_plan(g)
