@@ -50,7 +50,7 @@ DEFAULT_TIME_LIMIT = 60.0
 """Wall-clock safety net, in seconds, for one planning call (not the planned limit:
 a clock makes plans differ between processes on a loaded host, and every rank must
 compute the same plan; :data:`DEFAULT_NODE_LIMIT` is the limit that decides)."""
-DEFAULT_NODE_LIMIT = 1000
+DEFAULT_NODE_LIMIT = 300
 """Branch-and-bound nodes per solve: a deterministic work limit."""
 
 _FREE = -1
