@@ -16,14 +16,13 @@ solves the same layout twice.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import DEFAULT_TIME_LIMIT, ExactResult, exact_plan
-from kvgrant.layout.geometry import Geometry, parse_geometry
+from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.packer import pack
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planfile import geometry_hash
@@ -73,7 +72,7 @@ def plan_packed(g: Geometry, *, time_limit: float = DEFAULT_TIME_LIMIT,
     """The packed plan of ``g`` with its optimality verdict (cached per layout)."""
     key = geometry_hash(g)
     if progress is None:
-        res = _cached(key, g.model_dump_json(), float(time_limit))
+        res = _cached(_Keyed(key, g), float(time_limit))
     else:
         res = _solve(g, time_limit, progress)
     if res.plan.geometry is g:
@@ -82,10 +81,25 @@ def plan_packed(g: Geometry, *, time_limit: float = DEFAULT_TIME_LIMIT,
     return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact)
 
 
+class _Keyed:
+    """A geometry that compares and hashes by its :func:`geometry_hash` only."""
+
+    __slots__ = ("key", "g")
+
+    def __init__(self, key: str, g: Geometry) -> None:
+        self.key, self.g = key, g
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Keyed) and other.key == self.key
+
+
 @functools.lru_cache(maxsize=8)
-def _cached(key: str, doc: str, time_limit: float) -> PackedResult:
-    """Memo of :func:`_solve` by geometry hash (``doc`` rebuilds the geometry)."""
-    return _solve(parse_geometry(json.loads(doc)), time_limit, None)
+def _cached(k: _Keyed, time_limit: float) -> PackedResult:
+    """Memo of :func:`_solve` by geometry hash."""
+    return _solve(k.g, time_limit, None)
 
 
 def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedResult:

@@ -14,10 +14,12 @@ from kvgrant.commands import plan as plan_command
 from kvgrant.errors import PlanError
 from kvgrant.layout import planner
 from kvgrant.layout.contract import check_contract
-from kvgrant.layout.geometry import parse_geometry
+from kvgrant.layout.geometry import load_geometry, parse_geometry
 from kvgrant.layout.planfile import geometry_hash, plan_document, read_plan_file
 from kvgrant.layout.plans import packed_plan
 from layout_builders import geometry_dict
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(module: Any, name: str, argv: list[str]) -> int:
@@ -29,12 +31,11 @@ def _run(module: Any, name: str, argv: list[str]) -> int:
 
 def test_plan_json_is_a_plan_file_that_alloc_reuses(tmp_path: Path, capsys: Any,
                                                    monkeypatch: Any) -> None:
-    geo = tmp_path / "g.json"
-    geo.write_text(json.dumps(geometry_dict()))
+    geo = EXAMPLES / "small.json"  # G = 2 MiB, as the simulated driver needs
     assert _run(plan_command, "plan", [str(geo), "--json", "--no-bound"]) == 0
     out = tmp_path / "plan.json"
     out.write_text(capsys.readouterr().out)
-    g = parse_geometry(geometry_dict())
+    g = load_geometry(geo)
     plan = read_plan_file(out, g)
     assert check_contract(g, plan) == []
     assert plan.allocations == packed_plan(g).allocations
