@@ -23,9 +23,9 @@ demo: $(STAMP)
 	$(BIN)/kvgrant alloc $(GEOMETRY) --trace $(OUTDIR)/alloc-trace.ndjson
 	$(BIN)/kvgrant conform $(OUTDIR)/alloc-trace.ndjson --engine python
 
-## The test suite (GPU tests skip themselves without a GPU; TLC tests need Java).
+## The test suite without the TLC-heavy tests (GPU tests skip themselves without a GPU).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not tlc"
 
 ## The issue #16 fuzz at full volume: KVGRANT_FUZZ_SCALE=8 runs 8x the default examples
 ## (over 10,000 generated bad inputs: geometries, traces, flags, argument types), in
@@ -45,6 +45,7 @@ fuzz: $(STAMP)
 ## `kvgrant verify` started from an empty directory.
 WHEELVENV ?= .venv-wheel
 verify: $(STAMP)
+	$(BIN)/python -m pytest -q -m tlc
 	rm -rf build/wheel $(WHEELVENV)
 	$(BIN)/python -m pip wheel -q --no-deps -w build/wheel .
 	$(PY) -m venv $(WHEELVENV)

@@ -24,6 +24,8 @@ from kvgrant.commands._args import count, device_list, exit_status, positive_int
 
 __all__ = ["add_parser", "run"]
 
+_LABELS = ("naive", "reference", "packed")
+
 
 def _memory_limit(text: str) -> str:
     from kvgrant.runtime.capacity import parse_memory_limit
@@ -42,8 +44,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("geometry", metavar="GEOMETRY", help="geometry JSON file")
     p.add_argument("--backend", choices=("auto", "cuda", "sim"), default="auto",
                    help="driver backend (default auto: cuda when a GPU is usable, else sim)")
-    p.add_argument("--plan", choices=("naive", "reference", "packed"), default="packed",
-                   help="physical plan (default packed)")
+    p.add_argument("--plan", default="packed", metavar="LABEL|FILE",
+                   help="physical plan: naive, reference, packed (default), or a plan file "
+                        "written by kvgrant plan --json (reused as it is, not planned again)")
     # "=" form matters: argparse reads "--memory-limit -1G" as a missing value
     p.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="SIZE",
                    help="use what is free (default, or -0G); -1G keeps 1 GiB free per GPU; "
@@ -220,15 +223,22 @@ def run(args: argparse.Namespace) -> int:
     devices = args.devices
     if args.procs is not None:
         return _run_group(args, devices)
-    geometry = args.geometry
+    geometry: Any = args.geometry
+    plan: Any = args.plan
     try:
         _check_trace_target(args.geometry, args.trace or os.environ.get(TRACE_ENV) or None,
                             args.force)
-        if args.ranks is not None:
-            from kvgrant.layout.geometry import load_geometry, on_ranks
+        from kvgrant.layout.geometry import load_geometry, on_ranks
 
-            geometry = on_ranks(load_geometry(args.geometry), args.ranks)
-        pub = allocate(geometry, plan=args.plan, backend=args.backend, devices=devices,
+        if args.ranks is not None or plan not in _LABELS:
+            geometry = load_geometry(args.geometry)
+        if args.ranks is not None:
+            geometry = on_ranks(geometry, args.ranks)
+        if plan not in _LABELS:
+            from kvgrant.layout.planfile import read_plan_file
+
+            plan = read_plan_file(plan, geometry)
+        pub = allocate(geometry, plan=plan, backend=args.backend, devices=devices,
                        memory_limit=args.memory_limit, handle_budget=args.handle_budget,
                        preflight=not args.no_preflight, trace=args.trace,
                        handle_reserve=args.handle_reserve, ledger=args.ledger,

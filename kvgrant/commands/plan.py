@@ -1,11 +1,15 @@
 """``kvgrant plan GEOMETRY``: what the naive, reference-rule and packed plans cost.
 
 Prints per rank bytes, allocations, mappings, access grants and driver handles
-(mappings x granted devices), the allocation lower bound, the largest conflict set,
-and the pre-flight: the driver-handle demand of all ranks against the host's budget
-(one pool for every process and GPU of the host), with grants to owner + importers
-and to every declared reader, so a user sees before start-up whether it will fail. ``--json``
-prints the same plus every allocation of the packed plan.
+(mappings x granted devices), whether the packed plan is proven optimal (or how far
+from optimal it may be), the allocation lower bound, the handles any contract-keeping
+plan needs, the largest conflict set, and the pre-flight: the driver-handle demand of
+all ranks against the host's budget (one pool for every process and GPU of the
+host), with grants to
+owner + importers and to every declared reader, so a user sees before start-up
+whether it will fail. ``--json`` prints the same plus the packed plan as a plan
+document that ``kvgrant alloc --plan FILE`` reuses (``--json`` writes JSON on an
+error too). Steps that take more than a second report progress on stderr.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
-from kvgrant.commands._args import count
+from kvgrant.commands._args import count, exit_status
+from kvgrant.errors import GeometryError, KVGrantError
 
 __all__ = ["add_parser", "run"]
 
@@ -31,30 +37,91 @@ def add_parser(subparsers: Any) -> None:
                    metavar="N",
                    help=f"driver handles the whole host may hold, over every process and GPU "
                         f"(default {DEFAULT_HANDLE_BUDGET:,}, measured on an H200 with driver 580)")
+    p.add_argument("--no-bound", action="store_true",
+                   help="skip the combinatorial lower bound and the any-plan handle bound "
+                        "(the solver's optimality proof is still printed)")
     p.add_argument("--json", action="store_true",
-                   help="machine-readable output, including the packed plan's allocations")
+                   help="machine-readable output, including the packed plan as a plan "
+                        "document for kvgrant alloc --plan FILE")
     p.set_defaults(run=run)
 
 
-def _lower_bound(g: Any) -> Any:
-    """The allocation lower bound (kvgrant.layout.bound), independent of the packer."""
-    from kvgrant.layout.bound import allocation_lower_bound
+class _Progress:
+    """Progress lines on stderr, shown once a step has run for more than a second
+    (quick runs stay quiet)."""
 
-    return allocation_lower_bound(g)
+    def __init__(self, delay: float = 1.0) -> None:
+        self.t0 = time.perf_counter()
+        self.delay = delay
+        self.pending: list[str] = []
+
+    def __call__(self, message: str) -> None:
+        self.pending.append(message)
+        self.flush()
+
+    def flush(self) -> None:
+        elapsed = time.perf_counter() - self.t0
+        if elapsed < self.delay:
+            return
+        for m in self.pending:
+            print(f"kvgrant plan: [{elapsed:5.1f} s] {m}", file=sys.stderr, flush=True)
+        self.pending.clear()
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgrant.layout.geometry import load_geometry
-    from kvgrant.layout.plans import PLAN_LABELS, make_plan
-    from kvgrant.layout.report import build_report, format_report
+    try:
+        return _run(args)
+    except KVGrantError as err:
+        if args.json:
+            out: dict[str, object] = {"ok": False, "kind": type(err).__name__,
+                                      "error": str(err)}
+            if isinstance(err, GeometryError):
+                out.update({"field": err.field, "value": _jsonable(err.value)})
+            print(json.dumps(out))
+        print(f"kvgrant plan: error: {err}", file=sys.stderr)
+        return exit_status(err)
 
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)[:200]
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.planner import plan_packed
+    from kvgrant.layout.report import build_report, format_report
+    from kvgrant.layout.rules import naive_plan, reference_plan
+
+    progress = _Progress()
     g = load_geometry(args.geometry)
-    plans = [make_plan(g, label) for label in PLAN_LABELS]
-    bound = _lower_bound(g)
+    progress(f"planning {g.name!r} ({len(g.aliases):,} declared chunks)")
+    plans = [naive_plan(g), reference_plan(g)]
+    packed = plan_packed(g, progress=progress)
+    plans.append(packed.plan)
+    progress(f"packed plan: {len(packed.plan.allocations):,} allocations, {packed.verdict()}")
+    bound = handles = None
+    if not args.no_bound:
+        from kvgrant.layout.bound import allocation_lower_bound, handle_lower_bound
+
+        progress("combinatorial lower bound (--no-bound skips it)")
+        bound = allocation_lower_bound(g)
+        progress("any-plan handle bound")
+        imp = handle_lower_bound(g, bound)
+        same = all(g.declared_readers(r) == g.granted_devices(r)
+                   for r in range(g.topology.ranks))  # e.g. DCP16: every reader imports
+        handles = {"importers": imp,
+                   "declared": imp if same else handle_lower_bound(g, bound, declared=True)}
+    progress("report")
     if args.json:
-        json.dump(build_report(g, plans, args.handle_budget, lower_bound=bound),
-                  sys.stdout, indent=1)
+        rep = build_report(g, plans, args.handle_budget, lower_bound=bound,
+                           packed=packed, handle_bound=handles)
+        json.dump({"ok": True, **rep}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(format_report(g, plans, args.handle_budget, lower_bound=bound))
+        print(format_report(g, plans, args.handle_budget, lower_bound=bound,
+                            packed=packed, handle_bound=handles))
     return 0

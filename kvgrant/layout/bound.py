@@ -31,9 +31,11 @@ import bisect
 from dataclasses import dataclass, field
 
 from kvgrant.layout.conflicts import conflict_ranges
-from kvgrant.layout.geometry import Geometry, round_up
+from kvgrant.layout.geometry import Geometry, Region, round_up
+from kvgrant.layout.granules import granule_row, intersect, labels, unit_ranges
 
-__all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "lagrangian_bound"]
+__all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
+           "lagrangian_bound"]
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,6 @@ class LowerBound:
                                        "crossable": r.crossable} for r in self.regions}}
 
 
-def _components(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
-    """Connected page intervals of a conflict set (its merged ranges)."""
-    return list(ranges)
-
-
 def _row_incidences(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -> int:
     """Fewest (component, plane) pieces able to hold ``row_bytes`` with one per component."""
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
@@ -113,17 +110,25 @@ def _piece_bytes(n: int, bpp: int, tail: int, last: bool) -> tuple[int, int]:
 
 def _few_pieces(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -> int:
     """1, 2 or 3: the fewest pieces (up to 3) that can touch exactly the row's pages
-    with exactly ``row_bytes`` bytes; 3 means "1 and 2 are impossible"."""
+    with exactly ``row_bytes`` bytes; 3 means "1 and 2 are impossible".
+
+    A piece may also lie wholly in a plane's tail (bytes past the last page): it
+    touches no page and holds 1..t_P bytes, so "two pieces" includes one piece that
+    touches every page plus one tail-only piece (issue #15's counterexample)."""
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
     planes = sorted({(p.bytes_per_page, t) for p, t in zip(g.planes, tails)})
+    # a piece of tail bytes only touches no page and holds 1..t_P bytes
+    tail_max = max((t for _, t in planes), default=0)
     if len(comps) == 1:
         a, b = comps[0]
         n = b - a
         last = b >= g.pages
-        for bpp, t in planes:
-            lo, hi = _piece_bytes(n, bpp, t, last)
-            if lo <= row_bytes <= hi:
-                return 1
+        spans = [_piece_bytes(n, bpp, t, last) for bpp, t in planes]
+        if any(lo <= row_bytes <= hi for lo, hi in spans):
+            return 1
+        # one piece touching every page plus one tail-only piece
+        if tail_max and any(lo + 1 <= row_bytes <= hi + tail_max for lo, hi in spans):
+            return 2
         # two runs covering one interval: n1 + n2 >= n; for each n1 the byte totals
         # over every n2 lie inside [lo1 + lo2(min n2), hi1 + hi2(max n2)]
         for b1, t1 in planes:
@@ -147,14 +152,14 @@ def _few_pieces(g: Geometry, comps: list[tuple[int, int]], row_bytes: int) -> in
     return len(comps)
 
 
-def _interior_units(g: Geometry, rows: int, row_bytes: int) -> list[int]:
+def _interior_units(g: Geometry, r: Region) -> list[int]:
     """Per row, the region granules lying wholly inside it (the same in every plan)."""
     G = g.granularity
-    out = [0] * rows
-    for j in range(round_up(rows * row_bytes, G) // G):
-        lo, hi = j * G, (j + 1) * G
-        if hi <= rows * row_bytes and lo // row_bytes == (hi - 1) // row_bytes:
-            out[lo // row_bytes] += 1
+    out = [0] * r.rows
+    for j in range(round_up(r.rows * r.row_bytes, G) // G):
+        k = granule_row(r, j, G)
+        if k is not None:
+            out[k] += 1
     return out
 
 
@@ -249,7 +254,7 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
     live = [[False] * (g.plane_bytes(p.name) // G) for p in g.planes]
     for r in g.regions:
         R, end = r.row_bytes, r.rows * r.row_bytes
-        interior = _interior_units(g, r.rows, R)
+        interior = _interior_units(g, r)
         for k in range(r.rows):
             if interior[k] == 0:
                 continue
@@ -257,9 +262,9 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
                 for u in units:
                     live[pi][u] = True
         for j in range(round_up(end, G) // G):
-            lo, hi = j * G, (j + 1) * G
-            if hi <= end and lo // R == (hi - 1) // R:
+            if granule_row(r, j, G) is not None:
                 continue
+            lo, hi = j * G, (j + 1) * G
             parts = []  # (row pages, their starts, offset in unit, end in unit)
             row = lo // R
             while row < r.rows and row * R < hi:
@@ -406,7 +411,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
     base = []
     needs: list[int] = []
     for r in g.regions:
-        interior = _interior_units(g, r.rows, r.row_bytes)
+        interior = _interior_units(g, r)
         needs.extend(interior)
         for k in range(r.rows):
             comps = list(conflicts[(r.name, k)])
@@ -456,77 +461,6 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
 # --- (D) Lagrangian relaxation of the granule assignment -------------------------------
 
 
-def _unit_ranges(units: int, G: int, bpp: int, pages: int, o1: int, o2: int,
-                 comps: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
-    """Plane granules u of one plane whose bytes [u G + o1, u G + o2) touch only pages
-    inside one component of ``comps`` (or no page at all: bytes past the last page),
-    as sorted, merged half-open ranges of u."""
-    end = pages * bpp
-    out = [(max(0, -(-(end - o1) // G)), units)]  # bytes past the pages: no page
-    for a, b in comps:
-        lo = max(0, -(-(a * bpp - o1) // G))
-        hi = units if b >= pages else min(units, (b * bpp - o2) // G + 1)
-        out.append((lo, hi))
-    out = sorted((lo, hi) for lo, hi in out if lo < hi)
-    merged: list[tuple[int, int]] = []
-    for lo, hi in out:
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return merged
-
-
-def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = []
-    for lo1, hi1 in a:
-        for lo2, hi2 in b:
-            lo, hi = max(lo1, lo2), min(hi1, hi2)
-            if lo < hi:
-                out.append((lo, hi))
-    return sorted(out)
-
-
-def _labels(g: Geometry) -> tuple[list[int], list[int], list[list[tuple[str, int, int, int]]]]:
-    """The relaxation's labels: each row's interior granules (one label, need = their
-    number) and each straddling region granule (one label, need 1), in region order.
-
-    Returns (need per label, predecessor label or -1 per label, and per label the
-    byte parts as (region, row, offset in the granule, end in the granule))."""
-    G = g.granularity
-    need: list[int] = []
-    pred: list[int] = []
-    parts: list[list[tuple[str, int, int, int]]] = []
-    for r in g.regions:
-        R, end = r.row_bytes, r.rows * r.row_bytes
-        prev = -1
-        interior = None  # label of the row whose interior is being collected
-        for j in range(round_up(end, G) // G):
-            lo, hi = j * G, (j + 1) * G
-            if hi <= end and lo // R == (hi - 1) // R:
-                k = lo // R
-                if interior is not None and parts[interior][0][1] == k:
-                    need[interior] += 1
-                    continue
-                interior = len(need)
-                need.append(1)
-                parts.append([(r.name, k, 0, G)])
-            else:
-                interior = None
-                ps = []
-                b = lo
-                while b < min(hi, end):
-                    k = b // R
-                    e = min(hi, end, (k + 1) * R)
-                    ps.append((r.name, k, b - lo, e - lo))
-                    b = e
-                need.append(1)
-                parts.append(ps)
-            pred.append(prev)
-            prev = len(need) - 1
-    return need, pred, parts
-
-
 def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
                      region_cost: dict[str, int] | None = None, patience: int = 12) -> int:
     """A lower bound on allocations from a Lagrangian relaxation (proof in
@@ -551,7 +485,8 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     """
     G = g.granularity
     conflicts = conflict_ranges(g, g.aliases)
-    need, pred, parts = _labels(g)
+    lab = labels(g)
+    need, pred, parts = lab.need, lab.pred, lab.parts
     if not need:
         return 0
     nl = len(need)
@@ -567,7 +502,7 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
             rng = [(0, units)]
             for region, ri, o1, o2 in parts[lab]:
                 comps = conflicts[(region, ri)]
-                rng = _intersect(rng, _unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
+                rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
                 if not rng:
                     break
             for lo, hi in rng:
@@ -644,3 +579,28 @@ def _plane_pass(per_unit: list[list[int]], lam: list[float], pred: list[int],
             used[s] = used.get(s, 0) + 1
         s = bk[s] if s is not None else None
     return gmin, used
+
+
+def handle_lower_bound(g: Geometry, lb: LowerBound, *, declared: bool = False) -> int:
+    """Driver handles (sum over ranks of mappings x granted devices) that any
+    contract-keeping plan needs at least.
+
+    The larger of two bounds: every allocation has a plane mapping and each region
+    at least ``pieces`` alias mappings (from ``lb``); and the Lagrangian relaxation
+    (D) weighted by handles (each allocation costs its plane mapping's devices summed
+    over ranks, plus its alias mapping's when aliased).
+    """
+    total = 0
+    devices = 0
+    per_region = {rb.region: 0 for rb in lb.regions}
+    for r in range(g.topology.ranks):
+        n_plane = len(g.granted_devices(r, declared=declared))
+        total += lb.total * n_plane
+        devices += n_plane
+        for rb in lb.regions:
+            n = len(g.granted_devices(r, rb.region, declared=declared))
+            total += rb.pieces * n
+            per_region[rb.region] += n
+    weighted = lagrangian_bound(g, free_cost=devices,
+                                region_cost={k: devices + v for k, v in per_region.items()})
+    return max(total, weighted)

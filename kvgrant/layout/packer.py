@@ -46,11 +46,15 @@ the packed plan never needs more allocations than the reference rule.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry, Region, round_up
+from kvgrant.layout.granules import granule_row
 from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.layout.rules import finish_plan, reference_plan
 
 __all__ = ["pack"]
 
@@ -89,12 +93,7 @@ class _Planes:
 def _granule_rows(r: Region, n: int, G: int) -> list[int | None]:
     """Per region granule: the row it lies wholly inside, or None when it holds a row
     boundary or bytes past the last row (such granules keep their declared backing)."""
-    R, end = r.row_bytes, r.rows * r.row_bytes
-    out: list[int | None] = []
-    for j in range(n):
-        lo, hi = j * G, (j + 1) * G
-        out.append(lo // R if hi <= end and lo // R == (hi - 1) // R else None)
-    return out
+    return [granule_row(r, j, G) for j in range(n)]
 
 
 @dataclass
@@ -251,9 +250,6 @@ def _gap_delta(owner: list[list[int]], chosen: set[tuple[int, int]],
 
 def pack(g: Geometry) -> PhysicalPlan:
     """kvgrant's packed plan for ``g`` (see the module docstring for the method)."""
-    from kvgrant.layout.contract import check_contract
-    from kvgrant.layout.plans import finish_plan, reference_plan
-
     reference = reference_plan(g)
     starts = {"declared": list(g.aliases),
               "reference": [a for a in reference.allocations if a.aliased]}
@@ -654,18 +650,15 @@ def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
     count, not a clock, so every rank computes the same plan. The input comes back
     unchanged when the finished plan would not be smaller or equal.
     """
-    import random
-
     sw = _facts(g)
     pl = sw.pl
     G = g.granularity
     nplanes = len(pl.names)
     pidx = {n: i for i, n in enumerate(pl.names)}
-    FIXED = -2
     owner = [[_FREE] * n for n in pl.units]
     for p in range(nplanes):
         for u in sw.fixed[p]:
-            owner[p][u] = FIXED
+            owner[p][u] = _TAKEN
     where: dict[str, list[tuple[int, int]]] = {r.name: [] for r in g.regions}
     for r in g.regions:
         where[r.name] = [(-1, -1)] * (round_up(r.rows * r.row_bytes, G) // G)
@@ -737,8 +730,8 @@ def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
         done: list[tuple[int, int, int]] = []
         total = 0
         for p, u, new in moves:
-            old = owner[p][u] if 0 <= u < len(owner[p]) else FIXED
-            if old == FIXED or old == new or not eligible(new, p, u) or not can_lose(old, p, u):
+            old = owner[p][u] if 0 <= u < len(owner[p]) else _TAKEN
+            if old == _TAKEN or old == new or not eligible(new, p, u) or not can_lose(old, p, u):
                 for q, v, o in reversed(done):
                     move(q, v, o)
                 return None
@@ -764,7 +757,7 @@ def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
                 else:
                     runs_p.append([o, u, 1])
             for (o1, _, n1), (o2, s2, n2) in zip(runs_p, runs_p[1:]):
-                if FIXED in (o1, o2):
+                if _TAKEN in (o1, o2):
                     continue
                 gives.setdefault((o1, o2), []).append((p, s2 - 1, -1, n1))
                 gives.setdefault((o2, o1), []).append((p, s2, 1, n2))
@@ -844,8 +837,6 @@ def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
     # Runs along the planes are the search's proxy; the plan's allocations also depend
     # on how the rows are laid out again and merged across row boundaries, so the
     # result is kept only when the finished plan is no larger than the input's.
-    from kvgrant.layout.plans import finish_plan
-
     if len(finish_plan(g, "after", out).allocations) > \
             len(finish_plan(g, "before", allocs).allocations):
         return list(allocs)

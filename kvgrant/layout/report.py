@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from kvgrant.layout.conflicts import conflict_ranges
 from kvgrant.layout.contract import check_contract
+from kvgrant.layout.planfile import geometry_hash, plan_document
 from kvgrant.layout.preflight import handle_demand_breakdown
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
     from kvgrant.layout.plan import PhysicalPlan
+    from kvgrant.layout.planner import PackedResult
 
 __all__ = [
     "PlanFigures",
@@ -99,13 +101,17 @@ def _lower_bound_json(bound: Any) -> dict[str, Any] | None:
 
 
 def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
-                 lower_bound: Any = None, include_plan: str | None = "packed"
-                 ) -> dict[str, Any]:
+                 lower_bound: Any = None, include_plan: str | None = "packed",
+                 packed: "PackedResult | None" = None,
+                 handle_bound: dict[str, int] | None = None) -> dict[str, Any]:
     """The whole ``kvgrant plan`` result as a JSON-ready dict.
 
     ``include_plan`` names the plan whose every allocation is listed (plane,
     plane_offset, length, and region, region_offset when aliased), so anyone can
-    check it independently.
+    check it independently; that entry is a plan document
+    (:func:`kvgrant.layout.planfile.plan_document`) that ``kvgrant alloc --plan``
+    reads. ``packed`` adds the solver's verdict on the packed plan; ``handle_bound``
+    the handles any contract-keeping plan needs (``importers`` / ``declared``).
     """
     ranges = conflict_ranges(g, g.aliases)
     largest = None
@@ -121,9 +127,12 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
             "planes": len(g.planes), "regions": len(g.regions),
             "rows": sum(r.rows for r in g.regions), "declared_chunks": len(g.aliases),
             "declared_bytes": sum(g.plane_bytes(p.name) for p in g.planes),
+            "hash": geometry_hash(g),
         },
         "largest_conflict_set": largest,
         "lower_bound": _lower_bound_json(lower_bound),
+        "handle_lower_bound": handle_bound,
+        "packed_solver": None if packed is None else packed.to_json(),
         "handle_budget": budget,
         "plans": {},
     }
@@ -141,10 +150,11 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
                              "margin": f.margin_declared, "fits": f.margin_declared >= 0},
             },
         }
+    if packed is not None and "packed" in out["plans"]:
+        out["plans"]["packed"]["verdict"] = packed.verdict()
     for p in plans:
         if p.label == include_plan:
-            out[f"{p.label}_plan"] = {"label": p.label,
-                                     "allocations": [a.to_json() for a in p.allocations]}
+            out[f"{p.label}_plan"] = plan_document(p)
     return out
 
 
@@ -162,9 +172,11 @@ def _size(n: int) -> str:
 
 
 def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
-                  lower_bound: Any = None) -> str:
+                  lower_bound: Any = None, packed: "PackedResult | None" = None,
+                  handle_bound: dict[str, int] | None = None) -> str:
     """The human-readable ``kvgrant plan`` output (same figures as :func:`build_report`)."""
-    rep = build_report(g, plans, budget, lower_bound=lower_bound, include_plan=None)
+    rep = build_report(g, plans, budget, lower_bound=lower_bound, include_plan=None,
+                       packed=packed, handle_bound=handle_bound)
     geo = rep["geometry"]
     lines = [
         f"geometry {g.name!r}: {geo['ranks']} ranks, G = {_size(g.granularity)}, "
@@ -178,14 +190,19 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
     lb = rep["lower_bound"]
     if lb is not None:
         extra = ""
-        packed = rep["plans"].get("packed")
-        if packed:
-            gap = packed["allocations"] - lb["total"]
+        figs = rep["plans"].get("packed")
+        if figs:
+            gap = figs["allocations"] - lb["total"]
             pct = 100.0 * gap / lb["total"] if lb["total"] else 0.0
-            extra = f" (packed plan: {packed['allocations']:,}, +{gap:,} = {pct:.1f}% above)"
-        lines.append(f"allocation lower bound per rank: {lb['total']:,}{extra}")
+            extra = f" (packed plan: {figs['allocations']:,}, +{gap:,} = {pct:.1f}% above)"
+        lines.append(f"allocation lower bound per rank (combinatorial): {lb['total']:,}{extra}")
     else:
-        lines.append("allocation lower bound per rank: unavailable")
+        lines.append("allocation lower bound per rank: not computed")
+    if packed is not None:
+        proof = (f"the solver's dual bound is {packed.bound:,}" if packed.bound > 0
+                 else "the solver gave no bound")
+        lines.append(f"packed plan: {len(packed.plan.allocations):,} allocations per rank, "
+                     f"{packed.verdict()} ({proof}; {packed.source} plan)")
     lines.append("")
     header = (f"{'per rank':<14} {'plan':<10} {'bytes':>16} {'allocations':>12} "
               f"{'mappings':>9} {'grants':>7} {'handles':>10} {'handles(declared)':>18}")
@@ -207,6 +224,14 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
                                     ("declared readers", f.demand_declared, f.margin_declared)):
             verdict = "fits" if margin >= 0 else "EXCEEDS BUDGET: start-up would fail"
             lines.append(f"{f.label:<10} {who:<18} {demand:>10,} {margin:>+10,}  {verdict}")
+    if handle_bound is not None:
+        lines.append("")
+        lines.append("any plan that keeps the layout contract needs at least (host, one process):")
+        for who, key in (("owner+importers", "importers"), ("declared readers", "declared")):
+            need = handle_bound[key]
+            verdict = "fits" if need <= budget else \
+                "EXCEEDS BUDGET: no plan can start this layout in one process"
+            lines.append(f"  {who:<18} {need:>10,} handles  {verdict}")
     lines.append("")
     for f in figures:
         status = "kept" if not f.contract else f"BROKEN ({len(f.contract)}): {f.contract[0]}"

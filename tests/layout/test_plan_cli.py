@@ -69,13 +69,47 @@ def test_bad_handle_budget_is_rejected_by_the_parser(small_file: Path, capsys: A
         assert "--handle-budget" in capsys.readouterr().err
 
 
-def test_bad_geometry_is_a_geometry_error(tmp_path: Path) -> None:
+def test_bad_geometry_is_reported_not_raised(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "bad.json"
     doc = geometry_dict()
     doc["aliases"][0]["length"] = 6
     path.write_text(json.dumps(doc))
-    with pytest.raises(GeometryError, match=r"aliases\[0\]\.length = 6"):
-        run_plan([str(path)])
+    assert run_plan([str(path)]) == 2
+    err = capsys.readouterr()
+    assert err.out == "" and "aliases[0].length = 6" in err.err
+    # --json writes JSON on an error too, naming the field and the value
+    assert run_plan([str(path), "--json"]) == 2
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] is False and rep["kind"] == GeometryError.__name__
+    assert rep["field"] == "aliases[0].length" and rep["value"] == 6
+
+
+def test_missing_file_with_json_is_json(tmp_path: Path, capsys: Any) -> None:
+    assert run_plan([str(tmp_path / "none.json"), "--json"]) == 2
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] is False and "cannot read" in rep["error"]
+
+
+def test_packed_verdict_and_handle_bound_are_printed(small_file: Path, capsys: Any) -> None:
+    assert run_plan([str(small_file)]) == 0
+    out = capsys.readouterr().out
+    assert "packed plan:" in out and "optimal" in out
+    assert "any plan that keeps the layout contract needs at least" in out
+    assert run_plan([str(small_file), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    solver = rep["packed_solver"]
+    assert solver["optimal"] is True and solver["bound"] == rep["plans"]["packed"]["allocations"]
+    assert rep["plans"]["packed"]["verdict"] == "optimal"
+    hb = rep["handle_lower_bound"]
+    assert hb["importers"] <= rep["plans"]["packed"]["preflight"]["importers"]["demand"]
+    assert hb["declared"] <= rep["plans"]["packed"]["preflight"]["declared"]["demand"]
+
+
+def test_no_bound_skips_the_bounds(small_file: Path, capsys: Any) -> None:
+    assert run_plan([str(small_file), "--no-bound", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["lower_bound"] is None and rep["handle_lower_bound"] is None
+    assert rep["packed_solver"]["optimal"] is True
 
 
 def test_json_plan_can_be_checked_independently(small_file: Path, capsys: Any) -> None:

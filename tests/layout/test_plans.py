@@ -122,7 +122,7 @@ def test_make_plan_rejects_unknown_label():
     assert "'greedy'" in str(err.value) and "naive" in str(err.value)
 
 
-@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(geometries())
 def test_every_plan_keeps_the_contract(g):
     naive, ref, packed = naive_plan(g), reference_plan(g), packed_plan(g)
@@ -142,7 +142,7 @@ def test_generated_layouts_pack_no_worse_than_reference(seed):
 
 def _exchanged(g, start):
     from kvgrant.layout.packer import _exchange
-    from kvgrant.layout.plans import finish_plan
+    from kvgrant.layout.rules import finish_plan
 
     before = finish_plan(g, "before", start)
     after = finish_plan(g, "after", _exchange(g, [a for a in before.allocations if a.aliased]))

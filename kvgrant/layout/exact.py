@@ -1,0 +1,566 @@
+"""The exact planner: the packing problem as an integer programme, solved by HiGHS.
+
+Why: the heuristic packer cannot say how far it is from the best plan, and the
+combinatorial bound is loose on chained layouts. An exact model answers both: HiGHS
+(``highspy``) returns a plan and a dual bound, and when the plan's allocation count
+equals the dual bound the plan is proven optimal. The model is in docs/layout.md
+("Exact planner"); in short:
+
+* A plan gives every plane granule a *label* (:mod:`kvgrant.layout.granules`): the
+  interior of one row, one straddling region granule, or none (non-aliased). Interior
+  granules of a row are interchangeable, so the order inside a row is free.
+* Planes with the same bytes per page and size are interchangeable too, so the model
+  is aggregated per plane *class* (the decomposition that removes the symmetry of the
+  15 identical planes of the published layout): ``X[c,u,l]`` counts the planes of
+  class c whose granule u has label l; ``Z[c,u]`` those left non-aliased.
+* ``F[c,u,(a,b)]`` counts *joins*: planes whose granules u and u+1 lie in one
+  allocation (same label; label b right after a in region order; both non-aliased).
+  Allocations = plane granules - joins, so the model maximises joins. A join into the
+  first granule of a row interior (or out of its last) happens at most once.
+* Coverage: each row touches every page of its declared conflict set; eligibility
+  (a granule may take a label only if its bytes touch only that row's pages) keeps
+  the set from growing. So the contract's points 1-5 hold for every extracted plan.
+
+Every contract-keeping plan is a feasible point of the model with at most its
+allocation count, so HiGHS's dual bound is a lower bound on every plan. The plan
+extracted from the solver's solution is checked with the contract checker and its
+allocations counted by :func:`kvgrant.layout.plans.finish_plan`; it is reported
+"optimal" only when that count equals the (rounded-up) dual bound.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from kvgrant.errors import PlanError
+from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.contract import check_contract
+from kvgrant.layout.geometry import Geometry
+from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
+from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.layout.rules import finish_plan
+
+__all__ = ["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "ExactResult", "exact_plan"]
+
+DEFAULT_TIME_LIMIT = 60.0
+"""Wall-clock safety net, in seconds, for one planning call (not the planned limit:
+a clock makes plans differ between processes on a loaded host, and every rank must
+compute the same plan; :data:`DEFAULT_NODE_LIMIT` is the limit that decides)."""
+DEFAULT_NODE_LIMIT = 300
+"""Branch-and-bound nodes per solve: a deterministic work limit."""
+
+_FREE = -1
+_MAX_ROUNDS = 6  # solves: the first, then with lost joins forbidden
+
+@dataclass(frozen=True)
+class ExactResult:
+    """What the exact planner found.
+
+    ``plan`` is the best contract-keeping plan (the solver's, or ``start`` when the
+    solver found nothing better); ``bound`` the solver's proven lower bound on
+    allocations (or on the weighted cost); ``optimal`` is True when the plan's cost
+    equals the bound. ``gap`` = cost - bound.
+    """
+
+    plan: PhysicalPlan
+    cost: int
+    bound: int
+    optimal: bool
+    seconds: float
+    status: str
+    source: str
+    model: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> int:
+        return self.cost - self.bound
+
+    def to_json(self) -> dict[str, object]:
+        return {"cost": self.cost, "bound": self.bound, "optimal": self.optimal,
+                "gap": self.gap, "seconds": round(self.seconds, 3), "status": self.status,
+                "source": self.source, "model": dict(self.model)}
+
+
+@dataclass
+class _Model:
+    """The aggregated model's index maps and matrix (rows in COO form)."""
+
+    classes: list[tuple[int, int, list[int]]]  # (bpp, units, plane indices)
+    x: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (c, u, label) -> col
+    z: dict[tuple[int, int], int] = field(default_factory=dict)  # (c, u) -> col
+    f: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # (c,u,a,b) -> col
+    at: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (c, u) -> labels
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    rows_lo: list[float] = field(default_factory=list)
+    rows_hi: list[float] = field(default_factory=list)
+    rows: list[list[tuple[int, float]]] = field(default_factory=list)
+    offset: float = 0.0
+
+    def col(self, lo: float, hi: float, cost: float = 0.0) -> int:
+        self.lower.append(lo)
+        self.upper.append(hi)
+        self.cost.append(cost)
+        return len(self.lower) - 1
+
+    def row(self, entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+        self.rows.append(entries)
+        self.rows_lo.append(lo)
+        self.rows_hi.append(hi)
+
+
+def _classes(g: Geometry) -> list[tuple[int, int, list[int]]]:
+    """Planes grouped by (bytes per page, granules): interchangeable in every plan."""
+    G = g.granularity
+    out: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(g.planes):
+        out.setdefault((p.bytes_per_page, g.plane_bytes(p.name) // G), []).append(i)
+    return [(bpp, units, idx) for (bpp, units), idx in out.items()]
+
+
+def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tuple[_Model, object]:
+    G = g.granularity
+    lab = labels(g)
+    nl = len(lab.need)
+    conflicts = conflict_ranges(g, g.aliases)
+    m = _Model(_classes(g))
+    succ = lab.succ
+    lcost = [free_cost + region_cost.get(lab.region[l_], 0.0) for l_ in range(nl)]
+    cover: dict[tuple[str, int, int], list[int]] = {}
+    by_label: list[list[int]] = [[] for _ in range(nl)]
+    joins_in: list[list[int]] = [[] for _ in range(nl)]
+    for c, (bpp, units, idx) in enumerate(m.classes):
+        mult = len(idx)
+        per_unit: list[list[int]] = [[] for _ in range(units)]
+        for l_ in range(nl):
+            rng = [(0, units)]
+            for region, row, o1, o2 in lab.parts[l_]:
+                rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2,
+                                                 conflicts[(region, row)]))
+                if not rng:
+                    break
+            for lo, hi in rng:
+                for u in range(lo, hi):
+                    per_unit[u].append(l_)
+        for u in range(units):
+            m.at[(c, u)] = per_unit[u]
+            zc = m.col(0, mult, free_cost)
+            m.z[(c, u)] = zc
+            entries = [(zc, 1.0)]
+            for l_ in per_unit[u]:
+                xc = m.col(0, min(mult, lab.need[l_]), lcost[l_])
+                m.x[(c, u, l_)] = xc
+                entries.append((xc, 1.0))
+                by_label[l_].append(xc)
+                for region, row, o1, o2 in lab.parts[l_]:
+                    p0 = (u * G + o1) // bpp
+                    p1 = min((u * G + o2 - 1) // bpp + 1, g.pages)
+                    for q in range(p0, p1):
+                        cover.setdefault((region, row, q), []).append(xc)
+            m.row(entries, mult, mult)
+        # joins between granules u and u+1 of the same planes
+        for u in range(units - 1):
+            here = [_FREE] + per_unit[u]
+            there = set(per_unit[u + 1])
+            out_of: dict[int, list[tuple[int, float]]] = {}
+            into: dict[int, list[tuple[int, float]]] = {}
+            for a in here:
+                for b in ((_FREE,) if a == _FREE else (a, succ[a])):
+                    if b != _FREE and b not in there:
+                        continue
+                    if a != _FREE and b == _FREE:
+                        continue
+                    gain = free_cost if b == _FREE else lcost[b]
+                    fc = m.col(0, mult, -gain)
+                    m.f[(c, u, a, b)] = fc
+                    out_of.setdefault(a, []).append((fc, 1.0))
+                    into.setdefault(b, []).append((fc, 1.0))
+                    if a != _FREE and b != a:
+                        joins_in[b].append(fc)
+            for a, ents in out_of.items():
+                src = m.z[(c, u)] if a == _FREE else m.x[(c, u, a)]
+                m.row(ents + [(src, -1.0)], -float("inf"), 0)
+            for b, ents in into.items():
+                dst = m.z[(c, u + 1)] if b == _FREE else m.x[(c, u + 1, b)]
+                m.row(ents + [(dst, -1.0)], -float("inf"), 0)
+    _pass_through_cuts(m, lab)
+    for l_ in range(nl):
+        if not by_label[l_]:
+            raise PlanError(f"label {l_} of region {lab.region[l_]!r}: no plane granule may "
+                            "back it (the declared layout breaks its own conflict sets)")
+        m.row([(xc, 1.0) for xc in by_label[l_]], lab.need[l_], lab.need[l_])
+        if len(joins_in[l_]) > 1:
+            m.row([(fc, 1.0) for fc in joins_in[l_]], 0, 1)
+    for (region, row), ranges in conflicts.items():
+        for a, b in ranges:
+            for q in range(a, b):
+                ents = cover.get((region, row, q))
+                if not ents:
+                    raise PlanError(f"region {region!r} row {row}: page {q} can be touched by "
+                                    "no eligible granule")
+                m.row([(xc, 1.0) for xc in ents], 1, float("inf"))
+    return m, lab
+
+
+def _pass_through_cuts(m: _Model, lab: Labels) -> None:
+    """Rows that forbid joining one run of a row interior at both ends while the
+    interior has more granules (the extracted plan could not realise both joins).
+
+    For an in-join (pred -> l) into granule u and an out-join (l -> succ) out of
+    granule v, v - u + 1 < need_l, every plan has, besides the pass-through, another
+    l-run near the window: one ending unjoined in [u, v-1] (``E_t``), one starting
+    unjoined in [u, v] (``S_t``), or one holding granule u - 1. So
+    ``F_in + F_out <= 1 + X[u-1] + sum E_t + sum S_t`` holds for every plan, and
+    cuts off the pass-through (proof in docs/layout.md, "Exact planner").
+    """
+    succ = lab.succ
+    ins: dict[tuple[int, int], list[int]] = {}  # (class, label) -> u of in-joins
+    outs: dict[tuple[int, int], list[int]] = {}
+    for (c, u, a, b) in m.f:
+        if a == _FREE or a == b:
+            continue
+        ins.setdefault((c, b), []).append(u + 1)
+        outs.setdefault((c, a), []).append(u)
+    for (c, l_), us in ins.items():
+        n = lab.need[l_]
+        p, s_ = lab.pred[l_], succ[l_]
+        if n < 2 or s_ < 0 or lab.parts[l_][0][2] != 0:
+            continue
+        for u in us:
+            for v in outs.get((c, l_), ()):
+                if not u <= v < u + n - 1:
+                    continue
+                if any((c, t, l_) not in m.x for t in range(u, v + 1)):
+                    continue
+                coef: dict[int, float] = {}
+
+                def add(col: int | None, k: float) -> None:
+                    if col is not None:
+                        coef[col] = coef.get(col, 0.0) + k
+
+                add(m.f[(c, u - 1, p, l_)], 1.0)
+                add(m.f[(c, v, l_, s_)], 1.0)
+                add(m.x.get((c, u - 1, l_)), -1.0)
+                for t in range(u, v):  # unjoined ends
+                    add(m.x[(c, t, l_)], -1.0)
+                    add(m.f.get((c, t, l_, l_)), 1.0)
+                    add(m.f.get((c, t, l_, s_)), 1.0)
+                for t in range(u, v + 1):  # unjoined starts
+                    add(m.x[(c, t, l_)], -1.0)
+                    add(m.f.get((c, t - 1, l_, l_)), 1.0)
+                    add(m.f.get((c, t - 1, p, l_)), 1.0)
+                m.row([(k, v_) for k, v_ in coef.items() if v_], -float("inf"), 1.0)
+
+
+def _highs():
+    """A silent HiGHS instance (its first construction prints a banner on fd 1)."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+def _start_values(g: Geometry, m: _Model, lab, plan: PhysicalPlan) -> list[float] | None:
+    """Column values of ``plan`` (a warm start), or None when it does not fit the model."""
+    G = g.granularity
+    pidx = {p.name: i for i, p in enumerate(g.planes)}
+    label_of: dict[tuple[str, int], int] = {}
+    for l_ in range(len(lab.need)):
+        for d in range(lab.need[l_] if len(lab.parts[l_]) == 1 and lab.parts[l_][0][2] == 0
+                       and lab.parts[l_][0][3] == G else 1):
+            label_of[(lab.region[l_], lab.first[l_] + d)] = l_
+    # per plane granule: (label, region granule) or free
+    at: list[list[tuple[int, str | None, int]]] = [
+        [(_FREE, None, -1)] * (g.plane_bytes(p.name) // G) for p in g.planes]
+    alloc_of: list[list[int]] = [[-1] * (g.plane_bytes(p.name) // G) for p in g.planes]
+    for i, a in enumerate(plan.allocations):
+        pi = pidx[a.plane]
+        for d in range(a.length // G):
+            u = a.plane_offset // G + d
+            alloc_of[pi][u] = i
+            if a.region is not None:
+                j = a.region_offset // G + d
+                at[pi][u] = (label_of[(a.region, j)], a.region, j)
+    vals = [0.0] * len(m.lower)
+    for c, (_, units, idx) in enumerate(m.classes):
+        for pi in idx:
+            for u in range(units):
+                l_ = at[pi][u][0]
+                key = (c, u) if l_ == _FREE else (c, u, l_)
+                col = m.z.get(key) if l_ == _FREE else m.x.get(key)  # type: ignore[arg-type]
+                if col is None:
+                    return None
+                vals[col] += 1
+                if u + 1 < units and alloc_of[pi][u] == alloc_of[pi][u + 1]:
+                    fc = m.f.get((c, u, l_, at[pi][u + 1][0]))
+                    if fc is None:
+                        return None
+                    vals[fc] += 1
+    return vals
+
+
+def _extract(g: Geometry, m: _Model, lab: Labels, vals: Sequence[float], label: str
+             ) -> tuple[PhysicalPlan, list[tuple[int, int, int, int]]]:
+    """A plan from column values, and the joins it could not realise.
+
+    Each plane of a class gets its labels granule by granule, following the joins; a
+    join out of a row interior goes, where there is a choice, to a plane whose run
+    was not joined in (one run cannot be both first and last of a row that has more
+    runs). Then each label's granules are laid out in region order: the run joined to
+    the previous label first, the run joined to the next label last. Returns the plan
+    and, per run that was joined at both ends but could not be, (class, label, first
+    granule, granules).
+    """
+    G = g.granularity
+    nl = len(lab.need)
+    val = [int(round(v)) for v in vals]
+    succ = lab.succ
+    owned: list[list[tuple[int, int]]] = [[] for _ in range(nl)]  # label -> (plane, unit)
+    lab_at: dict[tuple[int, int], int] = {}
+    class_of: dict[int, int] = {}
+    for c, (_, units, idx) in enumerate(m.classes):
+        class_of.update({p: c for p in idx})
+        cur: list[int] = []
+        joined_in: list[bool] = [False] * len(idx)
+        run_len: list[int] = [0] * len(idx)
+        for u in range(units):
+            want = {_FREE: val[m.z[(c, u)]]}
+            for l_ in m.at[(c, u)]:
+                if val[m.x[(c, u, l_)]]:
+                    want[l_] = val[m.x[(c, u, l_)]]
+            nxt: list[int | None] = [None] * len(idx)
+            if u > 0:
+                by_label: dict[int, list[int]] = {}
+                for i, a in enumerate(cur):
+                    by_label.setdefault(a, []).append(i)
+                for a, planes in by_label.items():
+                    moves = [_FREE] if a == _FREE else [succ[a], a]
+                    # planes whose run may end here first: not joined in, or whole
+                    planes.sort(key=lambda i: joined_in[i] and run_len[i] < lab.need[a])
+                    for b in moves:
+                        fc = m.f.get((c, u - 1, a, b))
+                        if fc is None:
+                            continue
+                        for i in planes:
+                            if nxt[i] is None and val[fc] > 0 and want.get(b, 0) > 0:
+                                val[fc] -= 1
+                                want[b] -= 1
+                                nxt[i] = b
+            rest = [l_ for l_, n in sorted(want.items()) for _ in range(n)]
+            for i in range(len(idx)):
+                if nxt[i] is None:
+                    nxt[i] = rest.pop()
+            for i in range(len(idx)):
+                b = int(nxt[i])  # type: ignore[arg-type]
+                if u > 0 and b == cur[i] and b != _FREE:
+                    run_len[i] += 1
+                else:
+                    joined_in[i] = u > 0 and b != _FREE and cur[i] != _FREE \
+                        and b == succ[cur[i]]
+                    run_len[i] = 1
+            cur = [int(x) for x in nxt]  # type: ignore[arg-type]
+            for i, l_ in enumerate(cur):
+                if l_ != _FREE:
+                    owned[l_].append((idx[i], u))
+                    lab_at[(idx[i], u)] = l_
+    names = [p.name for p in g.planes]
+    placed: dict[tuple[int, int], tuple[str, int]] = {}  # plane granule -> region granule
+    out: list[Allocation] = []
+    lost: list[tuple[int, int, int, int]] = []
+    for l_ in range(nl):
+        runs = _runs(owned[l_])
+        region, start = lab.region[l_], lab.first[l_]
+        first = last = None
+        for r in runs:
+            p, u, n = r
+            if first is None and placed.get((p, u - 1)) == (region, start - 1):
+                first = r
+            nl_ = lab_at.get((p, u + n))
+            if last is None and nl_ is not None and lab.pred[nl_] == l_ and nl_ != l_:
+                last = r
+        if first is not None and first == last and len(runs) > 1:
+            lost.append((class_of[first[0]], l_, first[1], first[2]))
+            last = None
+        order = ([first] if first else []) + [r for r in runs if r not in (first, last)] \
+            + ([last] if last and last != first else [])
+        j = start
+        for p, u, n in order:
+            for d in range(n):
+                placed[(p, u + d)] = (region, j)
+                out.append(Allocation(names[p], (u + d) * G, G, region, j * G))
+                j += 1
+    return finish_plan(g, label, out, notes=("exact model (HiGHS)",)), lost
+
+
+def _runs(units: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    out: list[list[int]] = []
+    for p, u in sorted(units):
+        if out and out[-1][0] == p and out[-1][1] + out[-1][2] == u:
+            out[-1][2] += 1
+        else:
+            out.append([p, u, 1])
+    return [(p, u, n) for p, u, n in out]
+
+
+def _cost(plan: PhysicalPlan, plane_cost: float, region_cost: dict[str, float]) -> float:
+    return sum(plane_cost + (region_cost.get(a.region, 0.0) if a.region else 0.0)
+               for a in plan.allocations)
+
+
+def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
+               time_limit: float = DEFAULT_TIME_LIMIT, plane_cost: int = 1,
+               region_cost: dict[str, int] | None = None, label: str = "exact",
+               node_limit: int | None = DEFAULT_NODE_LIMIT,
+               progress: Callable[[str], None] | None = None) -> ExactResult:
+    """The best plan HiGHS finds within ``time_limit`` seconds, with its proof.
+
+    Parameters
+    ----------
+    start
+        A contract-keeping plan (the heuristic packer's): the solver's warm start,
+        and the plan returned when the solver finds nothing better in time.
+    plane_cost, region_cost
+        Cost of an allocation (``plane_cost``), plus ``region_cost[R]`` when it is
+        aliased into region R. The default counts allocations; driver handles are
+        ``plane_cost`` = plane grants and ``region_cost[R]`` = alias grants.
+    node_limit
+        Branch-and-bound nodes HiGHS may explore per solve: the deterministic limit
+        (``time_limit`` is only a safety net; when it cuts a solve short, the plan
+        may depend on the host's load).
+
+    Returns
+    -------
+    ExactResult
+        ``optimal`` when the plan's cost equals the solver's dual bound (the proof);
+        otherwise ``gap`` says how far from optimal the plan may be.
+    """
+    import highspy
+    import numpy as np
+
+    t0 = time.perf_counter()
+    rc = {k: float(v) for k, v in (region_cost or {}).items()}
+    if start is not None and plane_cost == 1 and not any(rc.values()):
+        floor = _floor(g)
+        if len(start.allocations) <= floor:  # nothing to solve: the start is optimal
+            plan = PhysicalPlan(label, g, start.allocations, start.notes)
+            return ExactResult(plan, floor, floor, True, time.perf_counter() - t0,
+                               "Optimal (start meets the trivial bound)", "start")
+    m, lab = _build(g, float(plane_cost), rc)
+    n = len(m.lower)
+    h = _highs()
+    inf = highspy.kHighsInf
+    h.addCols(n, np.array(m.cost), np.array(m.lower), np.array(m.upper), 0,
+              np.zeros(n + 1, dtype=np.int32)[:n], np.array([], dtype=np.int32),
+              np.array([], dtype=np.float64))
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                            np.full(n, highspy.HighsVarType.kInteger))
+    starts, index, value = [], [], []
+    for ents in m.rows:
+        starts.append(len(index))
+        for col, v in ents:
+            index.append(col)
+            value.append(v)
+    lo = np.array([-inf if x == -float("inf") else x for x in m.rows_lo])
+    hi = np.array([inf if x == float("inf") else x for x in m.rows_hi])
+    h.addRows(len(m.rows), lo, hi, len(index), np.array(starts, dtype=np.int32),
+              np.array(index, dtype=np.int32), np.array(value, dtype=np.float64))
+    for key, v in (("time_limit", float(time_limit)), ("mip_rel_gap", 0.0),
+                   ("mip_abs_gap", 0.999), ("threads", 1), ("random_seed", 0)):
+        h.setOptionValue(key, v)
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
+    start_cost = None
+    if start is not None:
+        vals = _start_values(g, m, lab, start)
+        if vals is not None:
+            sol = highspy.HighsSolution()
+            sol.col_value = vals
+            sol.value_valid = True
+            h.setSolution(sol)
+            start_cost = _cost(start, plane_cost, rc)
+    if progress:
+        progress(f"exact model: {n:,} columns, {len(m.rows):,} rows, "
+                 f"{len(m.classes)} plane classes; solving with HiGHS")
+    bound_valid = True
+    dual = -float("inf")
+    best, best_cost, source = start, start_cost, "start"
+    rounds = 0
+    while True:
+        rounds += 1
+        h.run()
+        status = h.modelStatusToString(h.getModelStatus())
+        info = h.getInfo()
+        if bound_valid and info.mip_dual_bound == info.mip_dual_bound:
+            dual = max(dual, info.mip_dual_bound)
+        if info.primal_solution_status != 2:  # no feasible solution
+            break
+        cand, lost = _extract(g, m, lab, h.getSolution().col_value, label)
+        if not check_contract(g, cand):
+            c = _cost(cand, plane_cost, rc)
+            if best_cost is None or c < best_cost:
+                best, best_cost, source = cand, c, "solver"
+        left = time_limit - (time.perf_counter() - t0)
+        if not lost or best_cost is None or best_cost <= _ceil(dual) or left <= 0.05 \
+                or rounds >= _MAX_ROUNDS:
+            break
+        # a run joined at both ends of a row that has more runs: forbid that pattern
+        for c, l_, u, k in lost:
+            mult = len(m.classes[c][2])
+            f_in = m.f[(c, u - 1, lab.pred[l_], l_)]
+            f_out = m.f[(c, u + k - 1, l_, lab.succ[l_])]
+            if mult == 1:  # valid for every plan: the one plane holds the whole pattern
+                ents = [(f_in, 1.0), (f_out, 1.0)] + [(m.x[(c, t, l_)], 1.0)
+                                                      for t in range(u, u + k)]
+                h.addRow(-inf, float(k + 1), len(ents), np.array([e[0] for e in ents],
+                         dtype=np.int32), np.array([e[1] for e in ents]))
+            else:  # a restriction: later bounds no longer hold for every plan
+                bound_valid = False
+                h.addRow(-inf, 1.0, 2, np.array([f_in, f_out], dtype=np.int32),
+                         np.array([1.0, 1.0]))
+        h.setOptionValue("time_limit", float(left))
+        if best is not None:
+            vals = _start_values(g, m, lab, best)
+            if vals is not None:
+                sol = highspy.HighsSolution()
+                sol.col_value = vals
+                sol.value_valid = True
+                h.setSolution(sol)
+    if best is None:
+        raise PlanError(f"geometry {g.name!r}: the exact model found no plan in "
+                        f"{time_limit:g} s and no start plan was given ({status})")
+    if best.label != label:
+        best = PhysicalPlan(label, g, best.allocations, best.notes)
+    bound = min(_ceil(dual), int(best_cost))
+    return ExactResult(best, int(best_cost), bound, int(best_cost) <= bound,
+                       time.perf_counter() - t0, status, source,
+                       {"columns": n, "rows": len(m.rows), "classes": len(m.classes),
+                        "labels": len(lab.need), "rounds": rounds})
+
+
+def _floor(g: Geometry) -> int:
+    """Allocations every plan needs: one per plane, and one aliased per region plus
+    one non-aliased when the planes hold more granules than the regions."""
+    spare = sum(g.plane_bytes(p.name) for p in g.planes) > \
+        sum(g.region_bytes(r.name) for r in g.regions)
+    return max(len(g.planes), len(g.regions) + spare)
+
+
+def _ceil(x: float) -> int:
+    """A solver's dual bound rounded up to whole cost (0 when there is none)."""
+    if x != x or abs(x) == float("inf"):
+        return 0
+    return int(-(-(x - 1e-6) // 1))

@@ -1,0 +1,127 @@
+"""Granule facts shared by the packer, the lower bound and the exact planner.
+
+Why one module: every planner works in granules of G bytes, and they must agree on
+which region granules lie wholly inside one row (*interior*: any eligible plane
+granule may back them) and which hold a row boundary or bytes past the last row
+(*straddling*: each of their row parts is checked on its own). Before this module the
+"wholly inside one row" test was written four times.
+
+A *label* (as in docs/layout.md, "(D)") is what a plane granule may be assigned to:
+the interior granules of one row together (``need`` = their number), or one
+straddling granule (``need`` 1). Labels are numbered in region order; ``pred[l]`` is
+the label just before ``l`` in the same region (-1 for the first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvgrant.layout.geometry import Geometry, Region, round_up
+
+__all__ = ["Labels", "Part", "granule_row", "labels", "unit_ranges", "intersect"]
+
+Part = tuple[str, int, int, int]
+"""(region, row, first byte in the granule, end byte in the granule)."""
+
+
+def granule_row(r: Region, j: int, G: int) -> int | None:
+    """The row region granule ``j`` of ``r`` lies wholly inside, or None when it holds
+    a row boundary or bytes past the last row."""
+    R, end = r.row_bytes, r.rows * r.row_bytes
+    lo, hi = j * G, (j + 1) * G
+    if hi <= end and lo // R == (hi - 1) // R:
+        return lo // R
+    return None
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Labels of a geometry: per label its need, predecessor, byte parts and the
+    region granules it covers (``first`` granule index, ``count`` granules)."""
+
+    need: list[int]
+    pred: list[int]
+    parts: list[list[Part]]
+    region: list[str]
+    first: list[int]
+
+    @property
+    def succ(self) -> list[int]:
+        """The label just after each label in the same region (-1 for the last)."""
+        out = [-1] * len(self.need)
+        for l_, p in enumerate(self.pred):
+            if p >= 0:
+                out[p] = l_
+        return out
+
+
+def labels(g: Geometry) -> Labels:
+    """Every label of ``g`` in region order (see the module docstring)."""
+    G = g.granularity
+    need: list[int] = []
+    pred: list[int] = []
+    parts: list[list[Part]] = []
+    region: list[str] = []
+    first: list[int] = []
+    for r in g.regions:
+        R, end = r.row_bytes, r.rows * r.row_bytes
+        prev = -1
+        interior = None  # label of the row whose interior is being collected
+        for j in range(round_up(end, G) // G):
+            k = granule_row(r, j, G)
+            if k is not None:
+                if interior is not None and parts[interior][0][1] == k:
+                    need[interior] += 1
+                    continue
+                interior = len(need)
+                need.append(1)
+                parts.append([(r.name, k, 0, G)])
+            else:
+                interior = None
+                lo, hi = j * G, (j + 1) * G
+                ps = []
+                b = lo
+                while b < min(hi, end):
+                    k = b // R
+                    e = min(hi, end, (k + 1) * R)
+                    ps.append((r.name, k, b - lo, e - lo))
+                    b = e
+                need.append(1)
+                parts.append(ps)
+            region.append(r.name)
+            first.append(j)
+            pred.append(prev)
+            prev = len(need) - 1
+    return Labels(need, pred, parts, region, first)
+
+
+def unit_ranges(units: int, G: int, bpp: int, pages: int, o1: int, o2: int,
+                comps: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """Plane granules u of one plane whose bytes [u G + o1, u G + o2) touch only pages
+    inside one component of ``comps`` (or no page at all: bytes past the last page),
+    as sorted, merged half-open ranges of u."""
+    end = pages * bpp
+    out = [(max(0, -(-(end - o1) // G)), units)]  # bytes past the pages: no page
+    for a, b in comps:
+        lo = max(0, -(-(a * bpp - o1) // G))
+        hi = units if b >= pages else min(units, (b * bpp - o2) // G + 1)
+        out.append((lo, hi))
+    out = sorted((lo, hi) for lo, hi in out if lo < hi)
+    merged: list[tuple[int, int]] = []
+    for lo, hi in out:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Intersection of two lists of half-open ranges."""
+    out = []
+    for lo1, hi1 in a:
+        for lo2, hi2 in b:
+            lo, hi = max(lo1, lo2), min(hi1, hi2)
+            if lo < hi:
+                out.append((lo, hi))
+    return sorted(out)

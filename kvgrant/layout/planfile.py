@@ -1,0 +1,95 @@
+"""Plan files: a packed plan written once (``kvgrant plan --json``) and reused
+(``kvgrant alloc --plan FILE``).
+
+Why: planning the published layout takes a couple of seconds of CPU; a serving host
+that starts many times, or runs one process per rank, should plan once and give every
+process the same plan. The file names the layout it was made for by
+:func:`geometry_hash`, so a plan is never applied to another layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from kvgrant.errors import PlanError
+from kvgrant.layout.geometry import Geometry, show_value
+from kvgrant.layout.plan import Allocation, PhysicalPlan
+
+__all__ = ["PLAN_FILE_VERSION", "geometry_hash", "plan_document", "read_plan_file"]
+
+PLAN_FILE_VERSION = 1
+
+
+def geometry_hash(g: Geometry) -> str:
+    """SHA-256 of what a plan depends on: G, pages, planes, regions and aliases
+    (not the name, page tokens or topology: every rank of any topology uses the same
+    plan)."""
+    doc = g.model_dump(exclude={"name", "topology", "page_tokens"})
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def plan_document(plan: PhysicalPlan) -> dict[str, Any]:
+    """The JSON form of a plan, with the hash of the layout it was made for."""
+    return {"version": PLAN_FILE_VERSION, "label": plan.label,
+            "geometry": plan.geometry.name, "geometry_hash": geometry_hash(plan.geometry),
+            "allocations": [a.to_json() for a in plan.allocations]}
+
+
+def _fail(path: Path, field: str, value: Any, rule: str) -> PlanError:
+    return PlanError(f"plan file {path}: {field} = {show_value(value)}: {rule}")
+
+
+def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
+    """The plan in ``path`` (a plan document, or a ``kvgrant plan --json`` report,
+    whose ``packed_plan`` is used), checked to be made for ``g``'s layout.
+
+    Raises
+    ------
+    PlanError
+        Unreadable file, not JSON, wrong version, made for another layout, or a
+        malformed allocation (naming the field, the value and the rule). The
+        allocator checks the layout contract itself before any driver call.
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise PlanError(f"plan file {path}: cannot read it: {err.strerror or err}") from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise PlanError(f"plan file {path}: not JSON: {str(err)[:120]}") from None
+    if isinstance(doc, dict) and "packed_plan" in doc:
+        doc = doc["packed_plan"]
+    if not isinstance(doc, dict):
+        raise _fail(path, "<root>", doc, "must be a JSON object (a plan document)")
+    if doc.get("version") != PLAN_FILE_VERSION:
+        raise _fail(path, "version", doc.get("version"),
+                    f"must be {PLAN_FILE_VERSION} (write the file with kvgrant plan --json)")
+    want = geometry_hash(g)
+    if doc.get("geometry_hash") != want:
+        raise _fail(path, "geometry_hash", doc.get("geometry_hash"),
+                    f"the plan was made for another layout; geometry {g.name!r} has {want}")
+    allocs = doc.get("allocations")
+    if not isinstance(allocs, list):
+        raise _fail(path, "allocations", allocs, "must be a list of allocations")
+    out = []
+    for i, a in enumerate(allocs):
+        keys = set(a) if isinstance(a, dict) else set()
+        if keys not in ({"plane", "plane_offset", "length"},
+                        {"plane", "plane_offset", "length", "region", "region_offset"}):
+            raise _fail(path, f"allocations[{i}]", a, "must have plane, plane_offset, "
+                        "length and, when aliased, region and region_offset")
+        for k in ("plane_offset", "length", "region_offset"):
+            v = a.get(k, 0)
+            if type(v) is not int or v < 0:
+                raise _fail(path, f"allocations[{i}].{k}", v, "must be an integer >= 0")
+        for k in ("plane", "region"):
+            if k in a and not isinstance(a[k], str):
+                raise _fail(path, f"allocations[{i}].{k}", a[k], "must be a name")
+        out.append(Allocation(**a))
+    label = doc.get("label", "packed")
+    return PhysicalPlan(label if isinstance(label, str) else "packed", g, tuple(out),
+                        (f"read from {path}",))

@@ -1,0 +1,131 @@
+"""The packed plan: the exact planner first, the heuristic packer as the fallback.
+
+Why: the exact model (:mod:`kvgrant.layout.exact`) proves its plan optimal on the
+published layouts in about a second of CPU, but a solver may run out of time on some
+layout; then the heuristic packer (:mod:`kvgrant.layout.packer`) runs too and the
+better plan is kept, with the solver's dual bound saying how far from optimal it may
+be. The reference rule's plan is the solver's warm start, so the packed plan never
+needs more allocations than the reference rule.
+
+Planning is deterministic for a given geometry except where the solver's time limit
+cuts it short; results are cached per process by :func:`geometry_hash`, so
+``allocate()`` (which plans before and, when pages are fitted, after fitting) never
+solves the same layout twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from kvgrant.layout.contract import check_contract
+from kvgrant.layout.exact import DEFAULT_TIME_LIMIT, ExactResult, exact_plan
+from kvgrant.layout.geometry import Geometry
+from kvgrant.layout.packer import pack
+from kvgrant.layout.plan import PhysicalPlan
+from kvgrant.layout.planfile import geometry_hash
+from kvgrant.layout.rules import reference_plan
+
+__all__ = ["PackedResult", "geometry_hash", "plan_packed"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PackedResult:
+    """The packed plan and how good it is.
+
+    ``bound`` is the solver's proven lower bound on allocations (0 when the solver
+    gave none); ``optimal`` is True when the plan needs exactly that many.
+    """
+
+    plan: PhysicalPlan
+    bound: int
+    optimal: bool
+    source: str
+    seconds: float
+    exact: ExactResult | None
+
+    @property
+    def gap(self) -> int:
+        return len(self.plan.allocations) - self.bound
+
+    def verdict(self) -> str:
+        """"optimal" or "within N of optimal" (allocations), as ``kvgrant plan`` prints."""
+        if self.optimal:
+            return "optimal"
+        if self.bound <= 0:
+            return "optimality unknown (no solver bound)"
+        return f"within {self.gap:,} of optimal"
+
+    def to_json(self) -> dict[str, object]:
+        return {"allocations": len(self.plan.allocations), "bound": self.bound,
+                "optimal": self.optimal, "gap": self.gap, "verdict": self.verdict(),
+                "source": self.source, "seconds": round(self.seconds, 3),
+                "solver": None if self.exact is None else self.exact.to_json()}
+
+
+def plan_packed(g: Geometry, *, time_limit: float = DEFAULT_TIME_LIMIT,
+                progress: Progress | None = None) -> PackedResult:
+    """The packed plan of ``g`` with its optimality verdict (cached per layout)."""
+    key = geometry_hash(g)
+    if progress is None:
+        res = _cached(_Keyed(key, g), float(time_limit))
+    else:
+        res = _solve(g, time_limit, progress)
+    if res.plan.geometry is g:
+        return res
+    plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
+    return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact)
+
+
+class _Keyed:
+    """A geometry that compares and hashes by its :func:`geometry_hash` only."""
+
+    __slots__ = ("key", "g")
+
+    def __init__(self, key: str, g: Geometry) -> None:
+        self.key, self.g = key, g
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Keyed) and other.key == self.key
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(k: _Keyed, time_limit: float) -> PackedResult:
+    """Memo of :func:`_solve` by geometry hash."""
+    return _solve(k.g, time_limit, None)
+
+
+def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedResult:
+    t0 = time.perf_counter()
+    ref = reference_plan(g)
+    start = ref
+    exact: ExactResult | None = None
+    try:
+        exact = exact_plan(g, start=ref, time_limit=time_limit, label="packed",
+                           progress=progress)
+    except ImportError:  # pragma: no cover - highspy is a dependency
+        exact = None
+    if exact is not None and exact.optimal:
+        plan = PhysicalPlan("packed", g, exact.plan.allocations,
+                            (f"exact: optimal ({exact.bound:,} allocations proven by "
+                             "the solver's dual bound)",))
+        return PackedResult(plan, exact.bound, True, "exact", time.perf_counter() - t0, exact)
+    if progress:
+        progress("solver gave no proof in time; running the heuristic packer too")
+    best = exact.plan if exact is not None else start
+    heur = pack(g)
+    if not check_contract(g, heur) and len(heur.allocations) < len(best.allocations):
+        best, source = heur, "heuristic"
+    else:
+        source = "exact" if exact is not None and exact.source == "solver" else "reference"
+    bound = exact.bound if exact is not None else 0
+    plan = PhysicalPlan("packed", g, best.allocations, best.notes)
+    return PackedResult(plan, bound, len(plan.allocations) <= bound, source,
+                        time.perf_counter() - t0, exact)

@@ -1,0 +1,26 @@
+"""Suite-wide test configuration: Hypothesis profiles.
+
+Why: a property test that draws fresh examples on every CI run can fail on one run
+and pass on the next, so CI runs are derandomized (the same examples every time, no
+example database). Exploration happens on developer machines with the ``dev``
+profile, whose example database lives outside the checkout so nothing found there is
+committed by accident. ``CI`` set (as every CI service sets it) selects ``ci``;
+``KVGRANT_HYPOTHESIS_PROFILE`` picks one explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile(
+    "dev",
+    database=DirectoryBasedExampleDatabase(
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvgrant" / "hypothesis"),
+)
+settings.load_profile(os.environ.get("KVGRANT_HYPOTHESIS_PROFILE")
+                      or ("ci" if os.environ.get("CI") else "dev"))

@@ -1,0 +1,97 @@
+"""The exact planner: its plans keep the contract, its bound never exceeds the true
+optimum (brute force on tiny layouts), and "optimal" means the brute-force optimum."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+
+from kvgrant.layout import exact
+from kvgrant.layout.bound import allocation_lower_bound
+from kvgrant.layout.contract import check_contract
+from kvgrant.layout.exact import exact_plan
+from kvgrant.layout.geometry import load_geometry, parse_geometry
+from kvgrant.layout.rules import naive_plan, reference_plan
+from layout_builders import gen_layout, geometries, geometry_dict
+from test_bound import _TAIL_PIECE_COUNTEREXAMPLE, brute_min
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
+
+
+def test_all_is_pinned():
+    assert exact.__all__ == sorted(["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "ExactResult",
+                                    "exact_plan"])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(geometries(max_planes=2, max_regions=2, max_ranks=1))
+@example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
+@example(parse_geometry(geometry_dict(topology={"ranks": 1})))
+def test_exact_optimum_matches_brute_force(g):
+    ref = reference_plan(g)
+    res = exact_plan(g, start=ref)
+    assert check_contract(g, res.plan) == []
+    assert res.cost == len(res.plan.allocations) <= len(ref.allocations)
+    assert res.bound <= res.cost
+    assert res.optimal == (res.bound == res.cost)
+    best = brute_min(g)
+    if best is not None:
+        assert res.bound <= best <= res.cost
+        if res.optimal:
+            assert res.cost == best
+        # the combinatorial bound is an independent cross-check: never above either
+        assert allocation_lower_bound(g).total <= best
+
+
+def _weights(g):
+    return 2, {r.name: 3 + 2 * i for i, r in enumerate(g.regions)}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(geometries(max_planes=2, max_regions=2, max_ranks=1))
+def test_weighted_optimum_matches_brute_force(g):
+    free, region = _weights(g)
+
+    def cost(plan):
+        return sum(free + (region[a.region] if a.region else 0) for a in plan.allocations)
+
+    res = exact_plan(g, start=reference_plan(g), plane_cost=free, region_cost=region)
+    assert check_contract(g, res.plan) == []
+    assert res.cost == cost(res.plan)
+    best = brute_min(g, cost=cost)
+    if best is not None:
+        assert res.bound <= best <= res.cost
+        if res.optimal:
+            assert res.cost == best
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_are_solved_to_proven_optimality(path):
+    g = load_geometry(path)
+    res = exact_plan(g, start=reference_plan(g))
+    assert check_contract(g, res.plan) == []
+    assert res.optimal and res.bound == res.cost == len(res.plan.allocations)
+    assert allocation_lower_bound(g).total <= res.bound
+    assert res.cost <= len(reference_plan(g).allocations) <= len(naive_plan(g).allocations)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_generated_layouts_keep_the_contract(seed):
+    # a small node limit keeps the test quick and deterministic; the properties hold
+    # whatever the solver returns
+    g = parse_geometry(gen_layout().random_layout(seed))
+    ref = reference_plan(g)
+    res = exact_plan(g, start=ref, node_limit=20)
+    assert check_contract(g, res.plan) == []
+    assert res.bound <= res.cost <= len(ref.allocations)
+    assert allocation_lower_bound(g).total <= res.cost
+
+
+def test_without_a_start_the_solver_still_finds_a_plan():
+    g = parse_geometry(geometry_dict())
+    res = exact_plan(g)
+    assert res.source == "solver" and check_contract(g, res.plan) == []
+    assert res.to_json()["optimal"] is res.optimal
