@@ -226,11 +226,11 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
             lines.append(f"{f.label:<10} {who:<18} {demand:>10,} {margin:>+10,}  {verdict}")
     if handle_bound is not None:
         lines.append("")
-        lines.append("any plan that keeps the layout contract needs at least (host, one process):")
+        lines.append("any plan that keeps the layout contract needs at least (all ranks of the host, however many processes):")
         for who, key in (("owner+importers", "importers"), ("declared readers", "declared")):
             need = handle_bound[key]
             verdict = "fits" if need <= budget else \
-                "EXCEEDS BUDGET: no plan can start this layout in one process"
+                "EXCEEDS BUDGET: no plan can start this layout on one host"
             lines.append(f"  {who:<18} {need:>10,} handles  {verdict}")
     lines.append("")
     for f in figures:
