@@ -67,7 +67,7 @@ def test_all_is_pinned():
                                     "handle_lower_bound", "lagrangian_bound"])
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
 def test_bound_never_exceeds_the_best_plan(g):

@@ -122,7 +122,7 @@ def test_make_plan_rejects_unknown_label():
     assert "'greedy'" in str(err.value) and "naive" in str(err.value)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(geometries())
 def test_every_plan_keeps_the_contract(g):
     naive, ref, packed = naive_plan(g), reference_plan(g), packed_plan(g)
@@ -133,8 +133,13 @@ def test_every_plan_keeps_the_contract(g):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_generated_layouts_pack_no_worse_than_reference(seed):
+    """Whatever the solver returns within its limit, the packed plan keeps the contract
+    and is never worse than the reference rule (so a short limit keeps the test fast
+    without making its outcome depend on the machine)."""
+    from kvgrant.layout.planner import plan_packed
+
     g = parse_geometry(GEN.random_layout(seed))
-    ref, packed = reference_plan(g), packed_plan(g)
+    ref, packed = reference_plan(g), plan_packed(g, time_limit=3.0).plan
     assert check_contract(g, packed) == []
     assert check_contract(g, ref) == []
     assert len(packed.allocations) <= len(ref.allocations) <= len(naive_plan(g).allocations)
