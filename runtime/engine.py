@@ -20,7 +20,23 @@ from kvgrant.runtime.published import Counts
 from kvgrant.runtime.trace import TraceWriter, clock, event_template
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 
-__all__ = ["Engine", "StepFailed"]
+__all__ = ["Engine", "StepFailed", "va_layout"]
+
+
+def va_layout(g: Geometry) -> tuple[dict[str, int], dict[str, int], int]:
+    """A rank's VA layout (docs/INTERFACES.md): planes then regions, in geometry order,
+    at G-aligned offsets; returns (plane offsets, region offsets, bytes to reserve).
+    The group runtime reserves one such slot per rank it maps."""
+    off = 0
+    plane_off: dict[str, int] = {}
+    for p in g.planes:
+        plane_off[p.name] = off
+        off += g.plane_bytes(p.name)
+    region_off: dict[str, int] = {}
+    for reg in g.regions:
+        region_off[reg.name] = off
+        off += g.region_bytes(reg.name)
+    return plane_off, region_off, off
 
 _OK = "CUDA_SUCCESS"
 _STATE = ('{"phase": "%s", "va": %s, "created": %d, "mapped": %d, "alias_mapped": %d, '
@@ -151,19 +167,8 @@ class Engine:
         self._phase = "Allocating"
         # trace-template keys of alias grants, one per region
         self.alias_key = {reg.name: "Grant alias:" + reg.name for reg in g.regions}
-        G = g.granularity
-        # VA layout of a rank: planes then regions, geometry order, G-aligned offsets.
-        off = 0
-        self.plane_off: dict[str, int] = {}
-        for p in g.planes:
-            self.plane_off[p.name] = off
-            off += g.plane_bytes(p.name)
-        self.region_off: dict[str, int] = {}
-        for reg in g.regions:
-            self.region_off[reg.name] = off
-            off += g.region_bytes(reg.name)
-        self.reserve_bytes = off
-        self.G = G
+        self.plane_off, self.region_off, self.reserve_bytes = va_layout(g)
+        self.G = g.granularity
         # CUDA ordinals each mapping is granted to: [rank][region or None]
         self.grant_plane: list[list[int]] = []
         self.grant_region: list[dict[str, list[int]]] = []

@@ -49,6 +49,7 @@ from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.fdpass import FdClient, FdServer
+from kvgrant.runtime.engine import va_layout
 from kvgrant.runtime.prepare import host_ledger, resolve_plan
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
@@ -338,16 +339,7 @@ class _GroupRun:
         self.st = _State()
         self._phase = "Allocating"
         self.G = g.granularity
-        off = 0
-        self.plane_off: dict[str, int] = {}
-        for p in g.planes:
-            self.plane_off[p.name] = off
-            off += g.plane_bytes(p.name)
-        self.region_off: dict[str, int] = {}
-        for reg in g.regions:
-            self.region_off[reg.name] = off
-            off += g.region_bytes(reg.name)
-        self.slot_bytes = off
+        self.plane_off, self.region_off, self.slot_bytes = va_layout(g)
         n = g.topology.ranks
         self.importers = list(g.importers(rank))
         self.owners = [o for o in range(n) if o != rank and rank in g.importers(o)]
