@@ -195,7 +195,8 @@ def prepare(geometry: "Geometry | str | Path", *,
 
 
 def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"
-                  ) -> PhysicalPlan:
+                 ) -> PhysicalPlan:
+    """A label (``make_plan``), a planner callable, or a plan as given."""
     if isinstance(plan, PhysicalPlan):
         return plan
     if callable(plan):
@@ -210,7 +211,7 @@ def _free_map(driver: Driver, devices: Sequence[int]) -> dict[int, int]:
 
 
 def host_ledger(ledger: "HostLedger | str | Path | bool | None", backend: str
-                 ) -> "HostLedger | None":
+                ) -> "HostLedger | None":
     """The ledger to reserve in (see ``allocate``'s ``ledger``), or None."""
     from kvgrant.runtime.ledger import LEDGER_ENV, HostLedger
 
