@@ -71,9 +71,12 @@ def test_all_is_pinned():
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
 def test_bound_never_exceeds_the_best_plan(g):
+    from kvgrant.layout.planner import plan_packed
+
     best = brute_min(g)
     lb = allocation_lower_bound(g)
-    plan = packed_plan(g)
+    # a short solver limit: the assertions hold whatever plan comes back
+    plan = plan_packed(g, time_limit=2.0).plan
     assert check_contract(g, plan) == []
     packed = len(plan.allocations)
     assert lb.total <= packed

@@ -125,7 +125,10 @@ def test_make_plan_rejects_unknown_label():
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(geometries())
 def test_every_plan_keeps_the_contract(g):
-    naive, ref, packed = naive_plan(g), reference_plan(g), packed_plan(g)
+    from kvgrant.layout.planner import plan_packed
+
+    # a short solver limit: the assertions hold whatever plan comes back
+    naive, ref, packed = naive_plan(g), reference_plan(g), plan_packed(g, time_limit=2.0).plan
     for plan in (naive, ref, packed):
         assert check_contract(g, plan) == [], plan.label
     assert len(packed.allocations) <= len(ref.allocations) <= len(naive.allocations)
