@@ -142,9 +142,11 @@ def test_bound_does_not_call_the_packer(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_bound_below_packed_on_generated_layouts(seed):
+    from kvgrant.layout.planner import plan_packed
+
     g = parse_geometry(_gen().random_layout(seed))
     lb = allocation_lower_bound(g)
-    packed = packed_plan(g)
+    packed = plan_packed(g, time_limit=3.0).plan  # the assertions hold for any stop
     assert lb.total <= len(packed.allocations) <= len(reference_plan(g).allocations)
     assert lb.aliased <= sum(a.aliased for a in packed.allocations)
     assert lb.to_json()["total"] == lb.total
@@ -163,9 +165,11 @@ def test_weighted_relaxation_never_exceeds_the_best_weighted_plan(g):
     def cost(plan):
         return sum(free if a.region is None else region[a.region] for a in plan.allocations)
 
+    from kvgrant.layout.planner import plan_packed
+
     best = brute_min(g, cost=cost)
     relax = lagrangian_bound(g, free_cost=free, region_cost=region)
-    assert relax <= cost(packed_plan(g))
+    assert relax <= cost(plan_packed(g, time_limit=2.0).plan)  # holds for any stop
     if best is not None:
         assert relax <= best
 
