@@ -229,7 +229,11 @@ def test_published_scale_plans_keep_the_contract() -> None:
 @given(geometries())
 def test_every_planner_keeps_the_contract(g: Geometry) -> None:
     from kvgrant.layout import plans
+    from kvgrant.layout.planner import plan_packed
 
     for label in plans.PLAN_LABELS:
-        found = check_contract(g, plans.make_plan(g, label))
+        # packed with a short solver limit: the contract holds for any plan it returns
+        plan = plan_packed(g, time_limit=2.0).plan if label == "packed" else \
+            plans.make_plan(g, label)
+        found = check_contract(g, plan)
         assert found == [], f"{label}: {[str(v) for v in found]}"
