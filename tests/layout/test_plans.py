@@ -208,6 +208,9 @@ def test_exchange_improves_the_published_layout():
     before, after = _exchanged(g, _pack_units(g, list(g.aliases), True))
     assert check_contract(g, after) == []
     assert len(after.allocations) < len(before.allocations)
-    packed = packed_plan(g)
-    assert len(packed.allocations) <= len(before.allocations)
-    assert "then granules exchanged between rows" in packed.notes
+    from kvgrant.layout.packer import pack
+
+    heuristic = pack(g)  # the heuristic packer (the exact planner's fallback) uses it
+    assert len(heuristic.allocations) <= len(before.allocations)
+    assert "then granules exchanged between rows" in heuristic.notes
+    assert len(packed_plan(g).allocations) <= len(heuristic.allocations)
