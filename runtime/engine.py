@@ -20,7 +20,23 @@ from kvgrant.runtime.published import Counts
 from kvgrant.runtime.trace import TraceWriter, clock, event_template
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 
-__all__ = ["Engine", "StepFailed", "va_layout"]
+__all__ = ["Engine", "StepFailed", "traced_shutdown", "va_layout"]
+
+
+def traced_shutdown(run: Any, teardown: Teardown) -> list[BaseException]:
+    """Shutdown of a published attempt (one process's engine or a group rank's run):
+    ``Unpublish``, the committed undos, ``ShutdownComplete`` when none failed; the trace
+    is closed on every path. Returns the undos that failed (the rest still ran)."""
+    try:
+        run.phase = "ShuttingDown"
+        run._group("Unpublish")
+        errors: list[BaseException] = teardown.run()
+        if not errors:
+            run.phase = "Shutdown"
+            run._group("ShutdownComplete")
+    finally:
+        run.trace.close()
+    return errors
 
 
 def va_layout(g: Geometry) -> tuple[dict[str, int], dict[str, int], int]:
@@ -454,16 +470,7 @@ class Engine:
     def shutdown(self, teardown: Teardown) -> list[BaseException]:
         """``Unpublish``, the committed undo stack (LIFO), ``ShutdownComplete``;
         returns the undos that failed (the rest still ran)."""
-        try:
-            self.phase = "ShuttingDown"
-            self._group("Unpublish")
-            errors = teardown.run()
-            if not errors:
-                self.phase = "Shutdown"
-                self._group("ShutdownComplete")
-        finally:
-            self.trace.close()
-        return errors
+        return traced_shutdown(self, teardown)
 
     def plane_vas(self) -> list[dict[str, int]]:
         """[rank][plane] -> VA of the plane."""

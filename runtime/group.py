@@ -49,7 +49,7 @@ from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.fdpass import FdClient, FdServer
-from kvgrant.runtime.engine import va_layout
+from kvgrant.runtime.engine import traced_shutdown, va_layout
 from kvgrant.runtime.prepare import host_ledger, resolve_plan
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
@@ -365,16 +365,7 @@ class _GroupRun:
     def shutdown(self, teardown: Teardown) -> list[BaseException]:
         """``Unpublish``, the committed undos (imports first, then own objects, LIFO),
         ``ShutdownComplete``; returns the undos that failed."""
-        try:
-            self.phase = "ShuttingDown"
-            self._group("Unpublish")
-            errors = teardown.run()
-            if not errors:
-                self.phase = "Shutdown"
-                self._group("ShutdownComplete")
-        finally:
-            self.trace.close()
-        return errors
+        return traced_shutdown(self, teardown)
 
     # ------------------------------------------------------------------ tracing
     def state(self) -> dict[str, Any]:
