@@ -207,6 +207,17 @@ def replay_group(t: GroupTrace, *, engine: str = "python", fast: bool = True) ->
                         order=order)
 
 
-def replay_group_files(paths: Iterable[str | Path]) -> GroupVerdict:
-    """Load (TraceError if malformed) and check the trace files of one group."""
+def replay_group_files(paths: Iterable[str | Path], *, fast: bool = True) -> GroupVerdict:
+    """Load (TraceError if malformed) and check the trace files of one group.
+
+    ``fast``: first try :func:`kvgrant.conformance.group_fast.fast_accept`, which
+    accepts a group of clean runs without stepping the model per event; anything else
+    is replayed here, so a rejection is the same with or without it."""
+    paths = list(paths)
+    if fast:
+        from kvgrant.conformance.group_fast import fast_accept
+
+        v = fast_accept(paths)
+        if v is not None:
+            return v
     return replay_group(load_group(paths))

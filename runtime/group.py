@@ -33,6 +33,7 @@ decided to abort. No retries, no smaller second attempt.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -55,8 +56,8 @@ from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 
-__all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "rank_demand",
-           "take_ledger_lease"]
+__all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "plan_digests",
+           "rank_demand", "take_ledger_lease"]
 
 #: How long any one group step waits for the others (seconds) before naming them missing.
 DEFAULT_TIMEOUT_S = 120.0
@@ -135,6 +136,46 @@ def take_ledger_lease(ledger: Any, *, handles: int, geometry: Geometry, label: s
         return _NoLease()
     return book.reserve(handles, geometry=geometry.name, label=label, budget=budget,
                         reserve=reserve, check=check, devices=[device])
+
+
+def plan_digests(g: Geometry, plan: PhysicalPlan) -> dict[str, str]:
+    """SHA-256 digests of the whole geometry (topology included) and of the plan.
+
+    Why: every rank plans for itself; the hello compares these so ranks never build
+    against different plans (an fd of the wrong size would abort the group late).
+    """
+    from kvgrant.layout.planfile import plan_document
+
+    def h(doc: Any) -> str:
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    return {"geometry": h(g.model_dump()), "plan": h(plan_document(plan))}
+
+
+def _check_same_plan(digests: Mapping[int, Mapping[str, str] | None], rank: int,
+                     when: str) -> None:
+    """Refuse (GroupError naming the ranks and their digests) unless every rank's
+    geometry and plan digests agree; the most common value is taken as the group's."""
+    for key in ("geometry", "plan"):
+        vals = {r: (d or {}).get(key) for r, d in digests.items()}
+        counts: dict[Any, int] = {}
+        for v in vals.values():
+            counts[v] = counts.get(v, 0) + 1
+        if len(counts) <= 1:
+            continue
+        # the majority (ties: the value of the lowest rank) is the reference
+        ref = max(counts, key=lambda v: (counts[v], -min(r for r, x in vals.items()
+                                                         if x == v)))
+        odd = {r: v for r, v in sorted(vals.items()) if v != ref}
+        same = sorted(r for r, v in vals.items() if v == ref)
+        raise GroupError(
+            f"{when}: the ranks' {key} digests differ: " + ", ".join(
+                f"rank {r} has {v}" for r, v in odd.items())
+            + f"; ranks {same} have {ref}: every rank must build the same plan of the "
+            "same geometry (pass one plan file to every rank: --plan FILE); nothing was "
+            "created", rank=rank, failed={r: f"{key} digest {v} differs from {ref}"
+                                          for r, v in odd.items()})
 
 
 def _ensure_fd_room(need: int) -> None:
@@ -819,6 +860,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
     hello = {"rank": rank, "pid": os.getpid(), "uid": os.getuid(), "host": host,
              "pidns": _pidns(), "addr": server.address if server else None, "device": device,
              "demand": rank_demand(g, the_plan, rank) if the_plan is not None else None,
+             "digests": plan_digests(g, the_plan) if the_plan is not None else None,
              "error": _err_text(local_error) if local_error else None}
     try:
         recs = _join(chan, hello, g, rank, timeout_s)
@@ -928,6 +970,8 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                         the_plan = checked(g)
                 except KVGrantError as e:
                     fail = _StepFailed(f"rank {rank}: {_err_text(e)}", e)
+                if fit is not None and fit.reduced and not isinstance(plan, PhysicalPlan):
+                    fail = _agree_on_replan(chan, g, the_plan, rank, fail)
             assert driver is not None
             run = _GroupRun(g, the_plan, driver, rank, devices, tw)
             run.header(n, host)
@@ -1081,6 +1125,8 @@ def _join(chan: _Channel, hello: Mapping[str, Any], g: Geometry, rank: int,
         raise GroupError("the group did not start; nothing was created: " + "; ".join(
             f"rank {r} failed: {t}" for r, t in sorted(errors.items())), rank=rank,
             failed=errors)
+    _check_same_plan({r: rec.get("digests") for r, rec in recs.items()}, rank,
+                     "the group did not start")
     chan.slot_of = {r: rec["slot"] for r, rec in recs.items()}
     ns, host = _pidns(), hello["host"]
     chan.pids = {rec["slot"]: rec["pid"] for rec in recs.values()
@@ -1093,6 +1139,35 @@ def _join(chan: _Channel, hello: Mapping[str, Any], g: Geometry, rank: int,
             for o, i in apart) + ": POSIX fds do not cross hosts, so an import group "
             "must live on one host; nothing was created", rank=rank)
     return recs
+
+
+def _agree_on_replan(chan: _Channel, g: Geometry, plan: PhysicalPlan, rank: int,
+                     fail: "_StepFailed | None") -> "_StepFailed | None":
+    """After a memory limit shrank the pages every rank re-planned: all-gather the new
+    digests (every rank takes part, a failed one with None) and fail before the first
+    driver object unless they agree."""
+    mine = plan_digests(g, plan) if fail is None else None
+    try:
+        got, missing, _ = chan.gather("replan", {"rank": rank, "digests": mine})
+    except _Abandoned as ab:
+        return fail or _StepFailed(f"rank {rank} stopped: {ab}", ab, peer=-1)
+    if fail is not None:
+        return fail
+    if missing:
+        text = f"rank {rank} did not start: ranks " + ", ".join(
+            str(_rank_of(chan, s)) for s in missing) + " did not answer the re-plan"
+        return _StepFailed(text, GroupError(text, rank=rank), peer=_rank_of(chan, missing[0]))
+    digests = {int(x["rank"]): x["digests"] for x in got if x is not None}
+    if any(d is None for d in digests.values()):
+        bad = sorted(r for r, d in digests.items() if d is None)
+        text = f"rank {rank} did not start: ranks {bad} failed to re-plan"
+        return _StepFailed(text, GroupError(text, rank=rank), peer=bad[0])
+    try:
+        _check_same_plan(digests, rank, f"rank {rank} did not start (re-plan for "
+                                        f"{g.pages} pages)")
+    except GroupError as e:
+        return _StepFailed(str(e), e, peer=min(e.failed) if e.failed else None)
+    return None
 
 
 def _tell_importers(run: _GroupRun, recs: Mapping[int, Mapping[str, Any]],

@@ -182,7 +182,7 @@ def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.parametrize("mod", ["group_model", "group_io", "group_replay", "group_gen",
-                                 "group_mutants", "group_check"])
+                                 "group_mutants", "group_check", "group_fast"])
 def test_group_modules_pin_their_public_names(mod: str) -> None:
     import importlib
 
@@ -210,3 +210,55 @@ def test_fast_steps_give_the_same_verdicts(tmp_path: Path) -> None:
         a, b = replay_group(t), replay_group(t, fast=False)
         assert (a.accepted, a.rank, a.index, a.reason, a.order, a.state_before, a.enabled) \
             == (b.accepted, b.rank, b.index, b.reason, b.order, b.state_before, b.enabled)
+
+
+# --- the fast path (conformance/group_fast.py) ----------------------------------------------
+
+C4 = constants_from(4, 5, [0, 2, 3], [2], {0: [1, 2, 3], 1: [0], 2: [], 3: [0, 1, 2]})
+C4_NO_ALIAS = constants_from(4, 3, [], [], {0: [1], 1: [2], 2: [3], 3: [0]})
+CLEAN = [(C2, {}), (C2, {"shutdown": False}), (C3, {}), (C3, {"shutdown": False}),
+         (C4, {}), (C4, {"shutdown": False}), (C4, {"devices": {0: 0, 1: 0, 2: 0, 3: 0}}),
+         (C4_NO_ALIAS, {"devices": {0: 3, 1: 2, 2: 1, 3: 0}})]
+
+
+@pytest.mark.parametrize("c, kw", CLEAN, ids=[f"{c.ranks}r-{kw}" for c, kw in CLEAN])
+def test_fast_path_accepts_clean_groups_as_the_replay_does(tmp_path: Path, c, kw) -> None:
+    """A group the fast path accepts is accepted by the full replay, with the same
+    interleaving (TLC replays it), events and final phases."""
+    from kvgrant.conformance.group_fast import fast_accept
+
+    d = _write(tmp_path, simulate_group(c, **kw))
+    fast = fast_accept([d])
+    full = replay_group(load_group([d]))
+    assert fast is not None and full.accepted
+    assert (fast.order, fast.events, fast.final) == (full.order, full.events, full.final)
+
+
+def test_fast_path_accepts_the_h200_group_trace(tmp_path: Path) -> None:
+    import tarfile
+
+    from kvgrant.conformance.group_fast import fast_accept
+
+    with tarfile.open(FIXTURES.parent / "h200" / "group-published-dcp8-2proc.tgz") as tf:
+        tf.extractall(tmp_path, filter="data")
+    d = next(p.parent for p in tmp_path.rglob("rank0.ndjson"))
+    fast = fast_accept([d])
+    assert fast is not None and fast.events == 49870
+    assert fast.order == replay_group(load_group([d])).order
+
+
+def test_fast_path_leaves_everything_else_to_the_replay(tmp_path: Path) -> None:
+    """Failures, crashes, other key orders and every mutant get None: the replay judges
+    them, so each rejection names the event it named without the fast path."""
+    from kvgrant.conformance.group_fast import fast_accept
+
+    texts = simulate_group(C3)
+    heads, evs = parse_texts(texts)
+    sorted_keys = [json.dumps(heads[r], sort_keys=True) + "\n" + "".join(
+        json.dumps(e, sort_keys=True) + "\n" for e in evs[r]) for r in range(3)]
+    others = [simulate_group(C3, fail_at={1: 3}), simulate_group(C3, crash_after={2: 9}),
+              sorted_keys, [t.replace('"t": 0.0', '"t": 00.0', 1) for t in texts]]
+    others += [m.texts for _, m in _cases()]
+    for i, group in enumerate(others):
+        assert fast_accept([_write(tmp_path, group, f"o{i}")]) is None, i
+    assert fast_accept([tmp_path / "missing"]) is None
