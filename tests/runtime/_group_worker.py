@@ -92,13 +92,15 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
         res["free_before"] = probe.free_memory(rank)[0]
     try:
         tw = TraceWriter(trace, renderer="thread") if trace else None
+        plan = (spec.get("plans") or {}).get(str(rank), "packed")
         pub = allocate_rank(g, rank, driver=drv, trace=tw, timeout_s=spec["timeout_s"],
+                            plan=plan,
                             device=rank, ledger=spec.get("ledger"),
                             handle_budget=spec.get("handle_budget"),
                             handle_reserve=spec.get("handle_reserve"))
     except Exception as e:  # noqa: BLE001 - recorded for the test
         res.update(ok=False, kind=type(e).__name__, error=str(e),
-                   failed=sorted(getattr(e, "failed", {})),
+                   calls=sum(drv.calls.values()), failed=sorted(getattr(e, "failed", {})),
                    missing=list(getattr(e, "missing", [])))
     else:
         res.update(ok=True, imports_from=list(pub.imports_from),

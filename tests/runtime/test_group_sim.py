@@ -150,6 +150,41 @@ def test_kill_9_of_one_process_during_start_up_aborts_the_others_naming_it(
     assert not any(e["action"] in ("AbortComplete", "ShutdownComplete", "Vote") for e in events)
 
 
+def test_ranks_with_different_plans_are_refused_before_any_driver_call(
+        tmp_path: Path) -> None:
+    """Each rank plans for itself; the hello compares the plan digests, so a rank whose
+    plan differs is named (with both digests) and nobody calls the driver."""
+    recs = run_group(tmp_path, TINY, plans={"0": "packed", "1": "naive"})
+    g = parse_geometry(TINY)
+    from kvgrant.runtime.group import plan_digests
+
+    packed, naive = (plan_digests(g, make_plan(g, x))["plan"] for x in ("packed", "naive"))
+    assert packed != naive
+    for r in (0, 1):
+        (a,) = recs[r]["attempts"]
+        assert not a["ok"] and a["kind"] == "GroupError", a
+        assert a["calls"] == 0 and a["live"] == EMPTY
+        assert "plan digests differ" in a["error"], a["error"]
+        # a tie of one against one: the lowest rank's plan is the reference
+        assert f"rank 1 has {naive}" in a["error"] and f"ranks [0] have {packed}" \
+            in a["error"], a["error"]
+        assert a["failed"] == [1]
+
+
+def test_plan_digest_check_names_the_odd_ranks() -> None:
+    from kvgrant.runtime.group import _check_same_plan
+
+    same = {"geometry": "sha256:g", "plan": "sha256:a"}
+    _check_same_plan({0: same, 1: dict(same), 2: dict(same)}, 0, "x")
+    odd = {"geometry": "sha256:g", "plan": "sha256:b"}
+    with pytest.raises(GroupError) as ei:
+        _check_same_plan({0: same, 1: odd, 2: same}, 2, "the group did not start")
+    assert ei.value.failed == {1: "plan digest sha256:b differs from sha256:a"}
+    assert "rank 1 has sha256:b; ranks [0, 2] have sha256:a" in str(ei.value)
+    with pytest.raises(GroupError, match="geometry digests differ: rank 0 has sha256:h"):
+        _check_same_plan({0: {**same, "geometry": "sha256:h"}, 1: same, 2: same}, 1, "x")
+
+
 def test_a_rank_that_stops_answering_is_named_after_the_deadline(tmp_path: Path) -> None:
     g = scaled(small_geometry(), 3).model_dump()
 
