@@ -6,6 +6,7 @@ alone). Scenarios:
 
 * ``once``: one allocate_rank; the owner writes a pattern into its planes, every
   importer reads it back through its own mapping; optional ``faults`` / ``kill_at``.
+  ``hold``: once published, wait until that file exists before releasing.
 * ``sweep``: for k in 1..calls, one attempt where rank ``fault_rank`` fails its k-th
   driver call; after each, this process's live counts, open fds and sim pool are recorded.
 """
@@ -148,6 +149,12 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
                             [PATTERN ^ o]) * 4096
             _sync(spec, rank, "read")
         res["reads"] = reads
+        if spec.get("hold"):
+            # published and holding (its ledger lease too) until the test says release
+            Path(spec["out"], f"published-{rank}").touch()
+            deadline = time.monotonic() + 120
+            while not Path(spec["hold"]).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
         if spec.get("alias_regression"):
             from tests.runtime.test_alias_regression import alias_regression, pick_live_rows
 

@@ -251,6 +251,63 @@ def test_a_group_and_another_kvgrant_process_share_the_host_ledger(tmp_path: Pat
     assert HostLedger(ledger).holders() == []
 
 
+def test_two_groups_on_one_host_share_the_ledger(tmp_path: Path) -> None:
+    """Two independent groups (own stores, own processes) and one host ledger: while
+    group A holds its published shares, group B is refused by the ledger, before any
+    driver call, naming A's processes; with room for both, B publishes beside A; once
+    both have released, the ledger is empty."""
+    import threading
+
+    from kvgrant.runtime.ledger import HostLedger
+
+    ledger = tmp_path / "ledger.json"
+    g = parse_geometry(TINY)
+    plan = make_plan(g, "packed")
+    need = sum(rank_demand(g, plan, r) for r in range(2))
+    results: dict[str, Any] = {}
+    for d in ("A", "B1", "B2"):
+        (tmp_path / d).mkdir()
+    release = tmp_path / "A" / "release"
+
+    def group_b(a_procs: list[subprocess.Popen[bytes]]) -> None:
+        try:
+            deadline = time.monotonic() + HARD_TIMEOUT_S - 30
+            while time.monotonic() < deadline and not all(
+                    (tmp_path / "A" / f"published-{r}").exists() for r in range(2)):
+                time.sleep(0.05)
+            results["a_pids"] = [p.pid for p in a_procs]
+            results["held"] = sorted(h.pid for h in HostLedger(ledger).holders())
+            # room for A and one of B's two shares: B is refused
+            results["refused"] = run_group(tmp_path / "B1", TINY, ledger=str(ledger),
+                                           handle_budget=2 * need - 1, handle_reserve=0)
+            results["held_after_refusal"] = sorted(h.pid for h in
+                                                   HostLedger(ledger).holders())
+            # room for both groups: B publishes beside A
+            results["fits"] = run_group(tmp_path / "B2", TINY, ledger=str(ledger),
+                                        handle_budget=2 * need, handle_reserve=0)
+        finally:
+            release.touch()
+
+    a = run_group(tmp_path / "A", TINY, ledger=str(ledger), handle_budget=2 * need,
+                  handle_reserve=0, hold=str(release), watch=group_b)
+    assert all(r["attempts"][0]["ok"] for r in a), a
+    a_pids = sorted(results["a_pids"])
+    assert results["held"] == a_pids                        # A's two shares, A's pids
+    tries = [r["attempts"][0] for r in results["refused"]]
+    assert not any(t["ok"] for t in tries), tries
+    named = [t for t in tries if t["kind"] == "HandleBudgetError" or "ledger" in t["error"]]
+    assert named, tries
+    for t in named:
+        assert all(f"pid {pid}" in t["error"] for pid in a_pids), t["error"]
+    for t in tries:   # a rank whose lease fitted only queried its device
+        assert t["live"] == EMPTY, t
+    refused_by_ledger = [t for t in tries if t["kind"] == "HandleBudgetError"]
+    assert refused_by_ledger and all(t["calls"] == 0 for t in refused_by_ledger), tries
+    assert results["held_after_refusal"] == a_pids          # B left nothing behind
+    assert all(r["attempts"][0]["ok"] for r in results["fits"]), results["fits"]
+    assert HostLedger(ledger).holders() == []
+
+
 def test_fd_server_takes_fds_from_an_owner_it_imports_from() -> None:
     before = open_fd_count()
     server = FdServer(1, "unit")
