@@ -234,6 +234,17 @@ def test_fast_path_accepts_clean_groups_as_the_replay_does(tmp_path: Path, c, kw
     assert (fast.order, fast.events, fast.final) == (full.order, full.events, full.final)
 
 
+def test_fast_path_in_worker_processes_gives_the_same_verdict(tmp_path: Path) -> None:
+    from kvgrant.conformance.group_fast import fast_accept
+
+    d = _write(tmp_path, simulate_group(C4))
+    one, two = fast_accept([d]), fast_accept([d], jobs=2)
+    assert one is not None and two is not None
+    assert (one.order, one.events, one.final) == (two.order, two.events, two.final)
+    bad = _write(tmp_path, simulate_group(C4, fail_at={1: 3}), "bad")
+    assert fast_accept([bad], jobs=2) is None
+
+
 def test_fast_path_accepts_the_h200_group_trace(tmp_path: Path) -> None:
     import tarfile
 
