@@ -282,8 +282,8 @@ def group_run(name: str, nvml: Nvml, tmp: Path, cuda_measure: bool) -> dict[str,
         if cuda_measure:
             out["short_while_alive_cuda_measure"] = _delta(cuda_free(), base_cuda)
         procs_mem = nvml.processes()
-        out["nvml_processes"] = [{str(pid): b for pid, b in m.items()
-                                  if pid in out["pids"]} for m in procs_mem]
+        # every process NVML lists per GPU (in a container its pids may be the host's)
+        out["nvml_processes"] = [{str(pid): b for pid, b in m.items()} for m in procs_mem]
         out["holdings"] = {str(procs[r].pid): holdings(procs[r].pid) for r in alive}
         (d / "measured").touch()
         for p in procs:
