@@ -403,3 +403,75 @@ def test_group_modules_pin_their_public_names() -> None:
         assert m.__all__ == sorted(m.__all__) and all(hasattr(m, n) for n in m.__all__)
     assert rt.allocate_rank is group.allocate_rank and rt.GroupPublished is group.GroupPublished
     assert issubclass(GroupError, Exception) and "GroupError" in __import__("kvgrant").__all__
+
+
+class _DictStore:
+    """The few torch.distributed Store calls _Channel makes, in memory (threads)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.d: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def add(self, key: str, n: int) -> int:
+        with self.lock:
+            v = int(self.d.get(key, b"0")) + n
+            self.d[key] = str(v).encode()
+            return v
+
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.d[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            return self.d[key]
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            return all(k in self.d for k in keys)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        with self.lock:
+            if key not in self.d and expected == "":
+                self.d[key] = desired.encode()
+            return self.d[key]
+
+
+def test_a_re_plan_that_differs_fails_every_rank_before_its_first_object() -> None:
+    """After a memory limit shrank the pages each rank re-plans; the new digests are
+    all-gathered and a difference fails every rank (naming the odd one), as does a rank
+    whose re-plan failed; equal plans go on."""
+    import threading
+
+    from kvgrant.runtime.group import _agree_on_replan, _Channel, _StepFailed
+
+    g = parse_geometry(TINY)
+    packed, naive = make_plan(g, "packed"), make_plan(g, "naive")
+
+    def run(plans: list[Any], fails: list[Any]) -> list[Any]:
+        store = _DictStore()
+        chans = [_Channel(store, r, 2, 10.0) for r in range(2)]
+        out: list[Any] = [None, None]
+
+        def one(r: int) -> None:
+            out[r] = _agree_on_replan(chans[r], g, plans[r], r, fails[r])
+
+        ts = [threading.Thread(target=one, args=(r,)) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        return out
+
+    assert run([packed, packed], [None, None]) == [None, None]
+    differ = run([packed, naive], [None, None])
+    for f in differ:
+        assert isinstance(f, _StepFailed) and "plan digests differ: rank 1 has" in f.text
+        assert f.peer == 1
+    own = _StepFailed("rank 1: no memory", GroupError("no memory"))
+    failed = run([packed, packed], [None, own])
+    assert failed[1] is own
+    assert isinstance(failed[0], _StepFailed) and "ranks [1] failed to re-plan" in \
+        failed[0].text
