@@ -12,6 +12,11 @@ cost the same every time, so deltas compare). Scenarios, each in fresh processes
   exportable allocation and sends its fd; a process on GPU 0 imports it (and maps it,
   and grants GPU 0), then undoes all of it and stays alive after the owner has exited:
   what is left on GPU 1 is the importer's. Bisects the import from the mapping.
+* In every scenario the living processes are measured twice: with their primary
+  context still held (as the GPU test holds it: the worker's driver and probe), then
+  after releasing it while still alive (a driver object kept per context, such as a peer
+  mapping of GPU 1's memory for GPU 0's context, goes with the context; one kept per
+  process goes only at exit).
 * ``clean``: ``allocate_rank`` on 2 processes (published-dcp8 on 2 ranks), publish,
   release, both stay alive: GPU deltas while they live and after they exit.
 * ``kill9``: the issue's scenario (rank 1 SIGKILLs itself 100 calls into its imports;
@@ -21,7 +26,9 @@ cost the same every time, so deltas compare). Scenarios, each in fresh processes
 
     .venv/bin/python tools/gpu_kill9_residue.py [--json out.json] [--only kill9,clean]
 
-Needs 2 GPUs, cuda-python, torch (the group workers) and libnvidia-ml.so.1.
+Needs 2 GPUs, cuda-python, torch (the group workers) and libnvidia-ml.so.1. A dry run of its
+steps without GPUs (simulated driver, NVML figures all zero): ``KVGRANT_RESIDUE_SIM=1 ...
+--no-cuda-measure``.
 """
 
 from __future__ import annotations
@@ -145,10 +152,30 @@ def _delta(now: list[int], base: list[int]) -> list[int]:
 
 
 # ---------------------------------------------------------- minimal import bisect
-def _owner(sock_path: str, dev: int) -> None:
+def _open_driver() -> Any:
+    """CudaDriver; the simulated driver under KVGRANT_RESIDUE_SIM=1 (a dry run of this
+    tool's steps on a machine without GPUs)."""
+    if os.environ.get("KVGRANT_RESIDUE_SIM") == "1":
+        from kvgrant.runtime.sim import SimDriver
+
+        return SimDriver(devices=2)
     from kvgrant.runtime.cuda import CudaDriver
 
-    drv = CudaDriver()
+    return CudaDriver()
+
+
+class _FakeNvml:
+    """Zeros, for the dry run."""
+
+    def free(self) -> list[int]:
+        return [0, 0]
+
+    def processes(self) -> list[dict[int, int]]:
+        return [{}, {}]
+
+
+def _owner(sock_path: str, dev: int) -> None:
+    drv = _open_driver()
     size = drv.granularity(dev)
     h = drv.create(size, dev)
     fd = drv.export_handle(h)
@@ -158,14 +185,13 @@ def _owner(sock_path: str, dev: int) -> None:
     drv.close_shareable(fd)
     s.recv(16)               # the importer is done: release and exit
     drv.release(h)
-    drv.close()
+    if hasattr(drv, "close"):
+        drv.close()
     s.close()
 
 
 def _importer(sock_path: str, dev: int, mode: str, marks: str) -> None:
-    from kvgrant.runtime.cuda import CudaDriver
-
-    drv = CudaDriver()
+    drv = _open_driver()
     drv.free_memory(dev)      # the same context the group's ranks make on their GPU
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path)
@@ -189,10 +215,11 @@ def _importer(sock_path: str, dev: int, mode: str, marks: str) -> None:
     conn.close()
     srv.close()
     Path(marks, "done").write_text(json.dumps(live))
-    deadline = time.monotonic() + 120
-    while not Path(marks, "measured").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    drv.close()
+    _wait(Path(marks, "closectx"), 120)
+    if hasattr(drv, "close"):
+        drv.close()           # its only holder: the primary context on GPU 0 goes
+    Path(marks, "ctxclosed").touch()
+    _wait(Path(marks, "measured"), 120)
 
 
 def _wait(path: Path, timeout: float) -> bool:
@@ -222,13 +249,20 @@ def bisect(mode: str, nvml: Nvml, tmp: Path) -> dict[str, Any]:
             polls.append(_delta(nvml.free(), base))
             time.sleep(0.5)
         procs = nvml.processes()
+        held = holdings(imp.pid)
+        (d / "closectx").touch()
+        if not _wait(d / "ctxclosed", 60):
+            raise RuntimeError(f"{mode}: the importer did not release its context")
+        time.sleep(1)
+        no_ctx = _delta(nvml.free(), base)
         (d / "measured").touch()
         imp.wait(timeout=60)
         after = _delta(nvml.free(), base)
         return {"scenario": mode, "live_in_importer": json.loads((d / "done").read_text()),
-                "short_while_importer_lives": polls[-1], "polls": polls,
-                "nvml_gpu1_processes": procs[1], "importer_pid": imp.pid,
-                "short_after_exit": after}
+                "short_while_alive": polls[-1], "polls": polls,
+                "short_alive_context_released": no_ctx,
+                "nvml_processes": [{str(k): v for k, v in m.items()} for m in procs],
+                "importer_pid": imp.pid, "holdings": held, "short_after_exit": after}
     finally:
         for p in (imp, own):
             if p is not None and p.poll() is None:
@@ -244,7 +278,8 @@ def _group(tmp: Path, name: str, **spec: Any) -> tuple[list[subprocess.Popen[byt
     d.mkdir()
     g = on_ranks(load_geometry(ROOT / "examples" / "published-dcp8.json"), 2).model_dump()
     full = {"store": str(d / "store"), "world": 2, "geometry": g, "out": str(d),
-            "timeout_s": 60, "scenario": "once", "trace_dir": None, "backend": "cuda",
+            "timeout_s": 60, "scenario": "once", "trace_dir": None,
+            "backend": "sim" if os.environ.get("KVGRANT_RESIDUE_SIM") == "1" else "cuda",
             "free_check": True}
     full.update(spec)
     (d / "spec.json").write_text(json.dumps(full))
@@ -268,6 +303,7 @@ def group_run(name: str, nvml: Nvml, tmp: Path, cuda_measure: bool) -> dict[str,
         aliased = sum(a.region is not None for a in plan.allocations)
         spec = {"kill_rank": 1, "kill_at": 3 + 4 * A + 2 * aliased + 100}
         alive = [0]
+    spec["close_ctx_stage"] = True
     procs, d = _group(tmp, name, **spec)
     out: dict[str, Any] = {"scenario": name, "pids": [p.pid for p in procs]}
     try:
@@ -285,6 +321,15 @@ def group_run(name: str, nvml: Nvml, tmp: Path, cuda_measure: bool) -> dict[str,
         # every process NVML lists per GPU (in a container its pids may be the host's)
         out["nvml_processes"] = [{str(pid): b for pid, b in m.items()} for m in procs_mem]
         out["holdings"] = {str(procs[r].pid): holdings(procs[r].pid) for r in alive}
+        # still alive, with their primary contexts released (kvgrant's driver and the
+        # probe were the only holders)
+        (d / "closectx").touch()
+        if not all(_wait(d / f"ctxclosed-{r}", 60) for r in alive):
+            raise RuntimeError(f"{name}: the processes did not release their contexts")
+        time.sleep(1)
+        out["short_alive_context_released"] = _delta(nvml.free(), base)
+        if cuda_measure:
+            out["short_alive_context_released_cuda_measure"] = _delta(cuda_free(), base_cuda)
         (d / "measured").touch()
         for p in procs:
             p.wait(timeout=120)
@@ -329,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cuda-measure", action="store_true",
                     help="NVML only (skip the test's fresh-process cuMemGetInfo measure)")
     a = ap.parse_args(argv)
-    nvml = Nvml()
+    nvml: Any = _FakeNvml() if os.environ.get("KVGRANT_RESIDUE_SIM") == "1" else Nvml()
     t0 = time.monotonic()
     results = []
     with tempfile.TemporaryDirectory(prefix="kvgrant-residue-") as tmp:
@@ -349,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r, indent=1), flush=True)
     print("\nbytes short of the baseline per GPU [GPU 0, GPU 1] (NVML):")
     for r in results:
-        alive = r.get("short_while_alive", r.get("short_while_importer_lives"))
-        print(f"  {r['scenario']:13s} while alive {alive}  after exit "
-              f"{r.get('short_after_exit')}  cuda-measure while alive "
-              f"{r.get('short_while_alive_cuda_measure')}  {r.get('error', '')}")
+        print(f"  {r['scenario']:13s} alive {r.get('short_while_alive')}  alive, context "
+              f"released {r.get('short_alive_context_released')}  after exit "
+              f"{r.get('short_after_exit')}  (cuda-measure alive "
+              f"{r.get('short_while_alive_cuda_measure')})  {r.get('error', '')}")
     print(f"total {time.monotonic() - t0:.0f} s")
     if a.json:
         a.json.write_text(json.dumps({"idle": idle, "results": results}, indent=1))

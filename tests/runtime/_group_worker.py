@@ -87,9 +87,12 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
     if spec.get("free_check"):
         # this GPU's free bytes, through an uncounted driver (the same primary context;
         # no context on any other GPU, so the test can measure those from outside)
-        from kvgrant.runtime.cuda import CudaDriver
+        if cuda:
+            from kvgrant.runtime.cuda import CudaDriver
 
-        probe = CudaDriver()
+            probe = CudaDriver()
+        else:                      # the sim backend: a dry run of the same steps
+            probe = SimDriver(devices=n)
         res["free_before"] = probe.free_memory(rank)[0]
     try:
         tw = TraceWriter(trace, renderer="thread") if trace else None
@@ -168,6 +171,15 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
             res["free_after"] = probe.free_memory(rank)[0]
         # hold here, aborted but alive, while the test measures the other GPU
         Path(spec["out"], f"aborted-{rank}").touch()
+        if spec.get("close_ctx_stage"):
+            # then, still alive, release this process's primary context (kvgrant's
+            # driver and the probe are its only holders) and hold again
+            deadline = time.monotonic() + 120
+            while not Path(spec["out"], "closectx").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            probe.close()
+            drv.close()
+            Path(spec["out"], f"ctxclosed-{rank}").touch()
         deadline = time.monotonic() + 120
         while not Path(spec["out"], "measured").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
