@@ -160,8 +160,7 @@ def run_transaction(prep: Prepared, engine_type: type[Engine] = Engine) -> Publi
         if prep.lease is not None:
             txn.push(prep.lease.release)  # the last undo: after every handle is gone
         try:
-            engine.header()
-            engine.build(txn)
+            engine.build(txn)  # writes the trace header once every rank reserved
         except StepFailed as f:
             engine.abort(txn, f, prep.free_before, prep.owns_driver)
         except BaseException as e:
