@@ -23,15 +23,19 @@ from typing import Any, Callable, Iterable, Sequence
 from kvgrant.conformance.model import Action, Constants, apply, initial_state
 from kvgrant.conformance.trace_io import RANK_ACTIONS, Header, Trace, header_to_json, \
     parse_trace_lines
+from kvgrant.conformance.trace_plan import Layout, PlanAlloc, derive_importers
 
 __all__ = [
+    "G",
     "MUTATIONS",
     "Mutant",
     "MutationScore",
     "make_header",
     "mutants",
     "mutation_score",
+    "handle_id",
     "reference_trace",
+    "synthetic_layout",
     "trace_from_actions",
     "trace_from_events",
 ]
@@ -49,18 +53,88 @@ class Mutant:
     description: str
 
 
+#: Granularity of the synthetic plans of :func:`make_header` (as on H200).
+G = 2 << 20
+_BASE0 = 1 << 40          # rank r reserves at _BASE0 + r * _BASE_STRIDE
+_BASE_STRIDE = 1 << 36
+
+
+def _groups_of(ranks: int, imp: tuple[frozenset[int], ...]) -> list[list[int]] | None:
+    """Import groups that yield exactly ``imp`` (None when it is not a partition, e.g.
+    asymmetric importers, which no geometry can declare)."""
+    groups: list[list[int]] = []
+    done: set[int] = set()
+    for r in range(ranks):
+        g = imp[r] | {r}
+        if any(imp[x] | {x} != g for x in g):
+            return None
+        if r not in done and len(g) > 1:
+            groups.append(sorted(g))
+        done |= g
+    return groups
+
+
+def synthetic_layout(allocs: int, aliased: frozenset[int], owner_only: frozenset[int],
+                     ranks: int, groups: list[list[int]],
+                     declared: dict[int, tuple[int, ...]] | None) -> Layout:
+    """A plan for model constants: allocation a is (a % 3 + 1) granules of plane "kv";
+    aliased ones back region "shared" (importers) or "owned" (owner-only), in order."""
+    lengths = [(a % 3 + 1) * G for a in range(allocs)]
+    plane_bytes = sum(lengths)
+    regions: dict[str, list[int]] = {"shared": [], "owned": []}
+    for a in sorted(aliased):
+        regions["owned" if a in owner_only else "shared"].append(a)
+    off = plane_bytes
+    region_table: dict[str, tuple[int, int, str]] = {}
+    for name, members in regions.items():
+        if members:
+            size = sum(lengths[a] for a in members)
+            region_table[name] = (off, size, "owner" if name == "owned" else "importers")
+            off += size
+    plan: list[PlanAlloc] = []
+    pos = 0
+    roff = {name: 0 for name in regions}
+    for a in range(allocs):
+        region = next((n for n, m in regions.items() if a in m), None)
+        ro = None
+        if region is not None:
+            ro = roff[region]
+            roff[region] += lengths[a]
+        plan.append(PlanAlloc("kv", pos, lengths[a], region, ro))
+        pos += lengths[a]
+    map_off = tuple(p.plane_offset for p in plan)
+    alias_off = tuple(-1 if p.region is None else region_table[p.region][0] + p.region_offset
+                      for p in plan)  # type: ignore[operator]
+    return Layout(G, None, {"kv": (0, plane_bytes)}, region_table, tuple(plan),
+                  {r: (_BASE0 + r * _BASE_STRIDE, off) for r in range(ranks)},
+                  tuple(tuple(g) for g in groups), declared, map_off, alias_off)
+
+
 def make_header(ranks: int, allocs: int, aliased: Iterable[int] = (),
                 owner_only: Iterable[int] = (), importers: dict[int, Iterable[int]] | None = None,
                 declared_readers: dict[int, Iterable[int]] | None = None,
                 **extra: Any) -> Header:
-    """A header from Python values; importers default to every other rank."""
+    """A header from Python values; importers default to every other rank.
+
+    When the importers are import groups (a partition, as every geometry declares),
+    the header is version 2 with a synthetic plan (:func:`synthetic_layout`) and its
+    importers are derived from the groups; otherwise it is a model-only version-1
+    header (no objects), which only the in-memory engines accept.
+    """
     imp = tuple(frozenset(importers.get(r, ()) if importers is not None
                           else set(range(ranks)) - {r}) for r in range(ranks))
     dec = tuple(frozenset(declared_readers[r]) if declared_readers and r in declared_readers
                 else imp[r] | {r} for r in range(ranks))
-    return Header(ranks=ranks, allocs=allocs, aliased=frozenset(aliased),
-                  owner_only=frozenset(owner_only), importers=imp, declared_readers=dec,
-                  devices={r: r for r in range(ranks)}, extra=dict(extra))
+    al, oo = frozenset(aliased), frozenset(owner_only)
+    groups = _groups_of(ranks, imp)
+    layout = None
+    if groups is not None:
+        layout = synthetic_layout(allocs, al, oo, ranks, groups,
+                                  {r: tuple(sorted(dec[r])) for r in range(ranks)})
+        imp = derive_importers(ranks, layout.import_groups)
+    return Header(ranks=ranks, allocs=allocs, aliased=al, owner_only=oo, importers=imp,
+                  declared_readers=dec, devices={r: r for r in range(ranks)},
+                  version=1 if layout is None else 2, extra=dict(extra), layout=layout)
 
 
 def trace_from_events(header: Header, events: Sequence[dict[str, Any]],
@@ -71,7 +145,7 @@ def trace_from_events(header: Header, events: Sequence[dict[str, Any]],
         obj = dict(ev)
         obj["seq"] = i
         lines.append(json.dumps(obj))
-    return parse_trace_lines(lines, source=source)
+    return parse_trace_lines(lines, source=source, model_only=header.layout is None)
 
 
 def _plan_actions(c: Constants) -> list[Action]:
@@ -161,9 +235,12 @@ def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | Non
     c = Constants.from_header(header)
     s = initial_state(c)
     rank_dev = dict(header.devices)
+    lay = header.layout
     events: list[dict[str, Any]] = []
     for act, result in actions:
         ev_action = act.step if act.name == "Fail" else act.name
+        objs = _objects(lay, act, ev_action) if lay is not None and act.rank is not None \
+            else {}
         apply(c, s, act)
         args: dict[str, Any] = {}
         if act.alloc is not None:
@@ -178,12 +255,43 @@ def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | Non
         state: dict[str, Any] = {"phase": s.phase}
         if act.rank is not None:
             state.update(s.ranks[act.rank].counters())
-        events.append({"kind": "event", "seq": len(events), "rank": act.rank,
-                       "action": ev_action, "args": args,
-                       "call": RANK_ACTIONS.get(ev_action), "result": result,
-                       "device": None if act.rank is None else rank_dev[act.rank],
-                       "t": round(len(events) * 1e-5, 6), "state": state})
+        ev = {"kind": "event", "seq": len(events), "rank": act.rank,
+              "action": ev_action, "args": args,
+              "call": RANK_ACTIONS.get(ev_action), "result": result,
+              "device": None if act.rank is None else rank_dev[act.rank],
+              "t": round(len(events) * 1e-5, 6), "state": state}
+        ev.update(objs)
+        events.append(ev)
     return trace_from_events(header, events, source)
+
+
+def handle_id(rank: int, alloc: int) -> int:
+    """The handle id a synthetic trace gives allocation ``alloc`` of ``rank``."""
+    return 1000 * rank + alloc + 1
+
+
+def _objects(lay: Layout, act: Action, action: str) -> dict[str, Any]:
+    """The va, size and handle of a synthetic event, as the plan says (a failed call
+    names the same objects as the call would have)."""
+    r, a = act.rank, act.alloc
+    base, res = lay.reservations[r]  # type: ignore[index]
+    if action in ("Reserve", "Free"):
+        return {"va": base, "size": res, "handle": None}
+    if a is None:
+        return {"va": None, "size": None, "handle": None}
+    n = lay.allocations[a].length
+    ok = act.name != "Fail"
+    h = handle_id(r, a)  # type: ignore[arg-type]
+    if action == "Create":
+        return {"va": None, "size": n, "handle": h if ok else None}
+    if action in ("Map", "MapAlias"):
+        return {"va": lay.va(r, a, "plane" if action == "Map" else "alias"), "size": n,  # type: ignore[arg-type]
+                "handle": h}
+    if action in ("Grant", "Unmap"):
+        return {"va": lay.va(r, a, act.mapping or "plane"), "size": n, "handle": None}  # type: ignore[arg-type]
+    if action == "Release":
+        return {"va": None, "size": None, "handle": h}
+    return {}
 
 
 # --- mutations ---------------------------------------------------------------------------

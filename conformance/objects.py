@@ -30,14 +30,23 @@ from kvgrant.conformance.trace_io import Header
 __all__ = ["ObjectChecker"]
 
 
+def _nothing(*_args: Any) -> str:
+    return ""
+
+
+def _no_effect(*_args: Any) -> None:
+    return None
+
+
 class ObjectChecker:
     """Live handles and mappings per rank, checked and updated event by event."""
 
-    __slots__ = ("h", "lay", "handles", "maps", "live")
+    __slots__ = ("h", "lay", "handles", "maps", "live", "check", "apply")
 
     def __init__(self, header: Header) -> None:
-        if header.layout is None:
-            raise ValueError("object checks need a version-2 header (its plan)")
+        on = header.layout is not None  # else a model-only behaviour made in memory
+        self.check = self._check if on else _nothing
+        self.apply = self._apply if on else _no_effect
         self.h = header
         self.lay = header.layout
         n = header.ranks
@@ -65,7 +74,7 @@ class ObjectChecker:
         return ""
 
     # -- the check ----------------------------------------------------------------------
-    def check(self, r: int, action: str, ok: bool, a: int | None, m: str | None,
+    def _check(self, r: int, action: str, ok: bool, a: int | None, m: str | None,
               device: int | None, va: int | None, size: int | None,
               handle: int | None) -> str:
         """Why this rank event acts on the wrong object ('' when it does not)."""
@@ -75,6 +84,8 @@ class ObjectChecker:
                     f"{want_dev}")
         base, res = self.lay.reservations[r]
         if action in ("Reserve", "Free"):
+            if ok and va is None:
+                return f"rank {r}: {action} names no VA (the reservation it acts on)"
             if (ok or va is not None) and va != base:
                 return (f"rank {r}: {action} at va {va if va is None else hex(va)} but the "
                         f"header's reservation base is {base if base is None else hex(base)}")
@@ -135,7 +146,7 @@ class ObjectChecker:
             return ""
         return ""
 
-    def apply(self, r: int, action: str, a: int | None, m: str | None, va: int | None,
+    def _apply(self, r: int, action: str, a: int | None, m: str | None, va: int | None,
               size: int | None, handle: int | None) -> None:
         """The effect of a successful, checked rank event."""
         if action == "Create":

@@ -242,8 +242,15 @@ def _decode_all(lines: list[str]) -> list[Any] | None:
     return objs if len(objs) == len(lines) else None
 
 
-def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
-    """Parse one JSON object per line: the header first, then events."""
+def parse_trace_lines(lines: Iterable[str], source: str = "<trace>", *,
+                      model_only: bool = False) -> Trace:
+    """Parse one JSON object per line: the header first, then events.
+
+    ``model_only`` also takes a version-1 header (the model's constants as lists, no
+    plan): for behaviours made from the model in memory (the drift guard's, whose
+    importers need not come from import groups). Such a trace has no objects to check;
+    files are always read as version 2.
+    """
     header: Header | None = None
     events: list[Event] = []
     lines = list(lines)
@@ -253,7 +260,8 @@ def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
         if not isinstance(obj, dict):
             raise _fail(source, lineno, f"expected a JSON object, got {type(obj).__name__}")
         if header is None:
-            header = _parse_lifecycle_header(obj, lineno, source)
+            header = _parse_header(obj, lineno, source) if model_only and \
+                obj.get("version") == 1 else _parse_lifecycle_header(obj, lineno, source)
         else:
             events.append(_parse_event(obj, lineno, len(events), header, source))
     if header is None:
