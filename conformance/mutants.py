@@ -28,6 +28,7 @@ from kvgrant.conformance.trace_plan import Layout, PlanAlloc, derive_importers
 __all__ = [
     "G",
     "MUTATIONS",
+    "OBJECT_MUTATIONS",
     "Mutant",
     "MutationScore",
     "make_header",
@@ -384,6 +385,147 @@ def _reorder_steps(evs: Raw, h: Header):
     return evs, i, f"Map swapped before its Create (event {i})"
 
 
+# --- object-identity mutations (version-2 traces): the right step on the wrong object ---
+
+def _nth(evs: Raw, action: str, k: int = 0, **match: Any) -> int | None:
+    """Index of the k-th successful ``action`` event whose args include ``match``."""
+    hits = [i for i, e in enumerate(evs) if e["action"] == action and _ok(e)
+            and all(e["args"].get(key) == v for key, v in match.items())]
+    return hits[k] if len(hits) > k else None
+
+
+def _set(evs: Raw, i: int | None, desc: str, **fields: Any):
+    if i is None:
+        return None
+    evs[i].update(fields)
+    return evs, i, desc.format(i=i, e=evs[i])
+
+
+def _map_overlapping_va(evs: Raw, h: Header):
+    first = _nth(evs, "Map")
+    i = _nth(evs, "Map", 1)
+    if first is None or i is None or evs[first]["rank"] != evs[i]["rank"]:
+        return None
+    return _set(evs, i, "Map at event {i} placed at the VA of the rank's first plane mapping "
+                "(overlapping it)", va=evs[first]["va"])
+
+
+def _map_outside_reservation(evs: Raw, h: Header):
+    i = _nth(evs, "Map")
+    if i is None or h.layout is None:
+        return None
+    base, size = h.layout.reservations[evs[i]["rank"]]
+    return _set(evs, i, "Map at event {i} placed just past the end of the reservation",
+                va=base + size)  # type: ignore[operator]
+
+
+def _alias_wrong_va(evs: Raw, h: Header):
+    i = _nth(evs, "MapAlias")
+    return None if i is None else _set(evs, i, "MapAlias at event {i} one granule off",
+                                       va=evs[i]["va"] + G)
+
+
+def _alias_wrong_size(evs: Raw, h: Header):
+    i = _nth(evs, "MapAlias")
+    return None if i is None else _set(evs, i, "MapAlias at event {i} one granule longer",
+                                       size=evs[i]["size"] + G)
+
+
+def _wrong_device(evs: Raw, h: Header):
+    i = _nth(evs, "Create")
+    if i is None or h.ranks < 2:
+        return None
+    other = h.devices[(evs[i]["rank"] + 1) % h.ranks]
+    return _set(evs, i, "Create at event {i} on another rank's device", device=other)
+
+
+def _unmap_wrong_va(evs: Raw, h: Header):
+    i = _nth(evs, "Unmap")
+    return None if i is None else _set(evs, i, "Unmap at event {i} one granule off",
+                                       va=evs[i]["va"] + G)
+
+
+def _grant_other_range(evs: Raw, h: Header):
+    i = _nth(evs, "Grant", mapping="alias")
+    if i is None:
+        return None
+    plane = next(e for e in evs[:i] if e["action"] == "Map" and e["rank"] == evs[i]["rank"]
+                 and e["args"]["alloc"] == evs[i]["args"]["alloc"])
+    return _set(evs, i, "alias Grant at event {i} applied to the plane mapping's range",
+                va=plane["va"])
+
+
+def _grant_wrong_size(evs: Raw, h: Header):
+    i = _nth(evs, "Grant")
+    return None if i is None else _set(evs, i, "Grant at event {i} over one granule more",
+                                       size=evs[i]["size"] + G)
+
+
+def _map_wrong_handle(evs: Raw, h: Header):
+    first = _nth(evs, "Create")
+    i = _nth(evs, "Map", 1)
+    if first is None or i is None or evs[first]["rank"] != evs[i]["rank"]:
+        return None
+    return _set(evs, i, "Map at event {i} maps the rank's first handle, not its own",
+                handle=evs[first]["handle"])
+
+
+def _create_live_handle(evs: Raw, h: Header):
+    first = _nth(evs, "Create")
+    i = _nth(evs, "Create", 1)
+    if first is None or i is None or evs[first]["rank"] != evs[i]["rank"]:
+        return None
+    return _set(evs, i, "Create at event {i} returns a handle that is still live",
+                handle=evs[first]["handle"])
+
+
+def _release_wrong_handle(evs: Raw, h: Header):
+    i = _nth(evs, "Release")
+    return None if i is None else _set(evs, i, "Release at event {i} names another handle",
+                                       handle=evs[i]["handle"] + 7919)
+
+
+def _release_live_mapping(evs: Raw, h: Header):
+    i = _first(evs, lambda i, e: e["action"] == "Unmap" and e["args"]["mapping"] == "plane"
+               and i + 1 < len(evs) and evs[i + 1]["action"] == "Release"
+               and evs[i + 1]["args"]["alloc"] == e["args"]["alloc"])
+    if i is None:
+        return None
+    evs[i], evs[i + 1] = evs[i + 1], evs[i]
+    return evs, i, f"Release at event {i} while its plane mapping is live"
+
+
+def _reserve_wrong_base(evs: Raw, h: Header):
+    i = _nth(evs, "Reserve")
+    return None if i is None else _set(evs, i, "Reserve at event {i} elsewhere than the "
+                                       "header's base", va=evs[i]["va"] + 1024 * G)
+
+
+def _free_wrong_size(evs: Raw, h: Header):
+    i = _nth(evs, "Free")
+    return None if i is None else _set(evs, i, "Free at event {i} of half the reservation",
+                                       size=evs[i]["size"] // 2)
+
+
+def _header_forged_importer(evs: Raw, h: Header):
+    """The header lists an overdeclared reader as an importer (a forged ``importers``
+    list) and the grants follow it: grants are judged by the import groups."""
+    for i, e in enumerate(evs):
+        if e["action"] != "Grant" or not _ok(e):
+            continue
+        r = e["rank"]
+        extra = sorted(h.declared_readers[r] - h.importers[r] - {r})
+        if not extra or (e["args"]["alloc"] in h.owner_only and e["args"]["mapping"] == "alias"):
+            continue
+        forged = {str(x): sorted(h.importers[x] | ({extra[0]} if x == r else set()))
+                  for x in range(h.ranks)}
+        e["args"]["devices"] = sorted(e["args"]["devices"] + [h.devices[extra[0]]])
+        e["state"]["grants"] += 1
+        return evs, i, (f"header lists declared reader {extra[0]} as rank {r}'s importer; the "
+                        f"Grant at event {i} follows it"), {"importers": forged}
+    return None
+
+
 MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
     "drop_grant": _drop_grant,
     "grant_non_importer": _grant_non_importer,
@@ -393,19 +535,49 @@ MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
     "duplicate_event": _duplicate_event,
     "reorder_steps": _reorder_steps,
 }
+#: Mutations of the objects an event names (version-2 traces only).
+OBJECT_MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
+    "map_overlapping_va": _map_overlapping_va,
+    "map_outside_reservation": _map_outside_reservation,
+    "alias_wrong_va": _alias_wrong_va,
+    "alias_wrong_size": _alias_wrong_size,
+    "wrong_device": _wrong_device,
+    "unmap_wrong_va": _unmap_wrong_va,
+    "grant_other_range": _grant_other_range,
+    "grant_wrong_size": _grant_wrong_size,
+    "header_forged_importer": _header_forged_importer,
+    "release_live_mapping": _release_live_mapping,
+    "map_wrong_handle": _map_wrong_handle,
+    "create_live_handle": _create_live_handle,
+    "release_wrong_handle": _release_wrong_handle,
+    "reserve_wrong_base": _reserve_wrong_base,
+    "free_wrong_size": _free_wrong_size,
+}
 
 
 def mutants(trace: Trace, names: Iterable[str] | None = None) -> list[Mutant]:
-    """Every applicable mutant of ``trace`` (a mutation with no place is skipped)."""
+    """Every applicable mutant of ``trace`` (a mutation with no place is skipped);
+    object mutations apply to version-2 traces only."""
+    every = {**MUTATIONS, **OBJECT_MUTATIONS}
+    if names is None:
+        names = list(MUTATIONS) + (list(OBJECT_MUTATIONS) if trace.header.layout else [])
     out: list[Mutant] = []
-    for name in (names if names is not None else MUTATIONS):
+    for name in names:
         raw = [copy.deepcopy(dict(e.raw)) for e in trace.events]
-        res = MUTATIONS[name](raw, trace.header)
+        res = every[name](raw, trace.header)
         if res is None:
             continue
-        evs, index, desc = res
-        out.append(Mutant(name, trace_from_events(trace.header, evs,
-                                                  f"{trace.source}#{name}"), index, desc))
+        evs, index, desc = res[:3]
+        src = f"{trace.source}#{name}"
+        if len(res) > 3:  # a header mutation: extra header fields
+            head = header_to_json(trace.header)
+            head.update(res[3])
+            lines = [json.dumps(head)] + [json.dumps({**e, "seq": k}) for k, e in
+                                          enumerate(evs)]
+            t = parse_trace_lines(lines, source=src)
+        else:
+            t = trace_from_events(trace.header, evs, src)
+        out.append(Mutant(name, t, index, desc))
     return out
 
 
