@@ -235,6 +235,22 @@ def model_state_from_tlc(values: dict[str, Any], c: Constants) -> ModelState:
 
 # --- the engine ------------------------------------------------------------------------------
 
+def _objects_named(ev: Any) -> str:
+    """The objects an event names, for a TLC rejection (TLC says only *that* it failed)."""
+    parts = []
+    if ev.alloc is not None:
+        parts.append(f"alloc {ev.alloc}" + (f" {ev.mapping} mapping" if ev.mapping else ""))
+    if ev.handle is not None:
+        parts.append(f"handle {ev.handle}")
+    if ev.va is not None:
+        parts.append(f"va [{ev.va:#x}, {ev.va + (ev.size or 0):#x})")
+    elif ev.size is not None:
+        parts.append(f"{ev.size} bytes")
+    if ev.device is not None:
+        parts.append(f"device {ev.device}")
+    return ", ".join(parts) or "no objects"
+
+
 def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Verdict:
     """Validate ``trace`` with TLC against specs/KVLifecycleTrace.tla.
 
@@ -271,7 +287,8 @@ def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Ver
         else:  # no counterexample printed: nothing matched from Init
             s, index = initial_state(c), 0
         ev = t.events[index] if index < n else None
-        reason = ("TLC: no step of KVLifecycleTrace matches this event" if ev is not None
+        reason = (f"TLC: no step of KVLifecycleTrace matches this event on rank {ev.rank}"
+                  f" ({_objects_named(ev)})" if ev is not None
                   else f"TLC: trace ends in phase {s.phase}, which is not terminal")
         return Verdict(False, "tlc", n, c.ranks, seconds, index=index, event=ev,
                        reason=reason, state_before=s.to_json(),
