@@ -203,10 +203,10 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
         step = steps.get(action)
         if result != _SUCCESS_JSON or step is None:  # rare: group, model-only, failed
             ev = _RowEvent(row)
-            if objs.step(ev):
-                return i
             act = event_action(ev)  # type: ignore[arg-type]
             if _mismatch(c, s, ev, act, dev_to_rank):  # type: ignore[arg-type]
+                return i
+            if objs.step(ev):
                 return i
             apply(c, s, act)
             if _state_mismatch(s, ev):  # type: ignore[arg-type]
@@ -220,8 +220,6 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
         va = None if va == "null" else int(va)
         size = None if size == "null" else int(size)
         hd = None if hd == "null" else int(hd)
-        if check(r, action, True, a, m, dv, va, size, hd):
-            return i
         if not step[0](c, s, r, a, m):  # = guard(c, s, Action(action, r, a, m))
             return i
         if action == "Grant":
@@ -231,6 +229,8 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
                 grant_cache[devs] = got
             if got != c.grant_set(r, a, m):  # type: ignore[arg-type]
                 return i
+        if check(r, action, True, a, m, dv, va, size, hd):
+            return i
         step[1](c, s, r, a, m)  # = apply(c, s, Action(action, r, a, m))
         rs = ranks[r]
         # the recorded state, written the way the trace writer does (ints and JSON
@@ -260,9 +260,9 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     for k in range(start, len(events)):
         ev = events[k]
         act = event_action(ev)
-        why = objs.step(ev)
+        why = _mismatch(c, s, ev, act, dev_to_rank)
         if not why:
-            why = _mismatch(c, s, ev, act, dev_to_rank)
+            why = objs.step(ev)
         if not why:
             apply(c, s, act)
             why = _state_mismatch(s, ev)

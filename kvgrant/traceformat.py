@@ -14,6 +14,7 @@ Standard library only, importable by both ``kvgrant.runtime`` and
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -38,6 +39,7 @@ __all__ = [
     "args_grant",
     "args_unmap",
     "event_line",
+    "format_event",
     "event_template",
     "group_state_text",
     "plan_header",
@@ -176,6 +178,30 @@ def event_template(rank: int | None, action: str, args: str, call: str | None,
             "device": "null" if device is None else str(device), "va": va, "size": size,
             "handle": handle, "state": state}
     return "{" + ", ".join(f'"{k}": {fill.get(k, v)}' for k, v in _LINE) + "}\n"
+
+
+_json = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
+
+
+def format_event(ev: Mapping[str, Any], version: int = LIFECYCLE_VERSION) -> str:
+    """One event dict as the writer writes it (no newline): the fields of
+    :data:`EVENT_LINE` in order, args and state keys in table order. For tools and
+    tests that write traces (mutants, fixtures); the runtime formats the same line
+    from its templates."""
+    args = ev.get("args") or {}
+    shape = ACTIONS.get(ev["action"])
+    keys = shape.args if shape is not None else tuple(args)
+    state = ev["state"]
+    values: list[Any] = [
+        ev["seq"], ev.get("t", 0.0), _json(ev["rank"]), ev["action"],
+        "{" + ", ".join(f'"{k}": {_json(args[k])}' for k in keys if k in args) + "}",
+        _json(ev.get("call")), _json(ev.get("result")), _json(ev.get("device")),
+        _json(ev.get("va")), _json(ev.get("size"))]
+    if version != GROUP_VERSION:
+        values.append(_json(ev.get("handle")))
+    values.append("{" + ", ".join(f'"{k}": {_json(state[k])}' for k in ("phase", *RANK_COUNTERS)
+                                  if k in state) + "}")
+    return event_line(version)[:-1] % tuple(values)
 
 
 # --- the fast reader, derived from the same line ------------------------------------------

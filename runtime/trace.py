@@ -48,7 +48,7 @@ TRACE_ENV = "KVGRANT_TRACE"
 #: Header version of a lifecycle trace (kvgrant.traceformat owns the format).
 TRACE_VERSION = LIFECYCLE_VERSION
 
-_encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
+_encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode  # as traceformat
 
 _HANDLE_LINE = event_line(LIFECYCLE_VERSION)
 
