@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from kvgrant.errors import TraceError
 
-__all__ = ["Layout", "PlanAlloc", "derive_importers", "parse_layout"]
+__all__ = ["Layout", "PlanAlloc", "compare_plan", "derive_importers", "parse_layout"]
 
 
 @dataclass(frozen=True)
@@ -255,3 +255,33 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
             declared[int(k)] = tuple(sorted(set(v)))
     return Layout(G, pages, planes, regions, tuple(plan), reservations, tuple(groups),
                   declared, tuple(map_off), tuple(alias_off))
+
+
+def _diff(path: str, got: Any, want: Any, out: list[str]) -> None:
+    if isinstance(want, dict) and isinstance(got, dict):
+        for k in list(want) + [k for k in got if k not in want]:
+            _diff(f"{path}.{k}", got.get(k), want.get(k), out)
+    elif isinstance(want, list) and isinstance(got, list) and len(got) == len(want):
+        for i, (g, w) in enumerate(zip(got, want)):
+            _diff(f"{path}[{i}]", g, w, out)
+    elif got != want:
+        out.append(f"{path} = {got!r} but the geometry says {want!r}"[:300])
+
+
+def compare_plan(layout: Layout, ranks: int, expected: Mapping[str, Any]) -> list[str]:
+    """Where the header's plan differs from ``expected`` (the header fields derived from
+    the geometry, ``kvgrant.traceformat.plan_header``): one line per field, naming it
+    (``header.allocations[3][2] = ... but the geometry says ...``). Reservation bases
+    are the driver's choice and are not compared; their sizes are."""
+    got = layout.to_json()
+    want = {k: v for k, v in expected.items() if k in got}
+    if "reservations" in want:
+        want["reservations"] = {r: [got["reservations"].get(r, [None])[0], v[1]]
+                                for r, v in want["reservations"].items()}
+    if expected.get("pages") is None:
+        want.pop("pages", None)
+    out: list[str] = []
+    if "ranks" in expected and expected["ranks"] != ranks:
+        out.append(f"header.ranks = {ranks} but the geometry has {expected['ranks']} ranks")
+    _diff("header", got, want, out)
+    return out

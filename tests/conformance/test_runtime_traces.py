@@ -219,3 +219,29 @@ def test_object_mutants_of_a_sim_trace_are_rejected_where_put(tmp_path) -> None:
     for m in cases:
         v = replay(m.trace)
         assert not v.accepted and v.index == m.expected_index, (m.name, v.summary())
+
+
+def _conform(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvgrant", "conform", *argv],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_conform_geometry_checks_the_header_plan(tmp_path) -> None:
+    """``kvgrant conform TRACE --geometry FILE``: the plan derived from the geometry must
+    be the header's; a mismatch is a rejection naming the field."""
+    geometry = ROOT / "examples" / "small.json"
+    path = tmp_path / "small.ndjson"
+    _record(geometry, path, plan="naive")
+    ok = _conform(str(path), "--geometry", str(geometry))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "header matches" in ok.stdout
+    other = _conform(str(path), "--geometry", str(ROOT / "examples" / "small-inward.json"))
+    assert other.returncode == 1 and "header.planes[1][0] = 'kv1'" in other.stderr
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["topology"]["declared_readers"]["2"] = [0, 2]  # still a valid header
+    (tmp_path / "forged.ndjson").write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
+    forged = _conform(str(tmp_path / "forged.ndjson"), "--geometry", str(geometry), "--json")
+    assert forged.returncode == 1
+    assert json.loads(forged.stdout)["mismatches"] == [
+        "header.topology.declared_readers.2 = [0, 2] but the geometry says [2]"]
