@@ -171,3 +171,83 @@ class ObjectChecker:
         if not why and ev.ok:
             self.apply(ev.rank, ev.action, ev.alloc, ev.mapping, ev.va, ev.size, ev.handle)
         return why
+
+
+def objects_before(trace: Any, index: int) -> ObjectChecker:
+    """The checker after the first ``index`` events (assumed accepted): where the
+    replay hands a trace from the fast rows to the detailed loop."""
+    objs = ObjectChecker(trace.header)
+    for ev in trace.events[:index]:
+        if ev.rank is not None and ev.ok:
+            objs.apply(ev.rank, ev.action, ev.alloc, ev.mapping, ev.va, ev.size, ev.handle)
+    return objs
+
+
+class RowObjects:
+    """:class:`ObjectChecker`'s rules on the fast reader's text fields, for the replay
+    of writer-format rows: the plan's VAs, sizes and devices as decimal strings (one
+    spelling per integer, so equal text is equal values), no int() per event. It only
+    says yes or no; at the first no the replay hands the trace to the detailed loop,
+    where :class:`ObjectChecker` finds the same event and names the object."""
+
+    __slots__ = ("dev", "base", "res", "map_va", "alias_va", "length", "handles", "live",
+                 "on")
+
+    def __init__(self, header: Header) -> None:
+        lay = header.layout
+        self.on = lay is not None
+        n = header.ranks
+        self.dev = [str(header.devices[r]) for r in range(n)]
+        self.handles: list[dict[int, str]] = [{} for _ in range(n)]
+        self.live: list[set[str]] = [set() for _ in range(n)]
+        if lay is None:
+            return
+        self.base = [str(lay.reservations[r][0]) for r in range(n)]  # "None": never matches
+        self.res = [str(lay.reservations[r][1]) for r in range(n)]
+        self.length = [str(p.length) for p in lay.allocations]
+        self.map_va: list[list[str]] = []
+        self.alias_va: list[list[str]] = []
+        for r in range(n):
+            b = lay.reservations[r][0]
+            self.map_va.append(["" if b is None else str(b + o) for o in lay.map_off])
+            self.alias_va.append(["" if b is None or o < 0 else str(b + o)
+                                  for o in lay.alias_off])
+
+    def step(self, r: int, action: str, ok: bool, a: int | None, m: str | None, dv: str,
+             va: str, size: str, hd: str) -> bool:
+        """True when the event passes (and, if it succeeded, its effect is applied)."""
+        if not self.on:
+            return True
+        if dv != self.dev[r]:
+            return False
+        if action == "Reserve" or action == "Free":
+            return ((va == self.base[r] if ok or va != "null" else True)
+                    and (size == self.res[r] if ok or size != "null" else True))
+        if a is None:
+            return True
+        n = self.length[a]
+        if action == "Create":
+            if (ok or size != "null") and size != n:
+                return False
+            if not ok:
+                return hd == "null"
+            if hd == "null" or hd in self.live[r]:
+                return False
+            self.handles[r][a] = hd
+            self.live[r].add(hd)
+            return True
+        if action == "Map" or action == "MapAlias":
+            want = (self.map_va if action == "Map" else self.alias_va)[r][a]
+            if (ok or hd != "null") and hd != self.handles[r].get(a, "null"):
+                return False
+            return not (ok or va != "null") or (va == want and size == n)
+        if action == "Grant" or action == "Unmap":
+            want = (self.map_va if m == "plane" else self.alias_va)[r][a]
+            return not (ok or va != "null") or (va == want and size == n)
+        if action == "Release":
+            if (ok or hd != "null") and hd != self.handles[r].get(a, "null"):
+                return False
+            if ok:
+                self.live[r].discard(self.handles[r].pop(a))
+            return True
+        return True

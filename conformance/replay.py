@@ -22,10 +22,10 @@ from typing import Any
 from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, Action, Constants,
                                        ModelState, apply, enabled, guard, initial_state,
                                        step_guard)
-from kvgrant.conformance.objects import ObjectChecker
+from kvgrant.conformance.objects import ObjectChecker, RowObjects, objects_before
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace
 from kvgrant.gc_pause import gc_paused
-from kvgrant.traceformat import ROW, state_text
+from kvgrant.traceformat import ROW, state_template
 
 __all__ = ["Verdict", "event_action", "replay", "replay_file"]
 
@@ -178,7 +178,7 @@ class _RowEvent:
 
 
 def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
-                 dev_to_rank: dict[int, int], objs: ObjectChecker) -> int:
+                 dev_to_rank: dict[int, int], objs: RowObjects) -> int:
     """Step the fast reader's rows (trace_io.ROW_FIELDS) through the model; returns the
     index of the first row it leaves to the detailed loop (len(rows) when none).
 
@@ -195,7 +195,8 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
     alloc_of = {str(a): a for a in range(c.allocs)}
     alloc_of[""] = None  # type: ignore[assignment]
     steps = RANK_STEPS  # the successful driver steps: guard and effect, as guard()/apply()
-    check, effect = objs.check, objs.apply
+    check = objs.step
+    templates: dict[tuple[str, bool, bool, bool], str] = {}
     for i, row in enumerate(rows):
         rank, action, alloc, mapping = row[_R_RANK], row[_R_ACTION], row[_R_ALLOC], \
             row[_R_MAPPING]
@@ -206,7 +207,9 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
             act = event_action(ev)  # type: ignore[arg-type]
             if _mismatch(c, s, ev, act, dev_to_rank):  # type: ignore[arg-type]
                 return i
-            if objs.step(ev):
+            if ev.rank is not None and not check(ev.rank, action, ev.ok, ev.alloc, ev.mapping,
+                                                 row[_R_DEVICE], row[_R_VA], row[_R_SIZE],
+                                                 row[_R_HANDLE]):
                 return i
             apply(c, s, act)
             if _state_mismatch(s, ev):  # type: ignore[arg-type]
@@ -215,11 +218,6 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
         r = rank_of[rank]
         a = alloc_of[alloc]
         m = mapping or None
-        dv, va, size, hd = row[_R_DEVICE], row[_R_VA], row[_R_SIZE], row[_R_HANDLE]
-        dv = None if dv == "null" else int(dv)
-        va = None if va == "null" else int(va)
-        size = None if size == "null" else int(size)
-        hd = None if hd == "null" else int(hd)
         if not step[0](c, s, r, a, m):  # = guard(c, s, Action(action, r, a, m))
             return i
         if action == "Grant":
@@ -229,17 +227,21 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
                 grant_cache[devs] = got
             if got != c.grant_set(r, a, m):  # type: ignore[arg-type]
                 return i
-        if check(r, action, True, a, m, dv, va, size, hd):
+        if not check(r, action, True, a, m, row[_R_DEVICE], row[_R_VA], row[_R_SIZE],
+                     row[_R_HANDLE]):
             return i
         step[1](c, s, r, a, m)  # = apply(c, s, Action(action, r, a, m))
         rs = ranks[r]
         # the recorded state, written the way the trace writer does (ints and JSON
         # booleans have one spelling, so equal text is equal values)
-        if state != state_text(s.phase, rs.va, len(rs.created), len(rs.mapped),
-                               len(rs.alias_mapped), rs.grants, rs.ready, rs.failed)[1:-1]:
+        key = (s.phase, rs.va, rs.ready, rs.failed)
+        tpl = templates.get(key)
+        if tpl is None:  # the writer's state line (kvgrant.traceformat), braces off
+            tpl = templates[key] = state_template(*key)[1:-1]
+        if state != tpl % (len(rs.created), len(rs.mapped), len(rs.alias_mapped), rs.grants):
             return -1 - i  # applied: the caller recomputes the state before it
-        effect(r, action, a, m, va, size, hd)
     return len(rows)
+
 
 
 def replay(trace: Trace, *, engine: str = "python") -> Verdict:
@@ -253,10 +255,13 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     start = 0
     if trace.rows is not None:
         with gc_paused():  # no cycles are made here; a collection would rescan 10^5 rows
-            start = _replay_rows(c, s, trace.rows, dict(dev_to_rank), objs)
+            start = _replay_rows(c, s, trace.rows, dict(dev_to_rank),
+                                 RowObjects(trace.header))
         if start < 0:
             start = -1 - start
             s = state_before(trace, start)
+        if start < len(events):
+            objs = objects_before(trace, start)
     for k in range(start, len(events)):
         ev = events[k]
         act = event_action(ev)
