@@ -1,9 +1,11 @@
 """Transition traces: one NDJSON line per lifecycle transition, as it happens.
 
-The format is docs/INTERFACES.md "Trace format": a header line holding the model's
-constants, then one ``event`` line per transition with ``seq``, ``rank``, ``action``
-(spec name), ``args``, driver ``call`` and ``result``, ``device``, ``va``, ``size``,
-time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc format.
+The format is docs/INTERFACES.md "Trace format", owned by :mod:`kvgrant.traceformat`
+(action table, field order, line templates; this module only ships records): a header
+line (version 2: the plan, reservations and topology; group traces: version 1), then one
+``event`` line per transition with ``seq``, ``rank``, ``action`` (spec name), ``args``,
+driver ``call`` and ``result``, ``device``, ``va``, ``size``, ``handle``, time ``t`` and
+the abstract ``state`` after the event. JSON only, no ad-hoc format.
 
 Why this shape: tracing must be cheap when on (a few percent of a start-up whose driver
 calls take 30-60 us each) and free when off (callers test :attr:`TraceWriter.enabled`
