@@ -287,8 +287,9 @@ def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Ver
         else:  # no counterexample printed: nothing matched from Init
             s, index = initial_state(c), 0
         ev = t.events[index] if index < n else None
-        reason = (f"TLC: no step of KVLifecycleTrace matches this event on rank {ev.rank}"
-                  f" ({_objects_named(ev)})" if ev is not None
+        reason = ("TLC: no step of KVLifecycleTrace matches this event" + (
+                  f" on rank {ev.rank} ({_objects_named(ev)})" if ev.rank is not None else "")
+                  if ev is not None
                   else f"TLC: trace ends in phase {s.phase}, which is not terminal")
         return Verdict(False, "tlc", n, c.ranks, seconds, index=index, event=ev,
                        reason=reason, state_before=s.to_json(),

@@ -108,4 +108,5 @@ def test_tlc_rejects_the_same_mutants_at_the_same_index(java) -> None:
         assert (a.accepted, a.index) == (b.accepted, b.index), m.name
         assert a.state_before == b.state_before, m.name
         assert a.enabled == b.enabled, m.name
-        assert names_object(b), (m.name, b.summary())
+        if m.name in OBJECT_MUTATIONS:
+            assert names_object(b), (m.name, b.summary())
