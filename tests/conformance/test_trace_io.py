@@ -276,3 +276,60 @@ def test_runtime_writer_lines_take_the_fast_path(tmp_path: Path) -> None:
         assert fast.rows is not None, "writer format changed: update trace_io._FAST_EVENT"
         assert [e.raw for e in fast.events] == [e.raw for e in slow.events]
         assert any(not e.ok for e in fast.events) == bool(faults)
+
+
+# --- the format's one owner: any values the writer can write, both readers read back ----
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from kvgrant.traceformat import ACTIONS, GROUP_ACTIONS, PHASES  # noqa: E402
+
+_U64 = st.integers(0, (1 << 64) - 1)
+_NULL_OR_U64 = st.none() | _U64
+
+
+@st.composite
+def _event(draw, seq: int = 0) -> dict:
+    action = draw(st.sampled_from(sorted(ACTIONS)))
+    shape = ACTIONS[action]
+    group = action in GROUP_ACTIONS
+    args: dict = {}
+    if "alloc" in shape.args:
+        args["alloc"] = draw(st.integers(0, 3))
+    if "mapping" in shape.args:
+        args["mapping"] = draw(st.sampled_from(["plane", "alias"]))
+    if "devices" in shape.args:
+        args["devices"] = sorted(draw(st.sets(st.integers(0, 2), max_size=3)))
+    if "failed_rank" in shape.args:
+        args["failed_rank"] = draw(st.none() | st.integers(0, 2))
+    state: dict = {"phase": draw(st.sampled_from(PHASES))}
+    if not group:
+        state.update(va=draw(st.booleans()), created=draw(st.integers(0, 9)),
+                     mapped=draw(st.integers(0, 9)), alias_mapped=draw(st.integers(0, 9)),
+                     grants=draw(_U64), ready=draw(st.booleans()), failed=draw(st.booleans()))
+    return {"kind": "event", "seq": seq, "t": draw(st.floats(0, 1e6).map(lambda x: round(x, 6))),
+            "rank": None if group else draw(st.integers(0, 2)), "action": action, "args": args,
+            "call": shape.call, "result": None if shape.call is None else draw(
+                st.sampled_from(["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"])),
+            "device": None if group else draw(st.integers(0, 2)), "va": draw(_NULL_OR_U64),
+            "size": draw(_NULL_OR_U64), "handle": draw(_NULL_OR_U64), "state": state}
+
+
+@given(events=st.lists(_event(), min_size=1, max_size=8))
+def test_any_written_line_is_read_back_by_both_readers(events) -> None:
+    """format_event (the writer's line) -> the regex reader and the detailed reader give
+    back every field: reader and writer come from one table and cannot drift."""
+    for k, ev in enumerate(events):
+        ev["seq"] = k
+    from _conform_support import small_header
+
+    head = reference_trace(small_header()).to_lines()[0]
+    text = head + "\n" + "\n".join(format_event(e) for e in events) + "\n"
+    fast, slow = parse_trace(text), parse_trace_lines(text.splitlines())
+    assert fast.rows is not None
+    for ev, a, b in zip(events, fast.events, slow.events):
+        for got in (a, b):
+            assert (got.rank, got.action, dict(got.args), got.call, got.result, got.device,
+                    got.va, got.size, got.handle, dict(got.state)) == (
+                ev["rank"], ev["action"], ev["args"], ev["call"], ev["result"], ev["device"],
+                ev["va"], ev["size"], ev["handle"], ev["state"])
