@@ -123,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
     # TLC and its temp folders must go on SIGTERM/SIGHUP/SIGINT too (issue #16).
     with exit_on_signals():
         if is_group_input(args.trace):
+            if getattr(args, "geometry", None) is not None:
+                print("kvgrant conform: error: --geometry checks the plan in a one-process "
+                      "trace's header (version 2); group traces (version 1) carry none",
+                      file=sys.stderr)
+                return 2
             return run_group(args.trace, args.engine, args.json)
         args.trace = args.trace[0]
         return _run(args)
