@@ -27,7 +27,7 @@ from typing import Any
 
 from kvgrant.conformance.trace_io import Header
 
-__all__ = ["ObjectChecker"]
+__all__ = ["ObjectChecker", "RowObjects", "objects_before"]
 
 
 def _nothing(*_args: Any) -> str:
