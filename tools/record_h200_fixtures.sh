@@ -15,6 +15,7 @@
 set -euo pipefail
 OUT=${OUT:-tests/fixtures/h200}
 KV=${KVGRANT:-kvgrant}
+BACKEND=${BACKEND:-cuda}   # BACKEND=sim OUT=/tmp/x: a dry run of this script without GPUs
 mkdir -p "$OUT"
 export KVGRANT_LEDGER=${KVGRANT_LEDGER:-$(mktemp -d)/ledger.json}  # not the host's ledger
 
@@ -23,7 +24,7 @@ rec() {  # rec NAME GEOMETRY PLAN [extra alloc args...]
     shift 3
     rm -f "$OUT/$name.ndjson"
     # --fail-at makes alloc exit 1 (the attempt aborts, as intended)
-    "$KV" alloc "$geometry" --ranks 2 --plan "$plan" --backend cuda \
+    "$KV" alloc "$geometry" --ranks 2 --plan "$plan" --backend "$BACKEND" \
         --trace "$OUT/$name.ndjson" "$@" || [ "$#" -gt 0 ]
     "$KV" conform "$OUT/$name.ndjson" --geometry "$geometry" --ranks 2 --engine both
 }
@@ -33,6 +34,6 @@ rec small-naive-2rank examples/small.json naive
 rec small-inward-packed-2rank examples/small-inward.json packed
 rec small-packed-2rank-fail-at-30 examples/small.json packed --fail-at 30
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+[ "$BACKEND" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import cuda.bindings, sys; print('python', sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__)"
 date -u +"recorded %Y-%m-%d %H:%M UTC"
