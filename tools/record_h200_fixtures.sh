@@ -34,6 +34,8 @@ rec small-naive-2rank examples/small.json naive
 rec small-inward-packed-2rank examples/small-inward.json packed
 rec small-packed-2rank-fail-at-30 examples/small.json packed --fail-at 30
 
-[ "$BACKEND" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import cuda.bindings, sys; print('python', sys.version.split()[0], 'cuda-bindings', cuda.bindings.__version__)"
+if [ "$BACKEND" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+python3 -c "import sys, importlib.metadata as m; print('python', sys.version.split()[0], 'cuda-bindings', m.version('cuda-bindings'))" || true
 date -u +"recorded %Y-%m-%d %H:%M UTC"
