@@ -165,6 +165,9 @@ class Engine:
         self.trace = trace
         # the trace's hot path: one tuple per event (see TraceWriter.recorder)
         self._record = trace.recorder() if trace.enabled else None
+        # Reserve events wait here for the header, which needs every rank's base
+        self._pending: list[tuple[Any, ...]] = []
+        self._t0: float | None = None
         self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
         self._phase = "Allocating"
         # trace-template keys of alias grants, one per region
@@ -183,7 +186,7 @@ class Engine:
                 for reg in g.regions})
 
     # ------------------------------------------------------------------ tracing
-    def header(self, t0: float | None = None) -> None:
+    def header(self) -> None:
         """The version-2 header: the plan, each rank's reservation (base once reserved)
         and the topology, from which the checkers derive importers (kvgrant.traceformat).
         Written once, after every rank reserved (see :meth:`reserve_all`)."""
@@ -192,11 +195,14 @@ class Engine:
         g = self.g
         n = len(self.devices)
         self.trace.header(
-            version=LIFECYCLE_VERSION, t0=t0, ranks=n, allocs=len(self.allocs),
+            version=LIFECYCLE_VERSION, t0=self._t0, ranks=n, allocs=len(self.allocs),
             **plan_header(g, self.allocs, self.plane_off, self.region_off, self.reserve_bytes,
                           {st.rank: (st.base if st.va else None) for st in self.ranks}),
             geometry=g.name, plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
             devices={str(r): d for r, d in enumerate(self.devices)})
+        for rec in self._pending:  # the Reserve events recorded before the header
+            self._record(rec)  # type: ignore[misc]
+        self._pending.clear()
 
     def _ev(self, st: _Rank, action: str, args: str, call: str | None,
             result: str | None, va: int | None = None, size: int | None = None,
@@ -296,28 +302,21 @@ class Engine:
         then the Reserve events (their times count from before the first reserve)."""
         d = self.driver
         size = self.reserve_bytes
-        t0 = clock()
-        pending: list[tuple[Any, ...]] = []
+        self._t0 = clock()
         for st in self.ranks:
             try:
                 base = d.reserve(size, self.G, device=st.device)
             except DriverError as e:
-                if self.trace.enabled:
-                    self.header(t0)
-                    for rec in pending:
-                        self._record(rec)  # type: ignore[misc]
                 raise self._fail(st, e, "Reserve", "{}", "cuMemAddressReserve",
                                  "reservation", (0, size), None, size) from e
             st.va = True
             st.base = base
             st.size = size
             if self.trace.enabled:
-                pending.append(self._rec(st, "Reserve", base, size))
+                self._pending.append(self._rec(st, "Reserve", base, size))
             txn.push(self._undo_free, st, base, size)
         if self.trace.enabled:
-            self.header(t0)
-            for rec in pending:
-                self._record(rec)  # type: ignore[misc]
+            self.header()
             self.trace.ship_if_full()
 
     def _build_rank(self, st: _Rank, txn: Transaction) -> None:
