@@ -23,15 +23,20 @@ from typing import Any, Callable, Iterable, Sequence
 from kvgrant.conformance.model import Action, Constants, apply, initial_state
 from kvgrant.conformance.trace_io import RANK_ACTIONS, Header, Trace, header_to_json, \
     parse_trace_lines
+from kvgrant.conformance.trace_plan import Layout, PlanAlloc, derive_importers
 
 __all__ = [
+    "G",
     "MUTATIONS",
     "Mutant",
     "MutationScore",
+    "OBJECT_MUTATIONS",
+    "handle_id",
     "make_header",
     "mutants",
     "mutation_score",
     "reference_trace",
+    "synthetic_layout",
     "trace_from_actions",
     "trace_from_events",
 ]
@@ -49,18 +54,88 @@ class Mutant:
     description: str
 
 
+#: Granularity of the synthetic plans of :func:`make_header` (as on H200).
+G = 2 << 20
+_BASE0 = 1 << 40          # rank r reserves at _BASE0 + r * _BASE_STRIDE
+_BASE_STRIDE = 1 << 36
+
+
+def _groups_of(ranks: int, imp: tuple[frozenset[int], ...]) -> list[list[int]] | None:
+    """Import groups that yield exactly ``imp`` (None when it is not a partition, e.g.
+    asymmetric importers, which no geometry can declare)."""
+    groups: list[list[int]] = []
+    done: set[int] = set()
+    for r in range(ranks):
+        g = imp[r] | {r}
+        if any(imp[x] | {x} != g for x in g):
+            return None
+        if r not in done and len(g) > 1:
+            groups.append(sorted(g))
+        done |= g
+    return groups
+
+
+def synthetic_layout(allocs: int, aliased: frozenset[int], owner_only: frozenset[int],
+                     ranks: int, groups: list[list[int]],
+                     declared: dict[int, tuple[int, ...]] | None) -> Layout:
+    """A plan for model constants: allocation a is (a % 3 + 1) granules of plane "kv";
+    aliased ones back region "shared" (importers) or "owned" (owner-only), in order."""
+    lengths = [(a % 3 + 1) * G for a in range(allocs)]
+    plane_bytes = sum(lengths)
+    regions: dict[str, list[int]] = {"shared": [], "owned": []}
+    for a in sorted(aliased):
+        regions["owned" if a in owner_only else "shared"].append(a)
+    off = plane_bytes
+    region_table: dict[str, tuple[int, int, str]] = {}
+    for name, members in regions.items():
+        if members:
+            size = sum(lengths[a] for a in members)
+            region_table[name] = (off, size, "owner" if name == "owned" else "importers")
+            off += size
+    plan: list[PlanAlloc] = []
+    pos = 0
+    roff = {name: 0 for name in regions}
+    for a in range(allocs):
+        region = next((n for n, m in regions.items() if a in m), None)
+        ro = None
+        if region is not None:
+            ro = roff[region]
+            roff[region] += lengths[a]
+        plan.append(PlanAlloc("kv", pos, lengths[a], region, ro))
+        pos += lengths[a]
+    map_off = tuple(p.plane_offset for p in plan)
+    alias_off = tuple(-1 if p.region is None else region_table[p.region][0] + p.region_offset
+                      for p in plan)  # type: ignore[operator]
+    return Layout(G, None, {"kv": (0, plane_bytes)}, region_table, tuple(plan),
+                  {r: (_BASE0 + r * _BASE_STRIDE, off) for r in range(ranks)},
+                  tuple(tuple(g) for g in groups), declared, map_off, alias_off)
+
+
 def make_header(ranks: int, allocs: int, aliased: Iterable[int] = (),
                 owner_only: Iterable[int] = (), importers: dict[int, Iterable[int]] | None = None,
                 declared_readers: dict[int, Iterable[int]] | None = None,
                 **extra: Any) -> Header:
-    """A header from Python values; importers default to every other rank."""
+    """A header from Python values; importers default to every other rank.
+
+    When the importers are import groups (a partition, as every geometry declares),
+    the header is version 2 with a synthetic plan (:func:`synthetic_layout`) and its
+    importers are derived from the groups; otherwise it is a model-only version-1
+    header (no objects), which only the in-memory engines accept.
+    """
     imp = tuple(frozenset(importers.get(r, ()) if importers is not None
                           else set(range(ranks)) - {r}) for r in range(ranks))
     dec = tuple(frozenset(declared_readers[r]) if declared_readers and r in declared_readers
                 else imp[r] | {r} for r in range(ranks))
-    return Header(ranks=ranks, allocs=allocs, aliased=frozenset(aliased),
-                  owner_only=frozenset(owner_only), importers=imp, declared_readers=dec,
-                  devices={r: r for r in range(ranks)}, extra=dict(extra))
+    al, oo = frozenset(aliased), frozenset(owner_only)
+    groups = _groups_of(ranks, imp)
+    layout = None
+    if groups is not None:
+        layout = synthetic_layout(allocs, al, oo, ranks, groups,
+                                  {r: tuple(sorted(dec[r])) for r in range(ranks)})
+        imp = derive_importers(ranks, layout.import_groups)
+    return Header(ranks=ranks, allocs=allocs, aliased=al, owner_only=oo, importers=imp,
+                  declared_readers=dec, devices={r: r for r in range(ranks)},
+                  version=1 if layout is None else 2, extra=dict(extra), layout=layout)
 
 
 def trace_from_events(header: Header, events: Sequence[dict[str, Any]],
@@ -71,7 +146,7 @@ def trace_from_events(header: Header, events: Sequence[dict[str, Any]],
         obj = dict(ev)
         obj["seq"] = i
         lines.append(json.dumps(obj))
-    return parse_trace_lines(lines, source=source)
+    return parse_trace_lines(lines, source=source, model_only=header.layout is None)
 
 
 def _plan_actions(c: Constants) -> list[Action]:
@@ -161,9 +236,12 @@ def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | Non
     c = Constants.from_header(header)
     s = initial_state(c)
     rank_dev = dict(header.devices)
+    lay = header.layout
     events: list[dict[str, Any]] = []
     for act, result in actions:
         ev_action = act.step if act.name == "Fail" else act.name
+        objs = _objects(lay, act, ev_action) if lay is not None and act.rank is not None \
+            else {}
         apply(c, s, act)
         args: dict[str, Any] = {}
         if act.alloc is not None:
@@ -178,12 +256,43 @@ def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | Non
         state: dict[str, Any] = {"phase": s.phase}
         if act.rank is not None:
             state.update(s.ranks[act.rank].counters())
-        events.append({"kind": "event", "seq": len(events), "rank": act.rank,
-                       "action": ev_action, "args": args,
-                       "call": RANK_ACTIONS.get(ev_action), "result": result,
-                       "device": None if act.rank is None else rank_dev[act.rank],
-                       "t": round(len(events) * 1e-5, 6), "state": state})
+        ev = {"kind": "event", "seq": len(events), "rank": act.rank,
+              "action": ev_action, "args": args,
+              "call": RANK_ACTIONS.get(ev_action), "result": result,
+              "device": None if act.rank is None else rank_dev[act.rank],
+              "t": round(len(events) * 1e-5, 6), "state": state}
+        ev.update(objs)
+        events.append(ev)
     return trace_from_events(header, events, source)
+
+
+def handle_id(rank: int, alloc: int) -> int:
+    """The handle id a synthetic trace gives allocation ``alloc`` of ``rank``."""
+    return 1000 * rank + alloc + 1
+
+
+def _objects(lay: Layout, act: Action, action: str) -> dict[str, Any]:
+    """The va, size and handle of a synthetic event, as the plan says (a failed call
+    names the same objects as the call would have)."""
+    r, a = act.rank, act.alloc
+    base, res = lay.reservations[r]  # type: ignore[index]
+    if action in ("Reserve", "Free"):
+        return {"va": base, "size": res, "handle": None}
+    if a is None:
+        return {"va": None, "size": None, "handle": None}
+    n = lay.allocations[a].length
+    ok = act.name != "Fail"
+    h = handle_id(r, a)  # type: ignore[arg-type]
+    if action == "Create":
+        return {"va": None, "size": n, "handle": h if ok else None}
+    if action in ("Map", "MapAlias"):
+        return {"va": lay.va(r, a, "plane" if action == "Map" else "alias"), "size": n,  # type: ignore[arg-type]
+                "handle": h}
+    if action in ("Grant", "Unmap"):
+        return {"va": lay.va(r, a, act.mapping or "plane"), "size": n, "handle": None}  # type: ignore[arg-type]
+    if action == "Release":
+        return {"va": None, "size": None, "handle": h}
+    return {}
 
 
 # --- mutations ---------------------------------------------------------------------------
@@ -276,6 +385,147 @@ def _reorder_steps(evs: Raw, h: Header):
     return evs, i, f"Map swapped before its Create (event {i})"
 
 
+# --- object-identity mutations (version-2 traces): the right step on the wrong object ---
+
+def _nth(evs: Raw, action: str, k: int = 0, **match: Any) -> int | None:
+    """Index of the k-th successful ``action`` event whose args include ``match``."""
+    hits = [i for i, e in enumerate(evs) if e["action"] == action and _ok(e)
+            and all(e["args"].get(key) == v for key, v in match.items())]
+    return hits[k] if len(hits) > k else None
+
+
+def _set(evs: Raw, i: int | None, desc: str, **fields: Any):
+    if i is None:
+        return None
+    evs[i].update(fields)
+    return evs, i, desc.format(i=i, e=evs[i])
+
+
+def _map_overlapping_va(evs: Raw, h: Header):
+    first = _nth(evs, "Map")
+    i = _nth(evs, "Map", 1)
+    if first is None or i is None or evs[first]["rank"] != evs[i]["rank"]:
+        return None
+    return _set(evs, i, "Map at event {i} placed at the VA of the rank's first plane mapping "
+                "(overlapping it)", va=evs[first]["va"])
+
+
+def _map_outside_reservation(evs: Raw, h: Header):
+    i = _nth(evs, "Map")
+    if i is None or h.layout is None:
+        return None
+    base, size = h.layout.reservations[evs[i]["rank"]]
+    return _set(evs, i, "Map at event {i} placed just past the end of the reservation",
+                va=base + size)  # type: ignore[operator]
+
+
+def _alias_wrong_va(evs: Raw, h: Header):
+    i = _nth(evs, "MapAlias")
+    return None if i is None else _set(evs, i, "MapAlias at event {i} one granule off",
+                                       va=evs[i]["va"] + G)
+
+
+def _alias_wrong_size(evs: Raw, h: Header):
+    i = _nth(evs, "MapAlias")
+    return None if i is None else _set(evs, i, "MapAlias at event {i} one granule longer",
+                                       size=evs[i]["size"] + G)
+
+
+def _wrong_device(evs: Raw, h: Header):
+    i = _nth(evs, "Create")
+    if i is None or h.ranks < 2:
+        return None
+    other = h.devices[(evs[i]["rank"] + 1) % h.ranks]
+    return _set(evs, i, "Create at event {i} on another rank's device", device=other)
+
+
+def _unmap_wrong_va(evs: Raw, h: Header):
+    i = _nth(evs, "Unmap")
+    return None if i is None else _set(evs, i, "Unmap at event {i} one granule off",
+                                       va=evs[i]["va"] + G)
+
+
+def _grant_other_range(evs: Raw, h: Header):
+    i = _nth(evs, "Grant", mapping="alias")
+    if i is None:
+        return None
+    plane = next(e for e in evs[:i] if e["action"] == "Map" and e["rank"] == evs[i]["rank"]
+                 and e["args"]["alloc"] == evs[i]["args"]["alloc"])
+    return _set(evs, i, "alias Grant at event {i} applied to the plane mapping's range",
+                va=plane["va"])
+
+
+def _grant_wrong_size(evs: Raw, h: Header):
+    i = _nth(evs, "Grant")
+    return None if i is None else _set(evs, i, "Grant at event {i} over one granule more",
+                                       size=evs[i]["size"] + G)
+
+
+def _map_wrong_handle(evs: Raw, h: Header):
+    first = _nth(evs, "Create")
+    i = _nth(evs, "Map", 1)
+    if first is None or i is None or evs[first]["rank"] != evs[i]["rank"]:
+        return None
+    return _set(evs, i, "Map at event {i} maps the rank's first handle, not its own",
+                handle=evs[first]["handle"])
+
+
+def _create_live_handle(evs: Raw, h: Header):
+    first = _nth(evs, "Create")
+    i = _nth(evs, "Create", 1)
+    if first is None or i is None or evs[first]["rank"] != evs[i]["rank"]:
+        return None
+    return _set(evs, i, "Create at event {i} returns a handle that is still live",
+                handle=evs[first]["handle"])
+
+
+def _release_wrong_handle(evs: Raw, h: Header):
+    i = _nth(evs, "Release")
+    return None if i is None else _set(evs, i, "Release at event {i} names another handle",
+                                       handle=evs[i]["handle"] + 7919)
+
+
+def _release_live_mapping(evs: Raw, h: Header):
+    i = _first(evs, lambda i, e: e["action"] == "Unmap" and e["args"]["mapping"] == "plane"
+               and i + 1 < len(evs) and evs[i + 1]["action"] == "Release"
+               and evs[i + 1]["args"]["alloc"] == e["args"]["alloc"])
+    if i is None:
+        return None
+    evs[i], evs[i + 1] = evs[i + 1], evs[i]
+    return evs, i, f"Release at event {i} while its plane mapping is live"
+
+
+def _reserve_wrong_base(evs: Raw, h: Header):
+    i = _nth(evs, "Reserve")
+    return None if i is None else _set(evs, i, "Reserve at event {i} elsewhere than the "
+                                       "header's base", va=evs[i]["va"] + 1024 * G)
+
+
+def _free_wrong_size(evs: Raw, h: Header):
+    i = _nth(evs, "Free")
+    return None if i is None else _set(evs, i, "Free at event {i} of half the reservation",
+                                       size=evs[i]["size"] // 2)
+
+
+def _header_forged_importer(evs: Raw, h: Header):
+    """The header lists an overdeclared reader as an importer (a forged ``importers``
+    list) and the grants follow it: grants are judged by the import groups."""
+    for i, e in enumerate(evs):
+        if e["action"] != "Grant" or not _ok(e):
+            continue
+        r = e["rank"]
+        extra = sorted(h.declared_readers[r] - h.importers[r] - {r})
+        if not extra or (e["args"]["alloc"] in h.owner_only and e["args"]["mapping"] == "alias"):
+            continue
+        forged = {str(x): sorted(h.importers[x] | ({extra[0]} if x == r else set()))
+                  for x in range(h.ranks)}
+        e["args"]["devices"] = sorted(e["args"]["devices"] + [h.devices[extra[0]]])
+        e["state"]["grants"] += 1
+        return evs, i, (f"header lists declared reader {extra[0]} as rank {r}'s importer; the "
+                        f"Grant at event {i} follows it"), {"importers": forged}
+    return None
+
+
 MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
     "drop_grant": _drop_grant,
     "grant_non_importer": _grant_non_importer,
@@ -285,19 +535,49 @@ MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
     "duplicate_event": _duplicate_event,
     "reorder_steps": _reorder_steps,
 }
+#: Mutations of the objects an event names (version-2 traces only).
+OBJECT_MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
+    "map_overlapping_va": _map_overlapping_va,
+    "map_outside_reservation": _map_outside_reservation,
+    "alias_wrong_va": _alias_wrong_va,
+    "alias_wrong_size": _alias_wrong_size,
+    "wrong_device": _wrong_device,
+    "unmap_wrong_va": _unmap_wrong_va,
+    "grant_other_range": _grant_other_range,
+    "grant_wrong_size": _grant_wrong_size,
+    "header_forged_importer": _header_forged_importer,
+    "release_live_mapping": _release_live_mapping,
+    "map_wrong_handle": _map_wrong_handle,
+    "create_live_handle": _create_live_handle,
+    "release_wrong_handle": _release_wrong_handle,
+    "reserve_wrong_base": _reserve_wrong_base,
+    "free_wrong_size": _free_wrong_size,
+}
 
 
 def mutants(trace: Trace, names: Iterable[str] | None = None) -> list[Mutant]:
-    """Every applicable mutant of ``trace`` (a mutation with no place is skipped)."""
+    """Every applicable mutant of ``trace`` (a mutation with no place is skipped);
+    object mutations apply to version-2 traces only."""
+    every = {**MUTATIONS, **OBJECT_MUTATIONS}
+    if names is None:
+        names = list(MUTATIONS) + (list(OBJECT_MUTATIONS) if trace.header.layout else [])
     out: list[Mutant] = []
-    for name in (names if names is not None else MUTATIONS):
+    for name in names:
         raw = [copy.deepcopy(dict(e.raw)) for e in trace.events]
-        res = MUTATIONS[name](raw, trace.header)
+        res = every[name](raw, trace.header)
         if res is None:
             continue
-        evs, index, desc = res
-        out.append(Mutant(name, trace_from_events(trace.header, evs,
-                                                  f"{trace.source}#{name}"), index, desc))
+        evs, index, desc = res[:3]
+        src = f"{trace.source}#{name}"
+        if len(res) > 3:  # a header mutation: extra header fields
+            head = header_to_json(trace.header)
+            head.update(res[3])
+            lines = [json.dumps(head)] + [json.dumps({**e, "seq": k}) for k, e in
+                                          enumerate(evs)]
+            t = parse_trace_lines(lines, source=src)
+        else:
+            t = trace_from_events(trace.header, evs, src)
+        out.append(Mutant(name, t, index, desc))
     return out
 
 

@@ -1,8 +1,10 @@
 """The Python engine: replay a trace through :mod:`kvgrant.conformance.model`.
 
-Each event must be an enabled action of the model (a failed driver call is
-``Fail(r, x)``), a Grant must name exactly ``GrantSet(r, a, m)``, and the event's
-recorded abstract state must equal the model's state after it. The trace is
+Each event must act on the object the header's plan names
+(:mod:`kvgrant.conformance.objects`: device, VA, size, handle), be an enabled action of
+the model (a failed driver call is ``Fail(r, x)``), a Grant must name exactly
+``GrantSet(r, a, m)`` (importers derived from the header's import groups), and the
+event's recorded abstract state must equal the model's state after it. The trace is
 accepted when every event matches and the last state is terminal (Published,
 Aborted or Shutdown). A rejection names the first unmatched event with the model
 state before it and the actions enabled there; the TLC engine
@@ -20,8 +22,10 @@ from typing import Any
 from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, Action, Constants,
                                        ModelState, apply, enabled, guard, initial_state,
                                        step_guard)
+from kvgrant.conformance.objects import ObjectChecker, RowObjects, objects_before
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace
 from kvgrant.gc_pause import gc_paused
+from kvgrant.traceformat import ROW, state_template
 
 __all__ = ["Verdict", "event_action", "replay", "replay_file"]
 
@@ -136,23 +140,37 @@ def _state_mismatch(s: ModelState, ev: Event) -> str:
 
 
 _SUCCESS_JSON = '"CUDA_SUCCESS"'
-_TF = {True: "true", False: "false"}
+# positions of the fast reader's row fields (kvgrant.traceformat.ROW_FIELDS)
+(_R_RANK, _R_ACTION, _R_ALLOC, _R_MAPPING, _R_DEVICES, _R_RESULT, _R_STATE, _R_DEVICE,
+ _R_VA, _R_SIZE, _R_HANDLE) = (ROW[k] for k in (
+     "rank", "action", "alloc", "mapping", "devices", "result", "state", "device", "va",
+     "size", "handle"))
+
+
+def _int_or_none(text: str) -> int | None:
+    return None if text == "null" else int(text)
+
 
 
 class _RowEvent:
     """The fields of :class:`Event` that the checks read, from a fast-reader row
     (for the few rows that are not successful driver steps)."""
 
-    __slots__ = ("rank", "action", "alloc", "mapping", "result", "args", "state")
+    __slots__ = ("rank", "action", "alloc", "mapping", "result", "args", "state", "device",
+                 "va", "size", "handle")
 
     def __init__(self, row: tuple[str, ...]) -> None:
-        self.rank = None if row[1] == "null" else int(row[1])
-        self.action = row[2]
-        self.alloc = int(row[4]) if row[4] else None
-        self.mapping = row[5] or None
-        self.result = None if row[9] == "null" else row[9][1:-1]
-        self.args = {"devices": json.loads(row[6])} if row[6] else {}
-        self.state: dict[str, object] = json.loads("{" + row[10] + "}")
+        self.rank = _int_or_none(row[_R_RANK])
+        self.action = row[_R_ACTION]
+        self.alloc = int(row[_R_ALLOC]) if row[_R_ALLOC] else None
+        self.mapping = row[_R_MAPPING] or None
+        self.result = None if row[_R_RESULT] == "null" else row[_R_RESULT][1:-1]
+        self.args = {"devices": json.loads(row[_R_DEVICES])} if row[_R_DEVICES] else {}
+        self.state: dict[str, object] = json.loads("{" + row[_R_STATE] + "}")
+        self.device = _int_or_none(row[_R_DEVICE])
+        self.va = _int_or_none(row[_R_VA])
+        self.size = _int_or_none(row[_R_SIZE])
+        self.handle = _int_or_none(row[_R_HANDLE])
 
     @property
     def ok(self) -> bool:
@@ -160,7 +178,7 @@ class _RowEvent:
 
 
 def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
-                 dev_to_rank: dict[int, int]) -> int:
+                 dev_to_rank: dict[int, int], objs: RowObjects) -> int:
     """Step the fast reader's rows (trace_io.ROW_FIELDS) through the model; returns the
     index of the first row it leaves to the detailed loop (len(rows) when none).
 
@@ -176,15 +194,22 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
     rank_of = {str(r): r for r in range(c.ranks)}
     alloc_of = {str(a): a for a in range(c.allocs)}
     alloc_of[""] = None  # type: ignore[assignment]
-    tf = _TF
     steps = RANK_STEPS  # the successful driver steps: guard and effect, as guard()/apply()
+    check = objs.step
+    templates: dict[tuple[str, bool, bool, bool], str] = {}
     for i, row in enumerate(rows):
-        _, rank, action, _, alloc, mapping, devs, _, _, result, state, _ = row
+        rank, action, alloc, mapping = row[_R_RANK], row[_R_ACTION], row[_R_ALLOC], \
+            row[_R_MAPPING]
+        devs, result, state = row[_R_DEVICES], row[_R_RESULT], row[_R_STATE]
         step = steps.get(action)
         if result != _SUCCESS_JSON or step is None:  # rare: group, model-only, failed
             ev = _RowEvent(row)
             act = event_action(ev)  # type: ignore[arg-type]
             if _mismatch(c, s, ev, act, dev_to_rank):  # type: ignore[arg-type]
+                return i
+            if ev.rank is not None and not check(ev.rank, action, ev.ok, ev.alloc, ev.mapping,
+                                                 row[_R_DEVICE], row[_R_VA], row[_R_SIZE],
+                                                 row[_R_HANDLE]):
                 return i
             apply(c, s, act)
             if _state_mismatch(s, ev):  # type: ignore[arg-type]
@@ -202,16 +227,21 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
                 grant_cache[devs] = got
             if got != c.grant_set(r, a, m):  # type: ignore[arg-type]
                 return i
+        if not check(r, action, True, a, m, row[_R_DEVICE], row[_R_VA], row[_R_SIZE],
+                     row[_R_HANDLE]):
+            return i
         step[1](c, s, r, a, m)  # = apply(c, s, Action(action, r, a, m))
         rs = ranks[r]
         # the recorded state, written the way the trace writer does (ints and JSON
         # booleans have one spelling, so equal text is equal values)
-        if state != (f'"phase": "{s.phase}", "va": {tf[rs.va]}, "created": '
-                     f'{len(rs.created)}, "mapped": {len(rs.mapped)}, "alias_mapped": '
-                     f'{len(rs.alias_mapped)}, "grants": {rs.grants}, "ready": '
-                     f'{tf[rs.ready]}, "failed": {tf[rs.failed]}'):
+        key = (s.phase, rs.va, rs.ready, rs.failed)
+        tpl = templates.get(key)
+        if tpl is None:  # the writer's state line (kvgrant.traceformat), braces off
+            tpl = templates[key] = state_template(*key)[1:-1]
+        if state != tpl % (len(rs.created), len(rs.mapped), len(rs.alias_mapped), rs.grants):
             return -1 - i  # applied: the caller recomputes the state before it
     return len(rows)
+
 
 
 def replay(trace: Trace, *, engine: str = "python") -> Verdict:
@@ -220,18 +250,24 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     c = Constants.from_header(trace.header)
     s = initial_state(c)
     dev_to_rank: dict = trace.header.device_to_rank()  # also caches device lists
+    objs = ObjectChecker(trace.header)
     events = trace.events
     start = 0
     if trace.rows is not None:
         with gc_paused():  # no cycles are made here; a collection would rescan 10^5 rows
-            start = _replay_rows(c, s, trace.rows, dict(dev_to_rank))
+            start = _replay_rows(c, s, trace.rows, dict(dev_to_rank),
+                                 RowObjects(trace.header))
         if start < 0:
             start = -1 - start
             s = state_before(trace, start)
+        if start < len(events):
+            objs = objects_before(trace, start)
     for k in range(start, len(events)):
         ev = events[k]
         act = event_action(ev)
         why = _mismatch(c, s, ev, act, dev_to_rank)
+        if not why:
+            why = objs.step(ev)
         if not why:
             apply(c, s, act)
             why = _state_mismatch(s, ev)
@@ -264,8 +300,9 @@ def state_before(trace: Trace, index: int) -> ModelState:
 
 
 def _row_action(row: tuple[str, ...]) -> Action:
-    """:func:`event_action` of a fast-reader row (trace_io.ROW_FIELDS)."""
-    rank, action, alloc, mapping, result = row[1], row[2], row[4], row[5], row[9]
+    """:func:`event_action` of a fast-reader row (traceformat.ROW_FIELDS)."""
+    rank, action, alloc, mapping, result = (row[_R_RANK], row[_R_ACTION], row[_R_ALLOC],
+                                            row[_R_MAPPING], row[_R_RESULT])
     r = None if rank == "null" else int(rank)
     a = int(alloc) if alloc else None
     if result in ("null", _SUCCESS_JSON):

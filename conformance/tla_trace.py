@@ -72,12 +72,69 @@ def _rank_fn(n: int, sets: Iterable[frozenset[int]]) -> str:
     return f"[r \\in 0..{n - 1} |-> <<{seq}>>[r + 1]]"
 
 
+def _int_fn(lo_hi: int, values: Iterable[int]) -> str:
+    """A function over 0..lo_hi-1 as TLA+ (``[x \\in 0..n-1 |-> <<...>>[x + 1]]``)."""
+    seq = ", ".join(str(v) for v in values)
+    return f"[x \\in 0..{lo_hi - 1} |-> <<{seq}>>[x + 1]]"
+
+
+# TLC's integers are 32-bit, VAs and handles are not. So the module holds VAs as
+# granules from the rank's reservation base and sizes in granules (the header's plan
+# is granule-aligned), handles as their order of first appearance; -1 is null and -2
+# a value no plan position has (unaligned, below the base, too large, or no base).
+# Each encoding is injective where the plan has values, so TLC's equalities are the
+# Python engine's.
+_NULL, _NOWHERE, _MAX = -1, -2, (1 << 31) - 1
+
+
+def _granules(v: int | None, origin: int | None, G: int) -> int:
+    if v is None:
+        return _NULL
+    if origin is None or v < origin or (v - origin) % G or (v - origin) // G > _MAX:
+        return _NOWHERE
+    return (v - origin) // G
+
+
+def _object_constants(h: Any) -> list[str]:
+    """The plan as TLA+ constants for ObjectsMatch (all -1 for a model-only header)."""
+    lay = h.layout
+    n, a = h.ranks, h.allocs
+    if lay is None:
+        base, res, length, moff, aoff = [-1] * n, [-1] * n, [-1] * a, [-1] * a, [-1] * a
+    else:
+        G = lay.granularity
+        # a rank that never reserved has a base no event's VA can be relative to
+        base = [-(1 << 30) if lay.reservations[r][0] is None else 0 for r in range(n)]
+        res = [lay.reservations[r][1] // G for r in range(n)]
+        length = [p.length // G for p in lay.allocations]
+        moff = [o // G for o in lay.map_off]
+        aoff = [-1 if o < 0 else o // G for o in lay.alias_off]
+    return [
+        f"TraceChecksObjects == {_tla(lay is not None)}",
+        f"TraceDevice == {_int_fn(n, (h.devices[r] for r in range(n)))}",
+        f"TraceBase == {_int_fn(n, base)}",
+        f"TraceResSize == {_int_fn(n, res)}",
+        f"TraceLen == {_int_fn(a, length)}",
+        f"TraceMapOff == {_int_fn(a, moff)}",
+        f"TraceAliasOff == {_int_fn(a, aoff)}",
+    ]
+
+
+def _or_minus(v: int | None) -> int:
+    return -1 if v is None else v
+
+
 def trace_module_text(trace: Trace) -> str:
     """Module KVTraceData: the trace's constants and its events as TLA+ records."""
     h = trace.header
     to_rank = h.device_to_rank()
+    lay = h.layout
+    G = lay.granularity if lay is not None else 1
+    handles: dict[int, int] = {}
     recs = []
     for ev in trace.events:
+        origin = None if lay is None or ev.rank is None else lay.reservations[ev.rank][0]
+        hd = _NULL if ev.handle is None else handles.setdefault(ev.handle, len(handles))
         st = ev.state
         rank_state = ev.rank is not None
         devs = frozenset(to_rank.get(d, -1 - d) for d in (ev.devices or ()))
@@ -93,6 +150,8 @@ def trace_module_text(trace: Trace) -> str:
             ("grants", st.get("grants", 0) if rank_state else 0),
             ("ready", bool(st.get("ready")) if rank_state else False),
             ("failed", bool(st.get("failed")) if rank_state else False),
+            ("device", _or_minus(ev.device)), ("evVa", _granules(ev.va, origin, G)),
+            ("size", _granules(ev.size, 0, G)), ("handle", hd),
         ]
         recs.append("[" + ", ".join(f"{k} |-> {_tla(v)}" for k, v in fields) + "]")
     body = ",\n    ".join(recs)
@@ -106,6 +165,7 @@ def trace_module_text(trace: Trace) -> str:
         f"TraceOwnerOnly == {_tla(h.owner_only)}",
         f"TraceImporters == {_rank_fn(h.ranks, h.importers)}",
         f"TraceDeclaredReaders == {_rank_fn(h.ranks, h.declared_readers)}",
+        *_object_constants(h),
         f"Trace == <<\n    {body}\n    >>" if recs else "Trace == << >>",
         "====",
         "",
@@ -175,6 +235,22 @@ def model_state_from_tlc(values: dict[str, Any], c: Constants) -> ModelState:
 
 # --- the engine ------------------------------------------------------------------------------
 
+def _objects_named(ev: Any) -> str:
+    """The objects an event names, for a TLC rejection (TLC says only *that* it failed)."""
+    parts = []
+    if ev.alloc is not None:
+        parts.append(f"alloc {ev.alloc}" + (f" {ev.mapping} mapping" if ev.mapping else ""))
+    if ev.handle is not None:
+        parts.append(f"handle {ev.handle}")
+    if ev.va is not None:
+        parts.append(f"va [{ev.va:#x}, {ev.va + (ev.size or 0):#x})")
+    elif ev.size is not None:
+        parts.append(f"{ev.size} bytes")
+    if ev.device is not None:
+        parts.append(f"device {ev.device}")
+    return ", ".join(parts) or "no objects"
+
+
 def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Verdict:
     """Validate ``trace`` with TLC against specs/KVLifecycleTrace.tla.
 
@@ -211,7 +287,9 @@ def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Ver
         else:  # no counterexample printed: nothing matched from Init
             s, index = initial_state(c), 0
         ev = t.events[index] if index < n else None
-        reason = ("TLC: no step of KVLifecycleTrace matches this event" if ev is not None
+        reason = ("TLC: no step of KVLifecycleTrace matches this event" + (
+                  f" on rank {ev.rank} ({_objects_named(ev)})" if ev.rank is not None else "")
+                  if ev is not None
                   else f"TLC: trace ends in phase {s.phase}, which is not terminal")
         return Verdict(False, "tlc", n, c.ranks, seconds, index=index, event=ev,
                        reason=reason, state_before=s.to_json(),

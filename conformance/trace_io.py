@@ -17,8 +17,12 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
+from kvgrant.conformance.trace_plan import Layout, derive_importers, parse_layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
+from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, FAST_EVENT, GROUP_ACTIONS,
+                                 LIFECYCLE_VERSION, PHASES, RANK_ACTIONS, RANK_COUNTERS, ROW,
+                                 ROW_FIELDS)
 
 __all__ = [
     "DRIVER_STEPS",
@@ -39,24 +43,8 @@ __all__ = [
     "parse_trace_lines",
 ]
 
-#: The model's phases, in the order the lifecycle visits them.
-PHASES = ("Allocating", "Published", "Aborting", "Aborted", "ShuttingDown", "Shutdown")
-#: Actions without an actor rank (``rank`` is null in the trace).
-GROUP_ACTIONS = frozenset({"Publish", "Abort", "Unpublish", "AbortComplete", "ShutdownComplete"})
-#: Rank actions, with the driver entry point each one calls (None: model-only step).
-RANK_ACTIONS: Mapping[str, str | None] = {
-    "Reserve": "cuMemAddressReserve", "Create": "cuMemCreate", "Map": "cuMemMap",
-    "MapAlias": "cuMemMap", "Grant": "cuMemSetAccess", "RankReady": None,
-    "Unmap": "cuMemUnmap", "Release": "cuMemRelease", "Free": "cuMemAddressFree",
-}
-#: Driver steps that may fail (a failing one is the model's ``Fail(r, x)``).
-DRIVER_STEPS = frozenset({"Reserve", "Create", "Map", "MapAlias", "Grant"})
+# The format's tables live in kvgrant.traceformat (one owner); re-exported here.
 EVENT_ACTIONS = frozenset(RANK_ACTIONS) | GROUP_ACTIONS
-#: Rank counters of an event's ``state`` and the Python type each must have.
-RANK_COUNTERS: Mapping[str, type] = {
-    "va": bool, "created": int, "mapped": int, "alias_mapped": int, "grants": int,
-    "ready": bool, "failed": bool,
-}
 #: Largest trace file read: four times a published-scale trace (178,611 events, 66 MB,
 #: whose `kvgrant conform` peaked at 307 MB resident); far more is not one start-up.
 MAX_TRACE_BYTES = 256 << 20
@@ -70,8 +58,8 @@ MAX_TRACE_ALLOCS = 1 << 22
 MAX_NESTING = 32
 #: Largest CUDA ordinal a header may name.
 _MAX_ORDINAL = (1 << 31) - 1
-_NEEDS_ALLOC = frozenset({"Create", "Map", "MapAlias", "Grant", "Unmap", "Release"})
-_NEEDS_MAPPING = frozenset({"Grant", "Unmap"})
+_NEEDS_ALLOC = frozenset(a for a, sh in ACTIONS.items() if "alloc" in sh.args)
+_NEEDS_MAPPING = frozenset(a for a, sh in ACTIONS.items() if "mapping" in sh.args)
 MAPPINGS = ("plane", "alias")
 SUCCESS = "CUDA_SUCCESS"
 
@@ -89,6 +77,8 @@ class Header:
     devices: Mapping[int, int]
     version: int = 1
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The plan, reservations and topology of a version-2 header (None: version 1).
+    layout: Layout | None = None
 
     def device_to_rank(self) -> dict[int, int]:
         """CUDA ordinal -> rank, so a Grant's ``devices`` can be read as model ranks."""
@@ -115,6 +105,10 @@ class Event:
     raw: Mapping[str, Any]
     alloc: int | None = None
     mapping: str | None = None
+    device: int | None = None
+    va: int | None = None
+    size: int | None = None
+    handle: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -135,6 +129,10 @@ class Event:
             parts.append(self.mapping)
         if self.devices is not None:
             parts.append("devices=" + ",".join(map(str, self.devices)))
+        if self.handle is not None:
+            parts.append(f"handle {self.handle}")
+        if self.va is not None:
+            parts.append(f"va [{self.va:#x}, {self.va + (self.size or 0):#x})")
         text = f"{self.action}({', '.join(parts)})" if parts else self.action
         return text if self.result is None else f"{text} -> {self.result}"
 
@@ -168,6 +166,12 @@ class Trace:
 def header_to_json(h: Header) -> dict[str, Any]:
     """Inverse of the header parser (used when writing mutants)."""
     obj: dict[str, Any] = dict(h.extra)
+    if h.layout is not None:  # version 2: the constants are derived from the plan
+        obj.update({"kind": "header", "version": h.version, "ranks": h.ranks,
+                    "allocs": h.allocs,
+                    "devices": {str(r): d for r, d in sorted(h.devices.items())}})
+        obj.update(h.layout.to_json())
+        return obj
     obj.update({
         "kind": "header", "version": h.version, "ranks": h.ranks, "allocs": h.allocs,
         "aliased": sorted(h.aliased), "owner_only": sorted(h.owner_only),
@@ -238,8 +242,15 @@ def _decode_all(lines: list[str]) -> list[Any] | None:
     return objs if len(objs) == len(lines) else None
 
 
-def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
-    """Parse one JSON object per line: the header first, then events."""
+def parse_trace_lines(lines: Iterable[str], source: str = "<trace>", *,
+                      model_only: bool = False) -> Trace:
+    """Parse one JSON object per line: the header first, then events.
+
+    ``model_only`` also takes a version-1 header (the model's constants as lists, no
+    plan): for behaviours made from the model in memory (the drift guard's, whose
+    importers need not come from import groups). Such a trace has no objects to check;
+    files are always read as version 2.
+    """
     header: Header | None = None
     events: list[Event] = []
     lines = list(lines)
@@ -249,7 +260,8 @@ def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> Trace:
         if not isinstance(obj, dict):
             raise _fail(source, lineno, f"expected a JSON object, got {type(obj).__name__}")
         if header is None:
-            header = _parse_header(obj, lineno, source)
+            header = _parse_header(obj, lineno, source) if model_only and \
+                obj.get("version") == 1 else _parse_lifecycle_header(obj, lineno, source)
         else:
             events.append(_parse_event(obj, lineno, len(events), header, source))
     if header is None:
@@ -361,7 +373,61 @@ def _rank_table(obj: Mapping[str, Any], key: str, ranks: int, lineno: int,
     return out
 
 
+def _parse_lifecycle_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
+    """A one-process trace's header: version 2 (the plan, reservations and topology;
+    the model's constants are derived from them)."""
+    if obj.get("kind") != "header":
+        raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: line 1 must be the header "
+                                    "(kind = 'header')")
+    version = obj.get("version")
+    if not _is_int(version) or version != LIFECYCLE_VERSION:
+        old = " (an old trace: re-record it with this kvgrant)" if version == 1 else ""
+        raise _fail(source, lineno, f"header.version = {version!r}: a lifecycle trace must be "
+                                    f"version {LIFECYCLE_VERSION}{old}")
+    ranks = _int_field(obj, "ranks", lineno, source, lo=1, hi=MAX_TRACE_RANKS + 1,
+                       where="header.")
+    allocs = _int_field(obj, "allocs", lineno, source, lo=1, hi=MAX_TRACE_ALLOCS + 1,
+                        where="header.")
+    lay = parse_layout(obj, ranks, allocs, lineno, source)
+    aliased = frozenset(a for a, p in enumerate(lay.allocations) if p.region is not None)
+    owner_only = frozenset(a for a in aliased
+                           if lay.regions[lay.allocations[a].region][2] == "owner")  # type: ignore[index]
+    importers = derive_importers(ranks, lay.import_groups)
+    readers = []
+    for r in range(ranks):
+        dec = lay.declared_readers
+        s = frozenset(dec[r]) if dec is not None and r in dec else importers[r] | {r}
+        if not importers[r] <= s:
+            miss = sorted(importers[r] - s)
+            raise _fail(source, lineno, f"header.topology.declared_readers[{r}] = {sorted(s)}: "
+                                        f"importer {miss[0]} (from import_groups) is not a "
+                                        "declared reader")
+        readers.append(s)
+    devices = _parse_devices(obj, ranks, lineno, source)
+    known = {"kind", "version", "ranks", "allocs", "devices", "granularity", "pages", "planes",
+             "regions", "allocations", "reservations", "topology"}
+    extra = {k: v for k, v in obj.items() if k not in known}
+    return Header(ranks=ranks, allocs=allocs, aliased=aliased, owner_only=owner_only,
+                  importers=importers, declared_readers=tuple(readers), devices=devices,
+                  version=LIFECYCLE_VERSION, extra=extra, layout=lay)
+
+
+def _parse_devices(obj: dict[str, Any], ranks: int, lineno: int, source: str) -> dict[int, int]:
+    dev_raw = _rank_table(obj, "devices", ranks, lineno, source)
+    devices = {r: r for r in range(ranks)}
+    if dev_raw is not None:
+        for r, d in dev_raw.items():
+            if not _is_int(d) or not 0 <= d <= _MAX_ORDINAL:
+                raise _fail(source, lineno, f"header.devices[{r}] = {_show(d)}: must be a "
+                                            f"CUDA ordinal in 0..{_MAX_ORDINAL}")
+            devices[r] = d
+        if len(set(devices.values())) != ranks:
+            raise _fail(source, lineno, f"header.devices = {dev_raw!r}: two ranks share a device")
+    return devices
+
+
 def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
+    """A version-1 header (the constants as lists): group traces (conformance.group_io)."""
     if obj.get("kind") != "header":
         raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: line 1 must be the header "
                                     "(kind = 'header')")
@@ -402,16 +468,7 @@ def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
             raise _fail(source, lineno, f"header.declared_readers[{r}] = {sorted(s)}: importer "
                                         f"{miss[0]} is not a declared reader")
         readers.append(s)
-    dev_raw = _rank_table(obj, "devices", ranks, lineno, source)
-    devices = {r: r for r in range(ranks)}
-    if dev_raw is not None:
-        for r, d in dev_raw.items():
-            if not _is_int(d) or not 0 <= d <= _MAX_ORDINAL:
-                raise _fail(source, lineno, f"header.devices[{r}] = {_show(d)}: must be a "
-                                            f"CUDA ordinal in 0..{_MAX_ORDINAL}")
-            devices[r] = d
-        if len(set(devices.values())) != ranks:
-            raise _fail(source, lineno, f"header.devices = {dev_raw!r}: two ranks share a device")
+    devices = _parse_devices(obj, ranks, lineno, source)
     known = {"kind", "version", "ranks", "allocs", "aliased", "owner_only", "importers",
              "declared_readers", "devices"}
     extra = {k: v for k, v in obj.items() if k not in known}
@@ -494,8 +551,18 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
     t = get("t")
     if t is not None and type(t) is not float and type(t) is not int:
         raise _fail(source, lineno, f"t = {t!r}: must be a number of seconds")
+    objs = []
+    for key in _OBJECT_FIELDS:
+        v = get(key)
+        if v is not None and (type(v) is not int or v < 0):
+            raise _fail(source, lineno, f"{key} = {_show(v)}: must be an integer >= 0 or null")
+        objs.append(v)
     return Event(index, lineno, seq, rank, action, args, call, result, state, obj,
-                 alloc, mapping)
+                 alloc, mapping, *objs)
+
+
+#: The fields naming an event's objects (CUDA ordinal, VA, bytes, handle id).
+_OBJECT_FIELDS = ("device", "va", "size", "handle")
 
 
 # --- fast path -----------------------------------------------------------------------------
@@ -507,31 +574,11 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
 # cannot vouch for -- other key order, spacing, a bad value -- sends the whole text to
 # the detailed reader (parse_trace_lines), which raises the exact error with its line.
 
-_INT = r"(?:0|[1-9][0-9]*)"
-_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-_ALT_ACTIONS = "|".join(sorted(EVENT_ACTIONS, key=lambda a: (-len(a), a)))
-_ALT_PHASES = "|".join(sorted(PHASES, key=lambda a: (-len(a), a)))
-#: Row fields (regex groups), in order. ``has_alloc`` is '"' when args has an alloc and
-#: ``has_counters`` is "," when the state has the rank counters (one-character strings
-#: are shared, so markers cost no new objects); ``state`` is the text inside the state's
-#: braces (the replay compares it with the model state written the same way).
-ROW_FIELDS = ("seq", "rank", "action", "has_alloc", "alloc", "mapping", "devices",
-              "failed_rank", "call", "result", "state", "has_counters")
-_BOOL = r'(?:true|false)'
-_FAST_EVENT = re.compile(
-    r'^\{"kind": "event", "seq": (' + _INT + r'), "t": ' + _NUM + r', "rank": (null|' + _INT
-    + r'), "action": "(' + _ALT_ACTIONS + r')", "args": \{(?:(")alloc": (' + _INT
-    + r')(?:, "mapping": "(plane|alias)"(?:, "devices": (\[(?:' + _INT + r'(?:, ' + _INT
-    + r')*)?\]))?)?|"failed_rank": (null|' + _INT + r'))?\}, "call": (null|"[A-Za-z]+"), '
-    r'"result": (null|"[A-Za-z0-9_]+"), "device": (?:null|' + _INT + r'), "va": (?:null|'
-    + _INT + r'), "size": (?:null|' + _INT + r'), "state": \{("phase": "(?:' + _ALT_PHASES
-    + r')"(?:(,) "va": ' + _BOOL + r', "created": ' + _INT + r', "mapped": ' + _INT
-    + r', "alias_mapped": ' + _INT + r', "grants": ' + _INT + r', "ready": ' + _BOOL
-    + r', "failed": ' + _BOOL + r')?)\}\}$', re.M)
-_SEQ = itemgetter(0)
-_ALLOC = itemgetter(4)
-#: rank, action, has_alloc, mapping, devices, failed_rank, call, has_counters
-_COMBO = itemgetter(1, 2, 3, 5, 6, 7, 8, 11)
+_FAST_EVENT = FAST_EVENT
+_SEQ = itemgetter(ROW["seq"])
+_ALLOC = itemgetter(ROW["alloc"])
+_COMBO = itemgetter(*(ROW[k] for k in ("rank", "action", "has_alloc", "mapping", "devices",
+                                       "failed_rank", "call", "has_counters")))
 
 
 def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
@@ -571,7 +618,7 @@ def _parse_fast(text: str, source: str) -> Trace | None:
         # each match is one whole line (anchored, no newline inside): n matches = every line
         if len(rows) != n:
             return None
-        header = _parse_header(_json_object(text[:nl], 1, source), 1, source)
+        header = _parse_lifecycle_header(_json_object(text[:nl], 1, source), 1, source)
         if list(map(_SEQ, rows)) != list(map(str, range(n))):
             return None
         if any(a and int(a) >= header.allocs for a in set(map(_ALLOC, rows))):

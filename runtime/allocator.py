@@ -10,8 +10,9 @@ into nothing at all:
    too little (the budget is one pool per host); free memory is measured and KV pages
    chosen to fit (``memory_limit``). A failure is never retried smaller.
 2. :func:`run_transaction`: one :class:`~kvgrant.runtime.transaction.Transaction` for the
-   whole group, run by the :class:`~kvgrant.runtime.engine.Engine`: rank by rank
-   ``Reserve``; per allocation in plan order ``Create``, ``Map``, ``MapAlias``, ``Grant``
+   whole group, run by the :class:`~kvgrant.runtime.engine.Engine`: ``Reserve`` on every
+   rank first (the trace header, written then, carries every reservation base), then rank
+   by rank, per allocation in plan order ``Create``, ``Map``, ``MapAlias``, ``Grant``
    (one ``cuMemSetAccess`` per mapping, owner + validated importers only); ``RankReady``.
    Each undo is pushed after its step's result is checked; the ledger lease is the first
    undo, so it is released last.
@@ -160,8 +161,7 @@ def run_transaction(prep: Prepared, engine_type: type[Engine] = Engine) -> Publi
         if prep.lease is not None:
             txn.push(prep.lease.release)  # the last undo: after every handle is gone
         try:
-            engine.header()
-            engine.build(txn)
+            engine.build(txn)  # writes the trace header once every rank reserved
         except StepFailed as f:
             engine.abort(txn, f, prep.free_before, prep.owns_driver)
         except BaseException as e:

@@ -17,8 +17,11 @@ from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.driver import Driver
 from kvgrant.runtime.published import Counts
-from kvgrant.runtime.trace import TraceWriter, clock, event_template
+from kvgrant.runtime.trace import TraceWriter, clock
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
+from kvgrant.traceformat import (ACTIONS, LIFECYCLE_VERSION, args_alloc, args_grant,
+                                 args_unmap, event_template, plan_header, state_template,
+                                 state_text)
 
 __all__ = ["Engine", "StepFailed", "traced_shutdown", "va_layout"]
 
@@ -55,23 +58,7 @@ def va_layout(g: Geometry) -> tuple[dict[str, int], dict[str, int], int]:
     return plane_off, region_off, off
 
 _OK = "CUDA_SUCCESS"
-_STATE = ('{"phase": "%s", "va": %s, "created": %d, "mapped": %d, "alias_mapped": %d, '
-          '"grants": %d, "ready": %s, "failed": %s}')
-_ALLOC = '{"alloc": %d}'
-# action -> (driver call, has alloc, has va, has size): the shape of its trace line
-_SHAPES: dict[str, tuple[str | None, bool, bool, bool]] = {
-    "Reserve": ("cuMemAddressReserve", False, True, True),
-    "Create": ("cuMemCreate", True, False, True),
-    "Map": ("cuMemMap", True, True, True),
-    "MapAlias": ("cuMemMap", True, True, True),
-    "Grant": ("cuMemSetAccess", True, True, True),
-    "RankReady": (None, False, False, False),
-    "Free": ("cuMemAddressFree", False, True, True),
-    "Release": ("cuMemRelease", True, False, False),
-    "Unmap": ("cuMemUnmap", True, True, True),
-}
-_UNMAP = '{"alloc": %d, "mapping": "%s"}'
-_GRANT = '{"alloc": %d, "mapping": "%s", "devices": %s}'
+_ALLOC = args_alloc()
 _GIB = float(1 << 30)
 
 
@@ -129,10 +116,9 @@ class _Rank:
         self.tpls.clear()
 
     def state(self, phase: str) -> str:
-        """The model's counters after an event, JSON-encoded (hot path of tracing)."""
-        return _STATE % (phase, "true" if self.va else "false", self.created, self.mapped,
-                         self.alias_mapped, self.grants, "true" if self.ready else "false",
-                         "true" if self.failed else "false")
+        """The model's counters after an event, JSON-encoded."""
+        return state_text(phase, self.va, self.created, self.mapped, self.alias_mapped,
+                          self.grants, self.ready, self.failed)
 
 
 class StepFailed(Exception):
@@ -179,6 +165,9 @@ class Engine:
         self.trace = trace
         # the trace's hot path: one tuple per event (see TraceWriter.recorder)
         self._record = trace.recorder() if trace.enabled else None
+        # Reserve events wait here for the header, which needs every rank's base
+        self._pending: list[tuple[Any, ...]] = []
+        self._t0: float | None = None
         self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
         self._phase = "Allocating"
         # trace-template keys of alias grants, one per region
@@ -198,25 +187,29 @@ class Engine:
 
     # ------------------------------------------------------------------ tracing
     def header(self) -> None:
-        if not self.trace.enabled:
+        """The version-2 header: the plan, each rank's reservation (base once reserved)
+        and the topology, from which the checkers derive importers (kvgrant.traceformat).
+        Written once, after every rank reserved (see :meth:`reserve_all`)."""
+        if not self.trace.enabled or self.trace.header_written:
             return
         g = self.g
-        aliased = [i for i, a in enumerate(self.allocs) if a.region is not None]
-        owner_only = [i for i in aliased
-                      if g.region_by_name[self.allocs[i].region].access == "owner"]  # type: ignore[index]
         n = len(self.devices)
         self.trace.header(
-            ranks=n, allocs=len(self.allocs), aliased=aliased, owner_only=owner_only,
-            importers={str(r): list(g.importers(r)) for r in range(n)},
-            declared_readers={str(r): list(g.declared_readers(r)) for r in range(n)},
+            version=LIFECYCLE_VERSION, t0=self._t0, ranks=n, allocs=len(self.allocs),
+            **plan_header(g, self.allocs, self.plane_off, self.region_off, self.reserve_bytes,
+                          {st.rank: (st.base if st.va else None) for st in self.ranks}),
             geometry=g.name, plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
             devices={str(r): d for r, d in enumerate(self.devices)})
+        for rec in self._pending:  # the Reserve events recorded before the header
+            self._record(rec)  # type: ignore[misc]
+        self._pending.clear()
 
     def _ev(self, st: _Rank, action: str, args: str, call: str | None,
-            result: str | None, va: int | None = None, size: int | None = None) -> None:
-        """One rank event; ``args`` is already JSON (see the ``_ALLOC`` formats)."""
+            result: str | None, va: int | None = None, size: int | None = None,
+            handle: int | None = None) -> None:
+        """One rank event; ``args`` is already JSON (kvgrant.traceformat's args_*)."""
         self.trace.event_json(st.rank, action, args, call, result, st.state(self.phase),
-                              device=st.device, va=va, size=size)
+                              device=st.device, va=va, size=size, handle=handle)
 
     @property
     def phase(self) -> str:
@@ -235,26 +228,21 @@ class Engine:
         alias:REGION``, ``Unmap plane``, ``Unmap alias``).
         """
         action, _, sub = key.partition(" ")
-        call, has_alloc, has_va, has_size = _SHAPES[action]
+        shape = ACTIONS[action]
         if action == "Grant":
             mapping, _, region = sub.partition(":")
             devs = self.grant_plane[st.rank] if mapping == "plane" else \
                 self.grant_region[st.rank][region]
-            args = '{"alloc": %d, "mapping": "' + mapping + '", "devices": ' + str(devs) + "}"
+            args = args_grant(mapping, devs)
         elif action == "Unmap":
-            args = '{"alloc": %d, "mapping": "' + sub + '"}'
+            args = args_unmap(sub)
         else:
-            args = _ALLOC if has_alloc else "{}"
-
-        def t(b: bool) -> str:
-            return "true" if b else "false"
-
-        state = ('{"phase": "' + self._phase + '", "va": ' + t(st.va) + ', "created": %d, '
-                 '"mapped": %d, "alias_mapped": %d, "grants": %d, "ready": ' + t(st.ready)
-                 + ', "failed": ' + t(st.failed) + "}")
-        tpl = event_template(st.rank, action, args, call, None if call is None else _OK,
-                             st.device, "%d" if has_va else "null",
-                             "%d" if has_size else "null", state)
+            args = _ALLOC if "alloc" in shape.args else "{}"
+        tpl = event_template(st.rank, action, args, shape.call,
+                             None if shape.call is None else _OK, st.device,
+                             "%d" if shape.va else "null", "%d" if shape.size else "null",
+                             "%d" if shape.handle else "null",
+                             state_template(self._phase, st.va, st.ready, st.failed))
         st.tpls[key] = tpl
         return tpl
 
@@ -266,24 +254,30 @@ class Engine:
             return lambda key: None
         return lambda key: st.tpls.get(key) or self._tpl(st, key)
 
-    def _ok(self, st: _Rank, key: str, *values: int) -> None:
-        """Trace a successful rank event: ``values`` are its alloc, va, size (as shaped)."""
+    def _rec(self, st: _Rank, key: str, *values: int) -> tuple[Any, ...]:
+        """The record of a successful rank event: ``values`` are its alloc, va, size,
+        handle (as shaped by kvgrant.traceformat.ACTIONS)."""
         tpl = st.tpls.get(key) or self._tpl(st, key)
-        self._record((tpl, clock(), *values, st.created, st.mapped,  # type: ignore[misc]
-                      st.alias_mapped, st.grants))
+        return (tpl, clock(), *values, st.created, st.mapped, st.alias_mapped, st.grants)
+
+    def _ok(self, st: _Rank, key: str, *values: int) -> None:
+        """Trace a successful rank event (see :meth:`_rec`)."""
+        self._record(self._rec(st, key, *values))  # type: ignore[misc]
         self.trace.ship_if_full()
 
     def _group(self, action: str, args: dict[str, Any] | None = None) -> None:
         if self.trace.enabled:
+            self.header()  # an interruption before every rank reserved
             self.trace.event(None, action, args or {}, None, None, {"phase": self.phase})
 
     # ------------------------------------------------------------ failed steps
     def _fail(self, st: _Rank, err: DriverError, action: str, args: str, call: str,
               target: str, byte_range: tuple[int, int] | None, va: int | None,
-              size: int | None) -> StepFailed:
+              size: int | None, handle: int | None = None) -> StepFailed:
         st.failed = True
         if self.trace.enabled:
-            self._ev(st, action, args, call, err.result_name, va, size)
+            self.header()
+            self._ev(st, action, args, call, err.result_name, va, size, handle)
         return StepFailed(err, st.rank, st.device, call, target, byte_range, va, size)
 
     def _alloc_target(self, a: Allocation, mapping: str) -> tuple[str, tuple[int, int]]:
@@ -294,31 +288,43 @@ class Engine:
 
     # --------------------------------------------------------------- forward
     def build(self, txn: Transaction) -> None:
-        """Every rank, in order; raises StepFailed on the first failed driver step."""
+        """Reserve every rank's VA, then every rank's allocations in order; raises
+        StepFailed on the first failed driver step."""
+        self.reserve_all(txn)
         for st in self.ranks:
             self._build_rank(st, txn)
             st.ready = True
             if self.trace.enabled:
                 self._ok(st, "RankReady")
 
+    def reserve_all(self, txn: Transaction) -> None:
+        """``Reserve`` on every rank, then the header (it carries each rank's base),
+        then the Reserve events (their times count from before the first reserve)."""
+        d = self.driver
+        size = self.reserve_bytes
+        self._t0 = clock()
+        for st in self.ranks:
+            try:
+                base = d.reserve(size, self.G, device=st.device)
+            except DriverError as e:
+                raise self._fail(st, e, "Reserve", "{}", "cuMemAddressReserve",
+                                 "reservation", (0, size), None, size) from e
+            st.va = True
+            st.base = base
+            st.size = size
+            if self.trace.enabled:
+                self._pending.append(self._rec(st, "Reserve", base, size))
+            txn.push(self._undo_free, st, base, size)
+        if self.trace.enabled:
+            self.header()
+            self.trace.ship_if_full()
+
     def _build_rank(self, st: _Rank, txn: Transaction) -> None:
         d = self.driver
         tr = self.trace.enabled
         r = st.rank
         dev = st.device
-        size = self.reserve_bytes
-        try:
-            base = d.reserve(size, self.G, device=dev)
-        except DriverError as e:
-            raise self._fail(st, e, "Reserve", "{}", "cuMemAddressReserve", "reservation",
-                             (0, size), None, size) from e
-        st.va = True
-        st.base = base
-        st.size = size
-        if tr:
-            self._ok(st, "Reserve", base, size)
-        txn.push(self._undo_free, st, base, size)
-
+        base = st.base
         plane_va = {n: base + o for n, o in self.plane_off.items()}
         region_va = {n: base + o for n, o in self.region_off.items()}
         grant_plane = self.grant_plane[r]
@@ -343,7 +349,7 @@ class Engine:
                                  None, n) from e
             st.created += 1
             if tr:
-                rec((t_create, clock(), i, n,  # type: ignore[misc]
+                rec((t_create, clock(), i, n, h,  # type: ignore[misc]
                      st.created, st.mapped, st.alias_mapped, st.grants))
             txn.push(self._undo_release, st, i, h)
             # Map (plane)
@@ -352,10 +358,11 @@ class Engine:
                 d.map(pva, n, h)
             except DriverError as e:
                 tgt, rng = self._alloc_target(a, "plane")
-                raise self._fail(st, e, "Map", _ALLOC % i, "cuMemMap", tgt, rng, pva, n) from e
+                raise self._fail(st, e, "Map", _ALLOC % i, "cuMemMap", tgt, rng, pva, n,
+                                 h) from e
             st.mapped += 1
             if tr:
-                rec((t_map, clock(), i, pva, n,  # type: ignore[misc]
+                rec((t_map, clock(), i, pva, n, h,  # type: ignore[misc]
                      st.created, st.mapped, st.alias_mapped, st.grants))
             txn.push(self._undo_unmap, st, i, "plane", pva, n)
             # MapAlias
@@ -367,10 +374,10 @@ class Engine:
                 except DriverError as e:
                     tgt, rng = self._alloc_target(a, "alias")
                     raise self._fail(st, e, "MapAlias", _ALLOC % i, "cuMemMap", tgt, rng,
-                                     ava, n) from e
+                                     ava, n, h) from e
                 st.alias_mapped += 1
                 if tr:
-                    rec((t_alias, clock(), i, ava, n,  # type: ignore[misc]
+                    rec((t_alias, clock(), i, ava, n, h,  # type: ignore[misc]
                          st.created, st.mapped, st.alias_mapped, st.grants))
                 txn.push(self._undo_unmap, st, i, "alias", ava, n)
             # Grant (plane)
@@ -388,7 +395,7 @@ class Engine:
             self.driver.set_access(va, n, devs)
         except DriverError as e:
             tgt, rng = self._alloc_target(a, mapping)
-            raise self._fail(st, e, "Grant", _GRANT % (i, mapping, devs),
+            raise self._fail(st, e, "Grant", args_grant(mapping, devs, i),
                              "cuMemSetAccess", tgt, rng, va, n) from e
         k = len(devs)
         st.grants += k
@@ -418,18 +425,19 @@ class Engine:
             self.driver.release(handle)
         except DriverError as e:
             if self.trace.enabled:
-                self._ev(st, "Release", _ALLOC % i, "cuMemRelease", e.result_name)
+                self._ev(st, "Release", _ALLOC % i, "cuMemRelease", e.result_name,
+                         handle=handle)
             raise
         st.created -= 1
         if self.trace.enabled:
-            self._ok(st, "Release", i)
+            self._ok(st, "Release", i, handle)
 
     def _undo_unmap(self, st: _Rank, i: int, mapping: str, va: int, n: int) -> None:
         try:
             self.driver.unmap(va, n)
         except DriverError as e:
             if self.trace.enabled:
-                self._ev(st, "Unmap", _UNMAP % (i, mapping), "cuMemUnmap", e.result_name, va, n)
+                self._ev(st, "Unmap", args_unmap(mapping, i), "cuMemUnmap", e.result_name, va, n)
             raise
         if mapping == "plane":
             st.mapped -= 1

@@ -21,20 +21,15 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from kvgrant.runtime.cuda_errors import result_name, result_value
+from kvgrant.traceformat import DRIVER_CALLS
 
 __all__ = ["CALL_NAMES", "Fault", "FaultPlan", "FaultState"]
 
-# Every driver entry point a backend counts; fault specs must name one of these.
-CALL_NAMES: frozenset[str] = frozenset({
+# Every driver entry point a backend counts; fault specs must name one of these: the
+# calls lifecycle trace events name (kvgrant.traceformat's action table) and the rest.
+CALL_NAMES: frozenset[str] = DRIVER_CALLS | frozenset({
     "cuMemGetAllocationGranularity",
     "cuMemGetInfo",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemSetAccess",
     "cuMemGetAccess",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",

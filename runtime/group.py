@@ -54,6 +54,7 @@ from kvgrant.runtime.engine import traced_shutdown, va_layout
 from kvgrant.runtime.prepare import host_ledger, resolve_plan
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
+from kvgrant.traceformat import GROUP_VERSION
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 
 __all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "plan_digests",
@@ -438,6 +439,7 @@ class _GroupRun:
                       if g.region_by_name[self.allocs[i].region].access == "owner"]  # type: ignore[index]
         n = g.topology.ranks
         self.trace.header(
+            version=GROUP_VERSION,
             ranks=n, allocs=len(self.allocs), aliased=aliased, owner_only=owner_only,
             importers={str(r): list(g.importers(r)) for r in range(n)},
             declared_readers={str(r): list(g.declared_readers(r)) for r in range(n)},

@@ -34,6 +34,7 @@ class PublishEarly(Engine):
 
     def build(self, txn: Transaction) -> None:
         last = len(self.ranks) - 1
+        self.reserve_all(txn)
         for st in self.ranks:
             self._build_rank(st, txn)
             if st.rank == last:
@@ -110,7 +111,7 @@ class MapBeforeCreate(Engine):
                 record(rec)
             elif held:  # the Map of the held Create: emit it first, one handle fewer
                 state["done"] = True
-                record(rec[:5] + (rec[5] - 1,) + rec[6:])
+                record(rec[:6] + (rec[6] - 1,) + rec[7:])  # (tpl, t, a, va, n, h, created..)
                 record(held.pop())
             elif '"rank": 0, "action": "Create"' in rec[0]:
                 held.append(rec)

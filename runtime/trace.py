@@ -1,9 +1,11 @@
 """Transition traces: one NDJSON line per lifecycle transition, as it happens.
 
-The format is docs/INTERFACES.md "Trace format": a header line holding the model's
-constants, then one ``event`` line per transition with ``seq``, ``rank``, ``action``
-(spec name), ``args``, driver ``call`` and ``result``, ``device``, ``va``, ``size``,
-time ``t`` and the abstract ``state`` after the event. JSON only, no ad-hoc format.
+The format is docs/INTERFACES.md "Trace format", owned by :mod:`kvgrant.traceformat`
+(action table, field order, line templates; this module only ships records): a header
+line (version 2: the plan, reservations and topology; group traces: version 1), then one
+``event`` line per transition with ``seq``, ``rank``, ``action`` (spec name), ``args``,
+driver ``call`` and ``result``, ``device``, ``va``, ``size``, ``handle``, time ``t`` and
+the abstract ``state`` after the event. JSON only, no ad-hoc format.
 
 Why this shape: tracing must be cheap when on (a few percent of a start-up whose driver
 calls take 30-60 us each) and free when off (callers test :attr:`TraceWriter.enabled`
@@ -38,20 +40,19 @@ from typing import IO, Any, Callable, Mapping
 
 from kvgrant.errors import TraceError
 from kvgrant.runtime import trace_render
+from kvgrant.traceformat import LIFECYCLE_VERSION, event_line, event_template
 from kvgrant.runtime.trace_render import FLUSH, HEADER, STOP, Renderer, frame, read_frame
 
 __all__ = ["DEFAULT_CHUNK", "TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock",
            "event_template", "open_trace"]
 
 TRACE_ENV = "KVGRANT_TRACE"
-TRACE_VERSION = 1
+#: Header version of a lifecycle trace (kvgrant.traceformat owns the format).
+TRACE_VERSION = LIFECYCLE_VERSION
 
-_encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
-# One event line; fields in the order of docs/INTERFACES.md.
-# (``t`` follows ``seq`` so every line, templated or not, starts with the two
-# per-event values; JSON key order carries no meaning.)
-_EVENT = ('{"kind": "event", "seq": %d, "t": %.6f, "rank": %s, "action": "%s", "args": %s, '
-          '"call": %s, "result": %s, "device": %s, "va": %s, "size": %s, "state": %s}\n')
+_encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode  # as traceformat
+
+_HANDLE_LINE = event_line(LIFECYCLE_VERSION)
 
 #: The clock of a record's time stamp (the writer subtracts the trace's start).
 clock: Callable[[], float] = time.perf_counter
@@ -59,24 +60,6 @@ clock: Callable[[], float] = time.perf_counter
 #: Records :meth:`TraceWriter.ship_if_full` lets pile up before shipping them.
 DEFAULT_CHUNK = 512
 _RENDER_SCRIPT = os.path.abspath(trace_render.__file__)
-
-
-def event_template(rank: int, action: str, args: str, call: str | None, result: str | None,
-                   device: int | None, va: str, size: str, state: str) -> str:
-    """A %-template for one kind of rank event, for :meth:`TraceWriter.recorder`.
-
-    ``args``, ``va``, ``size`` and ``state`` are JSON fragments that may hold ``%d``
-    placeholders (in that order); the template adds ``seq`` and ``t`` in front. Why:
-    tracing a start-up of 10^5 driver calls must cost a few percent of the calls, so
-    everything fixed for a (rank, action, phase, flags) is formatted once.
-    """
-    def q(v: str | None) -> str:
-        return "null" if v is None else '"' + v + '"'
-
-    return ('{"kind": "event", "seq": %d, "t": %.6f, "rank": ' + str(rank) + ', "action": "'
-            + action + '", "args": ' + args + ', "call": ' + q(call) + ', "result": '
-            + q(result) + ', "device": ' + ("null" if device is None else str(device))
-            + ', "va": ' + va + ', "size": ' + size + ', "state": ' + state + '}\n')
 
 
 class _InProcess:
@@ -193,7 +176,7 @@ class TraceWriter:
     """
 
     __slots__ = ("_on", "_buf", "_chunk", "path", "header_written", "_sink", "_errors",
-                 "_finalizer", "renderer", "__weakref__")
+                 "_finalizer", "renderer", "_line", "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
                  renderer: str = "process", chunk: int = DEFAULT_CHUNK) -> None:
@@ -202,6 +185,7 @@ class TraceWriter:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk = {chunk!r}: must be an integer >= 1")
         self._chunk = chunk
+        self._line = event_line(LIFECYCLE_VERSION)  # set again by header()
         self._errors: list[BaseException] = []
         self._buf: list[Any] = []
         self.header_written = False
@@ -277,31 +261,35 @@ class TraceWriter:
             if self._errors:
                 self._on = False
 
-    def header(self, **constants: Any) -> None:
-        """Write the header line (must come first, once); ``t`` counts from here."""
+    def header(self, *, version: int = LIFECYCLE_VERSION, t0: float | None = None,
+               **constants: Any) -> None:
+        """Write the header line (must come first, once); ``t`` counts from ``t0``
+        (default: now). ``version`` picks the event line (kvgrant.traceformat)."""
         if not self._on:
             return
         if self.header_written or self._buf or (self._sink is not None and self._sink.seq):
             raise RuntimeError("trace header must be the first line and written once")
-        line = {"kind": "header", "version": TRACE_VERSION}
+        self._line = event_line(version)
+        line = {"kind": "header", "version": version}
         line.update(constants)
-        self._buf.append([HEADER, _encode(line) + "\n", clock()])
+        self._buf.append([HEADER, _encode(line) + "\n", clock() if t0 is None else t0])
         self.flush()
         self.header_written = True
 
     def event(self, rank: int | None, action: str, args: Mapping[str, Any],
               call: str | None, result: str | None, state: Mapping[str, Any], *,
               device: int | None = None, va: int | None = None,
-              size: int | None = None) -> None:
+              size: int | None = None, handle: int | None = None) -> None:
         """Write one transition; ``seq`` is assigned in call order, without gaps."""
         if not self._on:
             return
         self.event_json(rank, action, _encode(args), call, result, _encode(state),
-                        device=device, va=va, size=size)
+                        device=device, va=va, size=size, handle=handle)
 
     def event_json(self, rank: int | None, action: str, args_json: str, call: str | None,
                    result: str | None, state_json: str, *, device: int | None = None,
-                   va: int | None = None, size: int | None = None) -> None:
+                   va: int | None = None, size: int | None = None,
+                   handle: int | None = None) -> None:
         """:meth:`event` with ``args`` and ``state`` already JSON-encoded.
 
         ``action``, ``call`` and ``result`` are identifiers (no quoting needed). A
@@ -310,12 +298,15 @@ class TraceWriter:
         """
         if not self._on:
             return
-        self._buf.append((
-            _EVENT, clock(), "null" if rank is None else rank, action, args_json,
+        rec: tuple[Any, ...] = (
+            self._line, clock(), "null" if rank is None else rank, action, args_json,
             "null" if call is None else '"' + call + '"',
             "null" if result is None else '"' + result + '"',
             "null" if device is None else device, "null" if va is None else va,
-            "null" if size is None else size, state_json))
+            "null" if size is None else size)
+        if self._line is _HANDLE_LINE:
+            rec += ("null" if handle is None else handle,)
+        self._buf.append(rec + (state_json,))
         if rank is None:
             if action == "Abort":
                 self.flush()

@@ -20,24 +20,85 @@
 (* position of the first unmatched event (Len(Trace) + 1: the trace ended  *)
 (* in a non-terminal phase).                                               *)
 (*                                                                         *)
-(* Omitted: the trace's times, VAs and sizes (not part of the model).      *)
+(* Objects (ObjectsMatch, with the history variable hdl): every rank event *)
+(* is on the rank's device; Reserve/Free name the header's reservation;     *)
+(* Map/MapAlias name the allocation's live handle at base + its plane      *)
+(* (alias) offset with its length, inside the reservation; Grant/Unmap     *)
+(* name that mapping's VA and size; Create returns a handle not live on    *)
+(* the rank; Release names the live handle of an unmapped allocation.      *)
+(* The same rules as kvgrant.conformance.objects (the Python engine).      *)
+(* TLC's integers are 32-bit: VAs come as granules from the rank's base,   *)
+(* sizes in granules, handles by order of appearance (-1 null, -2 a value  *)
+(* no plan position has); see kvgrant.conformance.tla_trace.               *)
+(*                                                                         *)
+(* Omitted: the trace's times.                                             *)
 (***************************************************************************)
 EXTENDS KVLifecycle, KVTraceData, Integers, Sequences, FiniteSets
 
 \* Trace record fields (all present in every record; -1 / "none" when unused):
 \*   action, rank, alloc, mapping, devices (ranks), ok (driver result was
 \*   CUDA_SUCCESS or null), hasResult, phase, va, created, mapped,
-\*   aliasMapped, grants, ready, failed.
+\*   aliasMapped, grants, ready, failed, device (CUDA ordinal), evVa (granules
+\*   from the rank's base), size (granules), handle (id by appearance).
 
-VARIABLE l   \* cursor: 1-based position of the next trace event to match
+VARIABLE l     \* cursor: 1-based position of the next trace event to match
+VARIABLE hdl   \* hdl[r][a]: id of allocation a's live handle on rank r (-1: none)
 
-traceVars == <<vars, l>>
+traceVars == <<vars, l, hdl>>
 
 TerminalPhases == {"Published", "Aborted", "Shutdown"}
 
 TraceInit ==
     /\ Init
     /\ l = 1
+    /\ hdl = [r \in Ranks |-> [a \in Allocs |-> -1]]
+
+\* The VA (granules from the base) of mapping m of allocation a on rank r.
+MapVA(r, a, m) ==
+    TraceBase[r] + (IF m = "plane" THEN TraceMapOff[a] ELSE TraceAliasOff[a])
+
+\* A field that a successful event must name, and a failed one may: it is want.
+Named(x, want, ok) == (ok \/ x # -1) => x = want
+
+\* The event acts on the object the header's plan names (see the header).
+\* (IF, not \/: inside an action TLC explores every disjunct.)
+ObjectsMatch(e) ==
+    IF ~TraceChecksObjects \/ e.rank < 0 THEN TRUE ELSE
+       /\ e.device = TraceDevice[e.rank]
+       /\ CASE e.action \in {"Reserve", "Free"} ->
+                 /\ e.ok => e.evVa # -1
+                 /\ Named(e.evVa, TraceBase[e.rank], e.ok)
+                 /\ Named(e.size, TraceResSize[e.rank], e.ok)
+            [] e.action = "Create" ->
+                 /\ Named(e.size, TraceLen[e.alloc], e.ok)
+                 /\ e.ok => /\ e.handle # -1
+                            /\ e.handle \notin {hdl[e.rank][b] : b \in Allocs}
+                 /\ ~e.ok => e.handle = -1
+            [] e.action \in {"Map", "MapAlias"} ->
+                 LET m == IF e.action = "Map" THEN "plane" ELSE "alias" IN
+                 /\ Named(e.handle, hdl[e.rank][e.alloc], e.ok)
+                 /\ (e.ok \/ e.evVa # -1) =>
+                        /\ e.evVa = MapVA(e.rank, e.alloc, m)
+                        /\ e.size = TraceLen[e.alloc]
+                 /\ e.ok => /\ TraceBase[e.rank] <= e.evVa
+                            /\ e.evVa + e.size <= TraceBase[e.rank] + TraceResSize[e.rank]
+            [] e.action \in {"Grant", "Unmap"} ->
+                 (e.ok \/ e.evVa # -1) =>
+                    /\ e.evVa = MapVA(e.rank, e.alloc, e.mapping)
+                    /\ e.size = TraceLen[e.alloc]
+            [] e.action = "Release" ->
+                 /\ Named(e.handle, hdl[e.rank][e.alloc], e.ok)
+                 /\ e.ok => /\ e.alloc \notin mapped[e.rank]
+                            /\ e.alloc \notin aliasMapped[e.rank]
+            [] OTHER -> TRUE
+
+\* The live handles after e.
+HandlesNext(e) ==
+    hdl' = IF e.ok /\ e.action = "Create" /\ e.rank >= 0
+              THEN [hdl EXCEPT ![e.rank][e.alloc] = e.handle]
+           ELSE IF e.ok /\ e.action = "Release" /\ e.rank >= 0
+              THEN [hdl EXCEPT ![e.rank][e.alloc] = -1]
+           ELSE hdl
 
 \* The abstract state recorded with event e equals the model state after it.
 StateMatches(e) ==
@@ -102,8 +163,10 @@ IsEvent(e) ==
 
 TraceNext ==
     /\ l <= Len(Trace)
+    /\ ObjectsMatch(Trace[l])
     /\ IsEvent(Trace[l])
     /\ StateMatches(Trace[l])
+    /\ HandlesNext(Trace[l])
     /\ l' = l + 1
 
 TraceSpec == TraceInit /\ [][TraceNext]_traceVars

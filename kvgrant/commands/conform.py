@@ -19,8 +19,8 @@ import json
 import sys
 from typing import Any, Iterable
 
-from kvgrant.commands._args import count, positive_seconds
-from kvgrant.errors import ToolError, TraceError
+from kvgrant.commands._args import count, positive_int, positive_seconds
+from kvgrant.errors import KVGrantError, ToolError, TraceError
 
 __all__ = ["TLC_MAX_EVENTS", "add_parser", "run"]
 
@@ -54,6 +54,13 @@ def add_parser(subparsers: Any) -> None:
                         f"{TLC_MAX_EVENTS:,}, what it finishes within the timeout; 0: no limit)")
     p.add_argument("--tlc-timeout", type=positive_seconds, default=TLC_TIMEOUT_S, metavar="S",
                    help=f"seconds TLC may take (default {TLC_TIMEOUT_S:.0f})")
+    p.add_argument("--geometry", metavar="FILE", default=None,
+                   help="also check that the trace header's plan (allocations, planes, "
+                        "regions, reservation sizes, import groups, declared readers) is "
+                        "the one this geometry gives for the header's plan label and pages")
+    p.add_argument("--ranks", type=positive_int, default=None, metavar="N",
+                   help="with --geometry: the geometry run on N ranks, as `kvgrant alloc "
+                        "--ranks N` did")
     p.add_argument("--json", action="store_true", help="print the verdict(s) as JSON")
     p.set_defaults(run=run)
 
@@ -116,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
     # TLC and its temp folders must go on SIGTERM/SIGHUP/SIGINT too (issue #16).
     with exit_on_signals():
         if is_group_input(args.trace):
+            if getattr(args, "geometry", None) is not None:
+                print("kvgrant conform: error: --geometry checks the plan in a one-process "
+                      "trace's header (version 2); group traces (version 1) carry none",
+                      file=sys.stderr)
+                return 2
             return run_group(args.trace, args.engine, args.json)
         args.trace = args.trace[0]
         return _run(args)
@@ -129,6 +141,23 @@ def _run(args: argparse.Namespace) -> int:
     except TraceError as err:
         _error(args, f"malformed trace: {err}", kind="malformed", line=err.line)
         return 2
+    if getattr(args, "geometry", None) is not None:
+        try:
+            diffs = geometry_mismatches(trace, args.geometry, args.ranks)
+        except KVGrantError as err:
+            _error(args, f"--geometry {args.geometry}: {err}", kind="geometry")
+            return 2
+        if diffs:
+            msg = (f"the trace header does not match {args.geometry}: " + "; ".join(diffs[:5])
+                   + (f"; ... {len(diffs) - 5} more" if len(diffs) > 5 else ""))
+            if args.json:
+                print(json.dumps({"trace": args.trace, "engine": args.engine,
+                                  "accepted": False, "agree": True, "error": "geometry",
+                                  "mismatches": diffs}, indent=2))
+            print(f"kvgrant conform: rejected: {msg}", file=sys.stderr)
+            return 1
+        if not args.json:
+            print(f"header matches {args.geometry} (plan {trace.header.extra.get('plan')!r})")
     verdicts = []
     if args.engine in ("python", "both"):
         verdicts.append(replay(trace))
@@ -164,6 +193,34 @@ def _run(args: argparse.Namespace) -> int:
     if not agree:
         return 2
     return 0 if verdicts[0].accepted else 1
+
+
+def geometry_mismatches(trace: Any, geometry: str, ranks: int | None = None) -> list[str]:
+    """Where the trace header's plan differs from the one ``geometry`` gives (its plan
+    label, fitted pages and VA layout, as the runtime derives them); [] when equal.
+    Raises KVGrantError when the geometry cannot be read or the header's plan label
+    is not one the geometry can make."""
+    from kvgrant.conformance.trace_plan import compare_plan
+    from kvgrant.layout.geometry import load_geometry, on_ranks
+    from kvgrant.layout.plans import make_plan
+    from kvgrant.runtime.engine import va_layout
+    from kvgrant.traceformat import plan_header
+
+    h = trace.header
+    if h.layout is None:
+        raise TraceError("the trace has no plan in its header (version 1)", line=1)
+    g = load_geometry(geometry)
+    if ranks is not None:
+        g = on_ranks(g, ranks)
+    if h.layout.pages is not None and h.layout.pages != g.pages:
+        g = g.model_copy(update={"pages": h.layout.pages})  # fitted to free memory
+    label = h.extra.get("plan")
+    plan = make_plan(g, label if isinstance(label, str) else "?")
+    plane_off, region_off, size = va_layout(g)
+    want = plan_header(g, plan.allocations, plane_off, region_off, size,
+                       {r: None for r in range(g.topology.ranks)})
+    want["ranks"] = g.topology.ranks
+    return compare_plan(h.layout, h.ranks, want)
 
 
 def _check_tlc(trace: Any, args: argparse.Namespace) -> Any:

@@ -255,7 +255,9 @@ def test_public_names_are_pinned() -> None:
     import kvgrant.conformance as conf
 
     mods = [importlib.import_module(f"kvgrant.conformance.{m}") for m in
-            ("drift", "model", "mutants", "replay", "tla_trace", "trace_io")]
+            ("drift", "model", "mutants", "objects", "replay", "tla_trace", "trace_io",
+             "trace_plan")]
+    mods.append(importlib.import_module("kvgrant.traceformat"))
 
     assert conf.__all__ == sorted(conf.__all__)
     assert conf.__all__ == [

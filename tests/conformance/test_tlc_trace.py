@@ -31,6 +31,27 @@ def test_trace_module_holds_constants_and_every_event(header) -> None:
            'devices |-> {0, 1}, ok |-> TRUE, hasResult |-> TRUE' in text
 
 
+def test_trace_module_holds_objects_in_tlc_sized_integers(header) -> None:
+    """VAs (above 2^31) go to TLC as granules from the rank's base, sizes as granules,
+    handles by order of appearance: every integer fits TLC's 32 bits."""
+    import re
+
+    from kvgrant.conformance.mutants import G, make_header
+
+    t = reference_trace(header)
+    text = trace_module_text(t)
+    assert "TraceChecksObjects == TRUE" in text
+    assert "TraceBase == [x \\in 0..2 |-> <<0, 0, 0>>[x + 1]]" in text
+    assert max(abs(int(x)) for x in re.findall(r"-?\d+", text)) < 2 ** 31
+    lay = t.header.layout
+    assert f"TraceMapOff == [x \\in 0..3 |-> <<{', '.join(str(o // G) for o in lay.map_off)}>>" \
+        in text
+    maps = [line for line in text.splitlines() if '[action |-> "Map", rank |-> 0' in line]
+    assert "evVa |-> 0, size |-> 1, handle |-> 0]" in maps[0]      # alloc 0, first handle
+    model_only = trace_module_text(reference_trace(make_header(2, 1, importers={0: [1]})))
+    assert "TraceChecksObjects == FALSE" in model_only
+
+
 def test_parse_tla_values() -> None:
     assert parse_tla_value('(0 :> {<<1, "alias", 2>>} @@ 1 :> {})') == \
         {0: frozenset({(1, "alias", 2)}), 1: frozenset()}

@@ -9,6 +9,7 @@ import pytest
 
 from kvgrant.conformance.mutants import reference_trace
 from kvgrant.conformance.trace_io import load_trace, parse_trace, parse_trace_lines
+from kvgrant.traceformat import format_event
 from kvgrant.errors import TraceError
 
 
@@ -33,11 +34,32 @@ def test_round_trip(header, tmp_path: Path) -> None:
 
 def test_header_defaults(header) -> None:
     objs = _lines(header)
-    del objs[0]["declared_readers"], objs[0]["devices"]
+    objs[0]["topology"]["declared_readers"] = None
+    del objs[0]["devices"]
     t = parse_trace(_text(objs))
     assert t.header.declared_readers[2] == frozenset({2})
     assert t.header.declared_readers[0] == frozenset({0, 1})
     assert dict(t.header.devices) == {0: 0, 1: 1, 2: 2}
+
+
+def test_header_constants_are_derived_from_the_plan_and_groups(header) -> None:
+    """Version 2 lists no importers, aliased or owner-only allocations: they come from
+    the import groups and the plan, so a forged list changes nothing."""
+    objs = _lines(header)
+    assert "importers" not in objs[0] and "aliased" not in objs[0]
+    objs[0]["importers"] = {"0": [1, 2], "1": [0], "2": []}
+    objs[0]["aliased"] = [0, 1, 2, 3]
+    t = parse_trace(_text(objs))
+    assert t.header.importers == (frozenset({1}), frozenset({0}), frozenset())
+    assert t.header.aliased == frozenset({1, 3}) and t.header.owner_only == frozenset({3})
+
+
+def test_old_version_is_named(header) -> None:
+    objs = _lines(header)
+    objs[0]["version"] = 1
+    with pytest.raises(TraceError, match="version = 1: a lifecycle trace must be version 2 "
+                                         r"\(an old trace: re-record it"):
+        parse_trace(_text(objs))
 
 
 def _mutate(header, line: int, fn) -> str:
@@ -48,15 +70,28 @@ def _mutate(header, line: int, fn) -> str:
 
 @pytest.mark.parametrize("line, change, words", [
     (1, lambda o: o.update(kind="event"), "header"),
-    (1, lambda o: o.update(version=2), "version"),
+    (1, lambda o: o.update(version=3), "version"),
     (1, lambda o: o.update(ranks=0), "ranks"),
     (1, lambda o: o.update(allocs=0), "allocs"),
-    (1, lambda o: o.update(aliased=[9]), "aliased"),
-    (1, lambda o: o.update(owner_only=[0]), "owner_only"),
-    (1, lambda o: o["importers"].update({"0": [0]}), "own memory"),
-    (1, lambda o: o["importers"].update({"7": [0]}), "importers key"),
-    (1, lambda o: o["declared_readers"].update({"0": [0]}), "declared reader"),
+    (1, lambda o: o.update(allocs=3), "header.allocations"),
+    (1, lambda o: o.update(granularity=0), "header.granularity"),
+    (1, lambda o: o["allocations"][1].__setitem__(0, "kv9"), "allocations[1].plane"),
+    (1, lambda o: o["allocations"][1].__setitem__(1, 4096), "multiple of the granularity"),
+    (1, lambda o: o["allocations"][1].__setitem__(1, 0), "overlap allocation 0"),
+    (1, lambda o: o["allocations"][2].__setitem__(2, 1 << 40), "pass the end of plane"),
+    (1, lambda o: o["allocations"][1].__setitem__(4, 1 << 40), "pass the end of region"),
+    (1, lambda o: o["allocations"][0].__setitem__(4, 0), "must be null"),
+    (1, lambda o: o["regions"][0].__setitem__(3, "everyone"), "access"),
+    (1, lambda o: o["regions"][0].__setitem__(1, 0), "overlaps"),
+    (1, lambda o: o["reservations"].pop("2"), "reservations[2]"),
+    (1, lambda o: o["reservations"]["1"].__setitem__(1, 2 << 20), "smaller than the layout"),
+    (1, lambda o: o["reservations"]["1"].__setitem__(0, o["reservations"]["0"][0]),
+     "overlaps rank 0"),
+    (1, lambda o: o["topology"]["import_groups"].append([1, 2]), "two groups"),
+    (1, lambda o: o["topology"]["declared_readers"].update({"0": [0]}), "declared reader"),
     (1, lambda o: o["devices"].update({"1": 0}), "share a device"),
+    (3, lambda o: o.update(handle=-1), "handle"),
+    (3, lambda o: o.update(va="0x0"), "va ="),
     (3, lambda o: o.update(seq=5), "seq"),
     (3, lambda o: o.update(kind="header"), "kind"),
     (3, lambda o: o.update(action="Destroy"), "action"),
@@ -119,22 +154,10 @@ def test_missing_file(tmp_path: Path) -> None:
 
 # --- the fast reader (writer-format lines) --------------------------------------------------
 
-_STATE_KEYS = ("phase", "va", "created", "mapped", "alias_mapped", "grants", "ready",
-               "failed")
-
-
 def writer_line(o: dict) -> str:
-    """One event dict in the exact shape kvgrant.runtime.trace writes (key order,
-    separators), so parse_trace takes its fast path."""
-    args = o.get("args") or {}
-    out = {"kind": o["kind"], "seq": o["seq"], "t": o.get("t", 0.0), "rank": o["rank"],
-           "action": o["action"],
-           "args": {k: args[k] for k in ("alloc", "mapping", "devices", "failed_rank")
-                    if k in args},
-           "call": o["call"], "result": o["result"], "device": o.get("device"),
-           "va": o.get("va"), "size": o.get("size"),
-           "state": {k: o["state"][k] for k in _STATE_KEYS if k in o["state"]}}
-    return json.dumps(out)
+    """One event dict in the exact shape kvgrant.runtime.trace writes (the format's
+    one owner, kvgrant.traceformat), so parse_trace takes its fast path."""
+    return format_event(o)
 
 
 def writer_text(trace) -> str:
@@ -253,3 +276,60 @@ def test_runtime_writer_lines_take_the_fast_path(tmp_path: Path) -> None:
         assert fast.rows is not None, "writer format changed: update trace_io._FAST_EVENT"
         assert [e.raw for e in fast.events] == [e.raw for e in slow.events]
         assert any(not e.ok for e in fast.events) == bool(faults)
+
+
+# --- the format's one owner: any values the writer can write, both readers read back ----
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from kvgrant.traceformat import ACTIONS, GROUP_ACTIONS, PHASES  # noqa: E402
+
+_U64 = st.integers(0, (1 << 64) - 1)
+_NULL_OR_U64 = st.none() | _U64
+
+
+@st.composite
+def _event(draw, seq: int = 0) -> dict:
+    action = draw(st.sampled_from(sorted(ACTIONS)))
+    shape = ACTIONS[action]
+    group = action in GROUP_ACTIONS
+    args: dict = {}
+    if "alloc" in shape.args:
+        args["alloc"] = draw(st.integers(0, 3))
+    if "mapping" in shape.args:
+        args["mapping"] = draw(st.sampled_from(["plane", "alias"]))
+    if "devices" in shape.args:
+        args["devices"] = sorted(draw(st.sets(st.integers(0, 2), max_size=3)))
+    if "failed_rank" in shape.args:
+        args["failed_rank"] = draw(st.none() | st.integers(0, 2))
+    state: dict = {"phase": draw(st.sampled_from(PHASES))}
+    if not group:
+        state.update(va=draw(st.booleans()), created=draw(st.integers(0, 9)),
+                     mapped=draw(st.integers(0, 9)), alias_mapped=draw(st.integers(0, 9)),
+                     grants=draw(_U64), ready=draw(st.booleans()), failed=draw(st.booleans()))
+    return {"kind": "event", "seq": seq, "t": draw(st.floats(0, 1e6).map(lambda x: round(x, 6))),
+            "rank": None if group else draw(st.integers(0, 2)), "action": action, "args": args,
+            "call": shape.call, "result": None if shape.call is None else draw(
+                st.sampled_from(["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"])),
+            "device": None if group else draw(st.integers(0, 2)), "va": draw(_NULL_OR_U64),
+            "size": draw(_NULL_OR_U64), "handle": draw(_NULL_OR_U64), "state": state}
+
+
+@given(events=st.lists(_event(), min_size=1, max_size=8))
+def test_any_written_line_is_read_back_by_both_readers(events) -> None:
+    """format_event (the writer's line) -> the regex reader and the detailed reader give
+    back every field: reader and writer come from one table and cannot drift."""
+    for k, ev in enumerate(events):
+        ev["seq"] = k
+    from _conform_support import small_header
+
+    head = reference_trace(small_header()).to_lines()[0]
+    text = head + "\n" + "\n".join(format_event(e) for e in events) + "\n"
+    fast, slow = parse_trace(text), parse_trace_lines(text.splitlines())
+    assert fast.rows is not None
+    for ev, a, b in zip(events, fast.events, slow.events):
+        for got in (a, b):
+            assert (got.rank, got.action, dict(got.args), got.call, got.result, got.device,
+                    got.va, got.size, got.handle, dict(got.state)) == (
+                ev["rank"], ev["action"], ev["args"], ev["call"], ev["result"], ev["device"],
+                ev["va"], ev["size"], ev["handle"], ev["state"])

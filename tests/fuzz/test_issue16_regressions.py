@@ -100,6 +100,8 @@ def test_a_rejected_state_of_many_ranks_is_summarised(small_trace: Path,
     head.update(ranks=n, importers={}, declared_readers=None,
                 devices={str(r): r for r in range(n)})
     head.pop("declared_readers")
+    size = head["reservations"]["0"][1]  # version 2: every rank's reservation (never made)
+    head["reservations"].update({str(r): [None, size] for r in range(3, n)})
     # all events kept: rank 0..2 act, the other ranks never reserve -> rejected
     p = _write(tmp_path, "t.ndjson", "\n".join([json.dumps(head), *lines[1:]]) + "\n")
     res = run_cli(["conform", str(p)])

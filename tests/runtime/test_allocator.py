@@ -236,9 +236,15 @@ def test_trace_events_carry_call_result_and_state(tmp_path: Path) -> None:
     lines = trace.read_text().splitlines()
     head = json.loads(lines[0])
     assert head["kind"] == "header" and head["ranks"] == 3 and head["plan"] == "chunks"
-    assert head["importers"] == {"0": [1], "1": [0], "2": []}
-    assert head["declared_readers"]["0"] == [0, 1, 2]
+    # version 2: the topology, from which checkers derive importers (no importers list)
+    assert head["version"] == 2 and "importers" not in head
+    assert head["topology"]["import_groups"] == [[0, 1]]
+    assert head["topology"]["declared_readers"]["0"] == [0, 1, 2]
+    assert len(head["allocations"]) == head["allocs"]
+    assert all(base is not None for base, _ in head["reservations"].values())
     evs = [json.loads(x) for x in lines[1:]]
+    creates = [e for e in evs if e["action"] == "Create"]
+    assert len({(e["rank"], e["handle"]) for e in creates}) == len(creates)
     assert [e["seq"] for e in evs] == list(range(len(evs)))
     grants = [e for e in evs if e["action"] == "Grant" and e["rank"] == 0]
     assert all(e["args"]["devices"] in ([0, 1], [0]) for e in grants)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgrant.runtime.trace import TRACE_ENV, TraceWriter, clock, event_template, open_trace
+from kvgrant.runtime.trace import (TRACE_ENV, TRACE_VERSION, TraceWriter, clock, event_template,
+                                   open_trace)
 
 STATE = {"phase": "Allocating", "va": True, "created": 1, "mapped": 0, "alias_mapped": 0,
          "grants": 0, "ready": False, "failed": False}
@@ -26,7 +27,8 @@ def test_header_then_events_as_ndjson(tmp_path: Path) -> None:
         assert tw.events == 2
     lines = path.read_text().splitlines()
     objs = [json.loads(x) for x in lines]
-    assert objs[0] == {"kind": "header", "version": 1, "ranks": 2, "allocs": 3, "aliased": [1]}
+    assert objs[0] == {"kind": "header", "version": TRACE_VERSION, "ranks": 2, "allocs": 3,
+                       "aliased": [1]}
     assert [o["seq"] for o in objs[1:]] == [0, 1]
     ev = objs[1]
     assert ev["kind"] == "event" and ev["rank"] == 0 and ev["action"] == "Reserve"
@@ -86,7 +88,7 @@ def test_event_template_lines_are_the_same_json_as_event() -> None:
     state = ('{"phase": "Allocating", "va": true, "created": %d, "mapped": %d, '
              '"alias_mapped": %d, "grants": %d, "ready": false, "failed": false}')
     tpl = event_template(0, "Grant", '{"alloc": %d, "mapping": "plane", "devices": [0, 1]}',
-                         "cuMemSetAccess", "CUDA_SUCCESS", 0, "%d", "%d", state)
+                         "cuMemSetAccess", "CUDA_SUCCESS", 0, "%d", "%d", "null", state)
     for k in range(3):
         slow.event(0, "Grant", {"alloc": k, "mapping": "plane", "devices": [0, 1]},
                    "cuMemSetAccess", "CUDA_SUCCESS",
@@ -120,7 +122,7 @@ def test_rank_events_are_batched_until_a_group_event_or_close() -> None:
     assert buf.getvalue().count("\n") == 4
 
 
-TPL = event_template(0, "Map", '{"alloc": %d}', "cuMemMap", "CUDA_SUCCESS", 0, "%d", "%d",
+TPL = event_template(0, "Map", '{"alloc": %d}', "cuMemMap", "CUDA_SUCCESS", 0, "%d", "%d", "null",
                      '{"phase": "Allocating", "va": true, "created": %d, "mapped": %d, '
                      '"alias_mapped": %d, "grants": %d, "ready": false, "failed": false}')
 
@@ -281,7 +283,7 @@ def test_lines_shipped_before_the_process_dies_are_kept(tmp_path: Path) -> None:
     code = f"""
 import os, time
 from kvgrant.runtime.trace import TraceWriter, clock, event_template
-TPL = event_template(0, "Map", '{{"alloc": %d}}', "cuMemMap", "CUDA_SUCCESS", 0, "%d", "%d",
+TPL = event_template(0, "Map", '{{"alloc": %d}}', "cuMemMap", "CUDA_SUCCESS", 0, "%d", "%d", "null",
                      '{{"created": %d, "mapped": %d, "alias_mapped": %d, "grants": %d}}')
 tw = TraceWriter({str(path)!r}, chunk=16)
 tw.header(ranks=1)
@@ -343,3 +345,77 @@ def test_no_renderer_process_falls_back_to_the_thread(tmp_path: Path, monkeypatc
     tw.close()
     assert tw.error is None
     assert [json.loads(x).get("seq") for x in path.read_text().splitlines()] == [None, 0]
+
+
+# --- one owner of the format: writer and reader agree field for field -----------------------
+
+def _one_of_each():
+    """One (action, args, call, result, device, va, size, handle, state) per action of
+    kvgrant.traceformat.ACTIONS, as the shape table says."""
+    from kvgrant.traceformat import ACTIONS, GROUP_ACTIONS
+
+    rank_state = {"phase": "Aborting", "va": True, "created": 3, "mapped": 2,
+                  "alias_mapped": 1, "grants": 4, "ready": False, "failed": True}
+    for action, shape in ACTIONS.items():
+        group = action in GROUP_ACTIONS
+        args = {"alloc": 2, "mapping": "alias", "devices": [0, 1], "failed_rank": 1}
+        args = {k: args[k] for k in shape.args}
+        yield (None if group else 1, action, args, shape.call,
+               None if shape.call is None else "CUDA_ERROR_OUT_OF_MEMORY",
+               None if group else 1, (1 << 40) + (2 << 20) if shape.va else None,
+               (4 << 20) if shape.size else None, 77 if shape.handle else None,
+               {"phase": "Aborting"} if group else rank_state)
+
+
+def test_every_action_written_is_read_back_field_for_field() -> None:
+    """For every action in the format's table, the line the writer formats (generic
+    path), the line the engine's template formats (hot path) and format_event are the
+    same bytes, and both readers (the regex fast path and the detailed one) give back
+    every field. A change of format is one change in kvgrant.traceformat."""
+    from kvgrant.conformance.mutants import make_header
+    from kvgrant.conformance.trace_io import header_to_json, parse_trace, parse_trace_lines
+    from kvgrant.traceformat import (ROW, event_template, format_event, state_template)
+
+    header = json.dumps(header_to_json(make_header(2, 3, aliased=[2])))
+    cases = list(_one_of_each())
+    generic = io.StringIO()
+    tw = TraceWriter(generic)
+    tw.header(t0=clock(), **{k: v for k, v in json.loads(header).items()
+                             if k not in ("kind", "version")})
+    templated: list[str] = []
+    for seq, (rank, action, args, call, result, device, va, size, handle, state) in \
+            enumerate(cases):
+        tw.event(rank, action, args, call, result, state, device=device, va=va, size=size,
+                 handle=handle)
+        ev = {"seq": seq, "t": 0.5, "rank": rank, "action": action, "args": args,
+              "call": call, "result": result, "device": device, "va": va, "size": size,
+              "handle": handle, "state": state}
+        line = format_event(ev)
+        if rank is not None:  # the engine's hot path: a template and a tuple
+            tpl = event_template(
+                rank, action, json.dumps(args).replace('"alloc": 2', '"alloc": %d'), call,
+                result, device, "%d" if va is not None else "null",
+                "%d" if size is not None else "null", "%d" if handle is not None else "null",
+                state_template(state["phase"], state["va"], state["ready"], state["failed"]))
+            values = [v for v in (args.get("alloc"), va, size, handle) if v is not None]
+            values += [state[k] for k in ("created", "mapped", "alias_mapped", "grants")]
+            assert tpl % (seq, 0.5, *values) == line + "\n", action
+        templated.append(line)
+    tw.close()
+    written = generic.getvalue().splitlines()
+    assert [json.loads(x) for x in written[1:]] == [
+        {**json.loads(x), "t": json.loads(w)["t"]} for x, w in zip(templated, written[1:])]
+    text = header + "\n" + "\n".join(templated) + "\n"
+    fast, slow = parse_trace(text), parse_trace_lines(text.splitlines())
+    assert fast.rows is not None, "the fast reader must take every line the writer writes"
+    for k, (rank, action, args, call, result, device, va, size, handle, state) in \
+            enumerate(cases):
+        row = fast.rows[k]
+        for ev in (fast.events[k], slow.events[k]):
+            got = (ev.rank, ev.action, dict(ev.args), ev.call, ev.result, ev.device, ev.va,
+                   ev.size, ev.handle, dict(ev.state))
+            assert got == (rank, action, args, call, result, device, va, size, handle,
+                           state), action
+        assert row[ROW["action"]] == action and row[ROW["seq"]] == str(k)
+        assert row[ROW["handle"]] == ("null" if handle is None else str(handle))
+        assert row[ROW["va"]] == ("null" if va is None else str(va))

@@ -1,0 +1,268 @@
+"""The one owner of the trace text format (docs/INTERFACES.md "Trace format").
+
+Why one module: the writer (kvgrant.runtime.trace, the engine's templates), the fast
+reader (kvgrant.conformance.trace_io's regex), the replay (which compares recorded
+state as text) and the fault injector (driver call names) all depend on the exact
+bytes of a line. Each of them derives what it needs from the tables here, so a change
+of format is a change in this file (tests/runtime/test_trace_writer.py and
+tests/conformance/test_trace_io.py prove writer and reader agree field for field for
+every action).
+
+Standard library only, importable by both ``kvgrant.runtime`` and
+``kvgrant.conformance`` without either importing the other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping, NamedTuple, Sequence
+
+__all__ = [
+    "ACTIONS",
+    "DRIVER_CALLS",
+    "DRIVER_STEPS",
+    "EVENT_FIELDS",
+    "EVENT_LINE",
+    "FAST_EVENT",
+    "GROUP_ACTIONS",
+    "GROUP_EVENT_LINE",
+    "GROUP_VERSION",
+    "LIFECYCLE_VERSION",
+    "PHASES",
+    "RANK_ACTIONS",
+    "RANK_COUNTERS",
+    "ROW",
+    "ROW_FIELDS",
+    "Shape",
+    "args_alloc",
+    "args_grant",
+    "args_unmap",
+    "event_line",
+    "event_template",
+    "format_event",
+    "group_state_text",
+    "plan_header",
+    "state_template",
+    "state_text",
+]
+
+#: Version of a one-process (lifecycle) trace: 2 names its objects (plan, reservations,
+#: handles). Group traces (docs/group-trace.md) are still version 1.
+LIFECYCLE_VERSION = 2
+GROUP_VERSION = 1
+
+#: The model's phases, in the order the lifecycle visits them.
+PHASES = ("Allocating", "Published", "Aborting", "Aborted", "ShuttingDown", "Shutdown")
+
+
+class Shape(NamedTuple):
+    """What one action's event line carries: the driver ``call`` (None: model-only
+    step), the ``args`` keys, and whether ``va``, ``size`` and ``handle`` are set."""
+
+    call: str | None
+    args: tuple[str, ...]
+    va: bool
+    size: bool
+    handle: bool
+
+
+#: The action table: every event action and the shape of its line.
+ACTIONS: Mapping[str, Shape] = {
+    "Reserve": Shape("cuMemAddressReserve", (), True, True, False),
+    "Create": Shape("cuMemCreate", ("alloc",), False, True, True),
+    "Map": Shape("cuMemMap", ("alloc",), True, True, True),
+    "MapAlias": Shape("cuMemMap", ("alloc",), True, True, True),
+    "Grant": Shape("cuMemSetAccess", ("alloc", "mapping", "devices"), True, True, False),
+    "RankReady": Shape(None, (), False, False, False),
+    "Unmap": Shape("cuMemUnmap", ("alloc", "mapping"), True, True, False),
+    "Release": Shape("cuMemRelease", ("alloc",), False, False, True),
+    "Free": Shape("cuMemAddressFree", (), True, True, False),
+    "Publish": Shape(None, (), False, False, False),
+    "Abort": Shape(None, ("failed_rank",), False, False, False),
+    "Unpublish": Shape(None, (), False, False, False),
+    "AbortComplete": Shape(None, (), False, False, False),
+    "ShutdownComplete": Shape(None, (), False, False, False),
+}
+#: Actions without an actor rank (``rank`` is null).
+GROUP_ACTIONS = frozenset({"Publish", "Abort", "Unpublish", "AbortComplete", "ShutdownComplete"})
+#: Rank actions -> driver entry point (None: model-only step).
+RANK_ACTIONS: Mapping[str, str | None] = {a: s.call for a, s in ACTIONS.items()
+                                          if a not in GROUP_ACTIONS}
+#: Driver steps that may fail (a failing one is the model's ``Fail(r, x)``).
+DRIVER_STEPS = frozenset({"Reserve", "Create", "Map", "MapAlias", "Grant"})
+#: Driver entry points that lifecycle events name.
+DRIVER_CALLS = frozenset(s.call for s in ACTIONS.values() if s.call is not None)
+#: Rank counters of an event's ``state``, in line order, with their Python types.
+RANK_COUNTERS: Mapping[str, type] = {
+    "va": bool, "created": int, "mapped": int, "alias_mapped": int, "grants": int,
+    "ready": bool, "failed": bool,
+}
+
+# --- the line --------------------------------------------------------------------------------
+# Field order of an event line and each field's %-placeholder in the writer's template.
+# ``t`` follows ``seq`` so every template starts with the two per-event values.
+_LINE: tuple[tuple[str, str], ...] = (
+    ("kind", '"event"'), ("seq", "%d"), ("t", "%.6f"), ("rank", "%s"), ("action", '"%s"'),
+    ("args", "%s"), ("call", "%s"), ("result", "%s"), ("device", "%s"), ("va", "%s"),
+    ("size", "%s"), ("handle", "%s"), ("state", "%s"),
+)
+EVENT_FIELDS = tuple(k for k, _ in _LINE)
+#: The generic event line: (seq, t, rank, action, args, call, result, device, va, size,
+#: handle, state), every value already JSON text.
+EVENT_LINE = "{" + ", ".join(f'"{k}": {v}' for k, v in _LINE) + "}\n"
+#: A group trace's (version 1) event line: the same without ``handle``
+#: (conformance.group_io reads it).
+GROUP_EVENT_LINE = "{" + ", ".join(f'"{k}": {v}' for k, v in _LINE if k != "handle") + "}\n"
+
+
+def event_line(version: int) -> str:
+    """The generic event line of a trace of this header version."""
+    return GROUP_EVENT_LINE if version == GROUP_VERSION else EVENT_LINE
+
+
+def _q(v: str | None) -> str:
+    return "null" if v is None else '"' + v + '"'
+
+
+def _tf(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def state_template(phase: str, va: bool, ready: bool, failed: bool) -> str:
+    """A rank state with ``%d`` for created, mapped, alias_mapped, grants (in order)."""
+    return ('{"phase": "' + phase + '", "va": ' + _tf(va) + ', "created": %d, "mapped": %d, '
+            '"alias_mapped": %d, "grants": %d, "ready": ' + _tf(ready) + ', "failed": '
+            + _tf(failed) + "}")
+
+
+def state_text(phase: str, va: bool, created: int, mapped: int, alias_mapped: int,
+               grants: int, ready: bool, failed: bool) -> str:
+    """A rank state exactly as the writer writes it (the replay compares this text)."""
+    return state_template(phase, va, ready, failed) % (created, mapped, alias_mapped, grants)
+
+
+def group_state_text(phase: str) -> str:
+    return '{"phase": "' + phase + '"}'
+
+
+_ARGS_ALLOC = '{"alloc": %d}'
+
+
+def args_alloc(alloc: int | str = "%d") -> str:
+    """``{"alloc": A}``; the default leaves ``%d`` for the alloc."""
+    return '{"alloc": ' + str(alloc) + "}"
+
+
+def args_unmap(mapping: str, alloc: int | str = "%d") -> str:
+    return '{"alloc": ' + str(alloc) + ', "mapping": "' + mapping + '"}'
+
+
+def args_grant(mapping: str, devices: list[int], alloc: int | str = "%d") -> str:
+    return ('{"alloc": ' + str(alloc) + ', "mapping": "' + mapping + '", "devices": '
+            + "[" + ", ".join(map(str, devices)) + "]}")
+
+
+def event_template(rank: int | None, action: str, args: str, call: str | None,
+                   result: str | None, device: int | None, va: str, size: str, handle: str,
+                   state: str) -> str:
+    """A %-template for one kind of event, for ``TraceWriter.recorder``.
+
+    ``args``, ``va``, ``size``, ``handle`` and ``state`` are JSON fragments that may hold
+    ``%d`` placeholders (in that order); the template adds ``seq`` and ``t`` in front.
+    Why: tracing 10^5 driver calls must cost a few percent of them, so everything fixed
+    for a (rank, action, phase, flags) is formatted once.
+    """
+    fill = {"rank": "null" if rank is None else str(rank), "action": '"' + action + '"',
+            "args": args, "call": _q(call), "result": _q(result),
+            "device": "null" if device is None else str(device), "va": va, "size": size,
+            "handle": handle, "state": state}
+    return "{" + ", ".join(f'"{k}": {fill.get(k, v)}' for k, v in _LINE) + "}\n"
+
+
+_json = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
+
+
+def format_event(ev: Mapping[str, Any], version: int = LIFECYCLE_VERSION) -> str:
+    """One event dict as the writer writes it (no newline): the fields of
+    :data:`EVENT_LINE` in order, args and state keys in table order. For tools and
+    tests that write traces (mutants, fixtures); the runtime formats the same line
+    from its templates."""
+    args = ev.get("args") or {}
+    shape = ACTIONS.get(ev["action"])
+    keys = shape.args if shape is not None else tuple(args)
+    state = ev["state"]
+    values: list[Any] = [
+        ev["seq"], ev.get("t", 0.0), _json(ev["rank"]), ev["action"],
+        "{" + ", ".join(f'"{k}": {_json(args[k])}' for k in keys if k in args) + "}",
+        _json(ev.get("call")), _json(ev.get("result")), _json(ev.get("device")),
+        _json(ev.get("va")), _json(ev.get("size"))]
+    if version != GROUP_VERSION:
+        values.append(_json(ev.get("handle")))
+    values.append("{" + ", ".join(f'"{k}": {_json(state[k])}' for k in ("phase", *RANK_COUNTERS)
+                                  if k in state) + "}")
+    return event_line(version)[:-1] % tuple(values)
+
+
+# --- the fast reader, derived from the same line ------------------------------------------
+_INT = r"(?:0|[1-9][0-9]*)"
+_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+_BOOL = r"(?:true|false)"
+_ALT_ACTIONS = "|".join(sorted(ACTIONS, key=lambda a: (-len(a), a)))
+_ALT_PHASES = "|".join(sorted(PHASES, key=lambda a: (-len(a), a)))
+#: Each field's value pattern; groups are captured in ROW_FIELDS order.
+_VALUE = {
+    "kind": '"event"',
+    "seq": "(" + _INT + ")",
+    "t": _NUM,
+    "rank": "(null|" + _INT + ")",
+    "action": '"(' + _ALT_ACTIONS + ')"',
+    "args": (r'\{(?:(")alloc": (' + _INT + r')(?:, "mapping": "(plane|alias)"(?:, "devices": ('
+             r"\[(?:" + _INT + r"(?:, " + _INT + r')*)?\]))?)?|"failed_rank": (null|' + _INT
+             + r"))?\}"),
+    "call": '(null|"[A-Za-z]+")',
+    "result": '(null|"[A-Za-z0-9_]+")',
+    "device": "(null|" + _INT + ")",
+    "va": "(null|" + _INT + ")",
+    "size": "(null|" + _INT + ")",
+    "handle": "(null|" + _INT + ")",
+    "state": (r'\{("phase": "(?:' + _ALT_PHASES + r')"(?:(,) '
+              + ", ".join(f'"{k}": ' + (_BOOL if t is bool else _INT)
+                          for k, t in RANK_COUNTERS.items()) + r")?)\}"),
+}
+#: Captured row fields, in order. ``has_alloc`` is '"' when args has an alloc and
+#: ``has_counters`` is "," when the state has the rank counters; ``state`` is the text
+#: inside the state's braces (compare with :func:`state_text` minus its braces).
+ROW_FIELDS = ("seq", "rank", "action", "has_alloc", "alloc", "mapping", "devices",
+              "failed_rank", "call", "result", "device", "va", "size", "handle", "state",
+              "has_counters")
+ROW = {name: i for i, name in enumerate(ROW_FIELDS)}
+FAST_EVENT = re.compile(
+    r"^\{" + ", ".join(f'"{k}": ' + _VALUE[k] for k, _ in _LINE)
+    + r"\}$", re.M)
+assert FAST_EVENT.groups == len(ROW_FIELDS), "ROW_FIELDS must name every group"
+
+
+# --- the version-2 header's plan ---------------------------------------------------------------
+def plan_header(g: Any, allocs: Sequence[Any], plane_off: Mapping[str, int],
+                region_off: Mapping[str, int], reserve_bytes: int,
+                bases: Mapping[int, int | None]) -> dict[str, Any]:
+    """The plan fields of a version-2 header, from a geometry, its plan's allocations,
+    the VA layout (``kvgrant.runtime.engine.va_layout``) and each rank's reservation
+    base (None: not reserved). ``kvgrant conform --geometry`` derives the same from
+    the geometry and compares. Importers are not listed: checkers derive them from
+    ``topology.import_groups``."""
+    topo = g.topology
+    declared = topo.declared_readers
+    return {
+        "granularity": g.granularity, "pages": g.pages,
+        "planes": [[p.name, plane_off[p.name], g.plane_bytes(p.name)] for p in g.planes],
+        "regions": [[r.name, region_off[r.name], g.region_bytes(r.name), r.access]
+                    for r in g.regions],
+        "allocations": [[a.plane, a.plane_offset, a.length, a.region, a.region_offset]
+                        for a in allocs],
+        "reservations": {str(r): [b, reserve_bytes] for r, b in sorted(bases.items())},
+        "topology": {"import_groups": [list(x) for x in (topo.import_groups or [])],
+                     "declared_readers": None if declared is None else
+                     {str(k): sorted(v) for k, v in sorted(declared.items())}},
+    }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Re-record the real-GPU lifecycle trace fixtures (tests/fixtures/h200/*.ndjson) in the
+# current trace format (kvgrant.traceformat.LIFECYCLE_VERSION), then check each with
+# both engines. Run from the repository root on a host with 2 CUDA GPUs (VMM support),
+# with kvgrant installed (`pip install -e .`) and Java on PATH for the TLC engine:
+#
+#   bash tools/record_h200_fixtures.sh            # writes into tests/fixtures/h200/
+#   OUT=/tmp/h200 bash tools/record_h200_fixtures.sh
+#
+# Each trace is the one-process allocator (kvgrant.runtime.allocator.allocate) on the
+# cuda backend, 2 ranks (one GPU each), layout examples/small*.json run on 2 ranks
+# that import each other (`--ranks 2`). The fail-at trace injects
+# CUDA_ERROR_OUT_OF_MEMORY at the 30th driver call (a cuMemCreate on rank 0).
+# Exit status: non-zero when a recording or a check fails.
+set -euo pipefail
+OUT=${OUT:-tests/fixtures/h200}
+KV=${KVGRANT:-kvgrant}
+BACKEND=${BACKEND:-cuda}   # BACKEND=sim OUT=/tmp/x: a dry run of this script without GPUs
+mkdir -p "$OUT"
+export KVGRANT_LEDGER=${KVGRANT_LEDGER:-$(mktemp -d)/ledger.json}  # not the host's ledger
+
+rec() {  # rec NAME GEOMETRY PLAN [extra alloc args...]
+    local name=$1 geometry=$2 plan=$3
+    shift 3
+    rm -f "$OUT/$name.ndjson"
+    # --fail-at makes alloc exit 1 (the attempt aborts, as intended)
+    "$KV" alloc "$geometry" --ranks 2 --plan "$plan" --backend "$BACKEND" \
+        --trace "$OUT/$name.ndjson" "$@" || [ "$#" -gt 0 ]
+    "$KV" conform "$OUT/$name.ndjson" --geometry "$geometry" --ranks 2 --engine both
+}
+
+rec small-packed-2rank examples/small.json packed
+rec small-naive-2rank examples/small.json naive
+rec small-inward-packed-2rank examples/small-inward.json packed
+rec small-packed-2rank-fail-at-30 examples/small.json packed --fail-at 30
+
+if [ "$BACKEND" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+python3 -c "import sys, importlib.metadata as m; print('python', sys.version.split()[0], 'cuda-bindings', m.version('cuda-bindings'))" || true
+date -u +"recorded %Y-%m-%d %H:%M UTC"
