@@ -312,13 +312,17 @@ def test_the_renderer_process_survives_a_ctrl_c_aimed_at_the_allocation(tmp_path
 
     path = tmp_path / "int.ndjson"
     code = f"""
-import os, signal, sys
+import os, signal, sys, time
 from kvgrant.runtime.trace import TraceWriter
 tw = TraceWriter({str(path)!r})
 tw.header(ranks=1)
 try:
     os.killpg(os.getpgrp(), signal.SIGINT)  # what the terminal does on Ctrl-C
-    signal.pause()
+    # short sleeps, not signal.pause(): the SIGINT may be caught by another thread
+    # before pause() starts, and pause() would then wait for a signal that never comes
+    for _ in range(1200):
+        time.sleep(0.05)
+    sys.exit(4)
 except KeyboardInterrupt:
     tw.event(None, "Abort", {{"failed_rank": None}}, None, None, {{"phase": "Aborting"}})
     tw.close()
