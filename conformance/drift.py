@@ -2,10 +2,12 @@
 
 For a small config TLC dumps the full state graph (``-dump dot,actionlabels``); then
 
-1. every TLC state is read back into a :class:`~kvgrant.conformance.model.ModelState`,
-   and its Python successors (every enabled action applied) must equal its TLC
-   successors, edge labels included (``Done`` stuttering is left out: it is the
-   spec's terminal self-loop, not a transition a trace records);
+1. every TLC state is read back into a :class:`~kvgrant.conformance.model.ModelState`
+   (the ``undo`` history included, :func:`state_from_tlc`), and its Python successors
+   (every enabled action applied) must equal its TLC successors, edge labels included,
+   in both directions: an action only Python takes and an action only TLC takes are
+   both reported (``Done`` stuttering is left out: it is the spec's terminal
+   self-loop, not a transition a trace records);
 2. the Python model's own BFS from Init must reach exactly the TLC states;
 3. behaviours (paths from Init to a terminal state) are translated into traces in
    the runtime's format and replayed through the Python engine, which must accept
