@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from kvgrant.conformance.spec_mutants import (ACTION_PROPERTIES, LIVENESS_PROPERTIES,
                                               MUTANT_CONFIG, MUTANTS, SAFETY_INVARIANTS,
-                                              apply_mutant, caught, find_guards, mutate,
-                                              property_kind, run_mutant, run_unmutated)
+                                              Mutant, apply_mutant, caught, find_guards,
+                                              mutate, property_kind, run_mutant,
+                                              run_unmutated)
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
@@ -206,11 +208,22 @@ def test_unmutated_spec_passes_the_mutant_config() -> None:
     assert res.distinct and res.distinct > 1000
 
 
+@pytest.fixture(scope="module")
+def mutant_results() -> dict[Mutant, TLCResult]:
+    """Every mutant's TLC run, two at a time: most of a run is the JVM starting, and
+    28 runs one after the other cost the tlc suite minutes (run_tlc is safe to call
+    from threads: a temp folder and a process group per run)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {m: pool.submit(run_mutant, m, SPECS, workers=1, timeout=300)
+                for m in MUTANTS}
+        return {m: f.result() for m, f in runs.items()}
+
+
 @pytest.mark.tlc
 @needs_java
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.invariant}-{m.guard}")
-def test_every_mutant_is_caught_by_its_property(mutant) -> None:
-    res = run_mutant(mutant, SPECS)
+def test_every_mutant_is_caught_by_its_property(mutant, mutant_results) -> None:
+    res = mutant_results[mutant]
     assert caught(mutant, res), _explain(res)
     assert res.counterexample and res.counterexample[0].action == "Initial predicate"
     assert res.counterexample[0].value("phase") == "Allocating"
