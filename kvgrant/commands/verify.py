@@ -47,7 +47,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                    help="TLC worker threads (default: CPU count)")
     p.add_argument("--mutants", action="store_true",
-                   help="also check that each spec mutant (guard removal or operator change) is caught")
+                   help="also check that each spec mutant (guard removal or operator "
+                        "change) is caught")
     p.set_defaults(run=run)
 
 

@@ -190,7 +190,8 @@ def test_liveness_config_allows_two_failing_ranks() -> None:
     assert live
     assert all("CONSTRAINT MCTwoFailures" in c.read_text() for c in live)
     mc = (SPECS / "MCKVLifecycle.tla").read_text()
-    assert re.search(r"MCTwoFailures ==\s+Cardinality\(\{r \\in Ranks : failed\[r\]\}\) <= 2", mc)
+    assert re.search(r"MCTwoFailures ==\s+Cardinality\(\{r \\in Ranks : failed\[r\]\}\) <= 2",
+                     mc)
 
 
 # ---------------------------------------------------------------------------
@@ -245,7 +246,8 @@ def test_field_failure_fails_kvgrant_verify_naming_the_access_property(
 
     (tmp_path / "KVLifecycle.tla").write_text(apply_mutant(spec_text(), mutant))
     shutil.copy2(SPECS / "MCKVLifecycle.tla", tmp_path)
-    safety = [c for c in _lifecycle_configs() if "AccessOnlyOwnerAndImporters" in c.read_text()]
+    safety = [c for c in _lifecycle_configs()
+              if "AccessOnlyOwnerAndImporters" in c.read_text()]
     assert len(safety) >= 2
     for cfg in safety:
         shutil.copy2(cfg, tmp_path)
