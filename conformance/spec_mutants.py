@@ -161,6 +161,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("shutdown-to-allocating", "OneAttempt",
            "a second attempt after shutdown: ShutdownComplete goes back to Allocating",
            old="/\\ phase' = \"Shutdown\"", new="/\\ phase' = \"Allocating\""),
+    Mutant("abort-forgets-failures", "OneAttempt",
+           "Abort clears the failure flags: the failed attempt is forgotten",
+           old="/\\ phase' = \"Aborting\"\n    /\\ UNCHANGED <<va, created, mapped, aliasMapped, "
+               "access, ready, failed,",
+           new="/\\ phase' = \"Aborting\"\n    /\\ failed' = [x \\in Ranks |-> FALSE]\n"
+               "    /\\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready,"),
     Mutant("retry-failed-step", "NoRetryAfterFailure",
            "a failed driver step is retried silently: the rank goes on after Fail",
            old="~failed[r]", new="TRUE", count=7),

@@ -212,7 +212,7 @@ def test_unmutated_spec_passes_the_mutant_config() -> None:
 @pytest.fixture(scope="module")
 def mutant_results() -> dict[Mutant, TLCResult]:
     """Every mutant's TLC run, two at a time: most of a run is the JVM starting, and
-    28 runs one after the other cost the tlc suite minutes (run_tlc is safe to call
+    29 runs one after the other cost the tlc suite minutes (run_tlc is safe to call
     from threads: a temp folder and a process group per run)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = {m: pool.submit(run_mutant, m, SPECS, workers=1, timeout=300)
