@@ -2,10 +2,12 @@
 
 For a small config TLC dumps the full state graph (``-dump dot,actionlabels``); then
 
-1. every TLC state is read back into a :class:`~kvgrant.conformance.model.ModelState`,
-   and its Python successors (every enabled action applied) must equal its TLC
-   successors, edge labels included (``Done`` stuttering is left out: it is the
-   spec's terminal self-loop, not a transition a trace records);
+1. every TLC state is read back into a :class:`~kvgrant.conformance.model.ModelState`
+   (the ``undo`` history included, :func:`state_from_tlc`), and its Python successors
+   (every enabled action applied) must equal its TLC successors, edge labels included,
+   in both directions: an action only Python takes and an action only TLC takes are
+   both reported (``Done`` stuttering is left out: it is the spec's terminal
+   self-loop, not a transition a trace records);
 2. the Python model's own BFS from Init must reach exactly the TLC states;
 3. behaviours (paths from Init to a terminal state) are translated into traces in
    the runtime's format and replayed through the Python engine, which must accept
@@ -35,7 +37,7 @@ from kvgrant.conformance.model import (TERMINAL_PHASES, Action, Constants, Model
                                        apply, enabled, initial_state, step_guard)
 from kvgrant.conformance.mutants import trace_from_actions
 from kvgrant.conformance.replay import Verdict, replay
-from kvgrant.conformance.tla_trace import (_rank_fn, _tla, model_state_from_tlc,
+from kvgrant.conformance.tla_trace import (_rank_fn, _seq_fn, _tla, model_state_from_tlc,
                                            parse_tlc_state, specs_dir)
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Header, Trace
 from kvgrant.errors import ToolError
@@ -50,6 +52,7 @@ __all__ = [
     "dump_state_graph",
     "python_reachable",
     "simulate_behaviours",
+    "state_from_tlc",
     "trace_of_path",
 ]
 
@@ -82,6 +85,17 @@ class DriftReport:
     @property
     def ok(self) -> bool:
         return not self.problems and not self.rejected
+
+
+def state_from_tlc(values: dict, c: Constants) -> ModelState:
+    """A TLC state as a Python model state, the ``undo`` history included (read here,
+    not in :func:`model_state_from_tlc`, which the trace engine shares: its reports
+    do not need the history, since no guard reads it)."""
+    s = model_state_from_tlc(values, c)
+    if "undo" in values:
+        for rs, seq in zip(s.ranks, _seq_fn(values["undo"], c.ranks)):
+            rs.undo = [(str(o[0]), int(o[1])) for o in seq]
+    return s
 
 
 def _unescape(label: str) -> str:
@@ -133,7 +147,7 @@ def dump_state_graph(h: Header, *, timeout: float = 300.0, workers: int = 2) -> 
     states: dict[tuple, ModelState] = {}
     init: tuple | None = None
     for m in _NODE.finditer(text):
-        s = model_state_from_tlc(parse_tlc_state(_unescape(m.group(2))), c)
+        s = state_from_tlc(parse_tlc_state(_unescape(m.group(2))), c)
         key = s.freeze()
         ids[m.group(1)] = key
         states[key] = s
@@ -306,7 +320,7 @@ def simulate_behaviours(h: Header, *, num: int = 50, depth: int = 120, seed: int
         for f in files:
             states: list[ModelState] = []
             for m in _SIM_STATE.finditer(f.read_text(encoding="utf-8")):
-                s = model_state_from_tlc(parse_tlc_state(m.group(2)), c)
+                s = state_from_tlc(parse_tlc_state(m.group(2)), c)
                 if not states or s.freeze() != states[-1].freeze():
                     states.append(s)
             out.append(states)

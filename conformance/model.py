@@ -10,7 +10,13 @@ under a second, so :class:`ModelState` is updated in place and each guard is O(1
 the value semantics the drift guard and the enabled-action report need.
 
 Kept as in the spec: ``created[r]`` is always a prefix ``0..n-1`` of the plan order
-(Create needs every earlier allocation created, Release needs every later one gone).
+(Create needs every earlier allocation created, Release needs every later one gone),
+and every allocation but the newest is complete (mapped, alias-mapped, granted) while
+a rank allocates: Create(r, a) needs allocation a-1 complete, as the runtime builds it.
+
+The spec's history variable ``undo`` (the runtime's undo stack: objects made and not
+yet unwound, oldest first) is :attr:`RankState.undo`. Unwinding steps drop the object
+they name wherever it is, like the spec's ``Drop``; the guards keep it the top.
 """
 
 from __future__ import annotations
@@ -106,10 +112,22 @@ class RankState:
     grants: int = 0
     ready: bool = False
     failed: bool = False
+    #: undo[r] of the spec: ("va", 0), ("handle", a), ("plane", a), ("alias", a), oldest
+    #: first. Last, with a default, so positional construction stays compatible.
+    undo: list[tuple[str, int]] = field(default_factory=list)
 
     def copy(self) -> "RankState":
         return RankState(self.va, set(self.created), set(self.mapped), set(self.alias_mapped),
-                         dict(self.access), self.grants, self.ready, self.failed)
+                         dict(self.access), self.grants, self.ready, self.failed,
+                         list(self.undo))
+
+    def drop(self, obj: tuple[str, int]) -> None:
+        """The spec's Drop(r, o): remove ``obj`` wherever it is (O(1) when on top,
+        which is every step the guards allow)."""
+        if self.undo and self.undo[-1] == obj:
+            self.undo.pop()
+        else:
+            self.undo = [o for o in self.undo if o != obj]
 
     def empty(self) -> bool:
         """Nothing left: no VA, handle, mapping or grant."""
@@ -140,7 +158,8 @@ class ModelState:
         """A hashable value of every variable (for comparing with TLC states)."""
         return (self.phase,
                 tuple((r.va, frozenset(r.created), frozenset(r.mapped),
-                       frozenset(r.alias_mapped), r.access_triples(), r.ready, r.failed)
+                       frozenset(r.alias_mapped), r.access_triples(), r.ready, r.failed,
+                       tuple(r.undo))
                       for r in self.ranks),
                 frozenset(self.published))
 
@@ -153,7 +172,8 @@ class ModelState:
                                "mapped": sorted(r.mapped),
                                "alias_mapped": sorted(r.alias_mapped),
                                "access": [list(t) for t in sorted(r.access_triples())],
-                               "ready": r.ready, "failed": r.failed}
+                               "ready": r.ready, "failed": r.failed,
+                               "undo": [list(o) for o in r.undo]}
                       for i, r in enumerate(self.ranks)},
         }
 
@@ -188,8 +208,19 @@ def _g_create(c: Constants, s: ModelState, r: int | None, a: int | None,
               m: str | None) -> bool:
     rs = _can_drive(s, r)
     # a not created, all b < a created (prefix invariant: exactly a are created)
-    return (rs is not None and a is not None and rs.va and a not in rs.created
-            and len(rs.created) == a)
+    if not (rs is not None and a is not None and rs.va and a not in rs.created
+            and len(rs.created) == a):
+        return False
+    return a == 0 or _complete(c, rs, a - 1)
+
+
+def _complete(c: Constants, rs: RankState, b: int) -> bool:
+    """Complete(r, b): mapped, alias-mapped if aliased, every mapping granted. Only
+    b = a-1 is checked: earlier allocations stay complete while a rank allocates (the
+    spec checks every b < a; the two agree on every reachable state)."""
+    if b not in rs.mapped or (b, "plane") not in rs.access:
+        return False
+    return b not in c.aliased or (b in rs.alias_mapped and (b, "alias") in rs.access)
 
 
 def _g_map(c: Constants, s: ModelState, r: int | None, a: int | None,
@@ -325,19 +356,27 @@ def guard(c: Constants, s: ModelState, act: Action) -> bool:
 
 
 def _a_reserve(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
-    s.ranks[r].va = True
+    rs = s.ranks[r]
+    rs.va = True
+    rs.undo.append(("va", 0))
 
 
 def _a_create(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
-    s.ranks[r].created.add(a)  # type: ignore[arg-type]
+    rs = s.ranks[r]
+    rs.created.add(a)  # type: ignore[arg-type]
+    rs.undo.append(("handle", a))  # type: ignore[arg-type]
 
 
 def _a_map(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
-    s.ranks[r].mapped.add(a)  # type: ignore[arg-type]
+    rs = s.ranks[r]
+    rs.mapped.add(a)  # type: ignore[arg-type]
+    rs.undo.append(("plane", a))  # type: ignore[arg-type]
 
 
 def _a_map_alias(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
-    s.ranks[r].alias_mapped.add(a)  # type: ignore[arg-type]
+    rs = s.ranks[r]
+    rs.alias_mapped.add(a)  # type: ignore[arg-type]
+    rs.undo.append(("alias", a))  # type: ignore[arg-type]
 
 
 def _a_grant(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
@@ -353,16 +392,20 @@ def _a_unmap(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) 
     devs = rs.access.pop((a, m), None)  # type: ignore[arg-type]
     if devs:
         rs.grants -= len(devs)
+    rs.drop((m, a))  # type: ignore[arg-type]
 
 
 def _a_release(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
-    s.ranks[r].created.discard(a)  # type: ignore[arg-type]
+    rs = s.ranks[r]
+    rs.created.discard(a)  # type: ignore[arg-type]
+    rs.drop(("handle", a))  # type: ignore[arg-type]
 
 
 def _a_free(c: Constants, s: ModelState, r: int, a: int | None, m: str | None) -> None:
     rs = s.ranks[r]
     rs.va = False
     rs.ready = False
+    rs.drop(("va", 0))
 
 
 _RANK_APPLY = {"Reserve": _a_reserve, "Create": _a_create, "Map": _a_map,

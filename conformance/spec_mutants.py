@@ -1,11 +1,21 @@
-"""Guard-removal mutants of the lifecycle spec: each safety invariant must catch one.
+"""Mutants of the lifecycle spec: every safety property must catch at least one.
 
-``specs/KVLifecycle.tla`` tags every guard a safety invariant relies on with a
-trailing ``\\* @guard <name>`` comment on the guard's own ``/\\`` line.  A mutant
-replaces exactly that conjunct with ``TRUE`` in a temp copy of the spec; TLC
-must then report the expected invariant violated, while the unmutated spec
-passes the same small config.  This proves each invariant is not vacuous and
-each guard is load-bearing.
+Two kinds, both applied to a temp copy of ``specs/KVLifecycle.tla``:
+
+* guard removal: ``specs/KVLifecycle.tla`` tags every guard a property relies on
+  with a trailing ``\\* @guard <name>`` comment on the guard's own ``/\\`` line;
+  the mutant replaces exactly that conjunct with ``TRUE``;
+* operator change: every occurrence of a text ``old`` becomes ``new`` (e.g. GrantSet
+  granting every declared reader, the field failure this project exists to prevent;
+  the importer relation transposed; a failed step retried; Aborted going back to
+  Allocating; unwinding in forward order).  ``old`` must occur ``count`` times, so a
+  spec edit that moves the text breaks the mutant loudly instead of silently.
+
+TLC then checks the mutant on :data:`MUTANT_CONFIG` against the one property named
+by the mutant, and must report exactly that property violated (:func:`caught`),
+while the unmutated spec passes the same config with every property.  This proves
+each property is not vacuous, is stated independently of the guards, and that each
+guard is load-bearing.
 
 ``TypeOK`` has no mutant: no guard protects it (it holds for any subset-valued
 update), so removing a guard cannot break it.
@@ -25,18 +35,23 @@ from pathlib import Path
 from kvgrant.conformance.tlc import TLCResult, ToolError, run_tlc
 
 __all__ = [
+    "ACTION_PROPERTIES",
     "BASE_SPEC",
     "GROUP_MUTANTS",
     "GROUP_MUTANT_CONFIG",
     "GROUP_MUTANT_CONFIG_3",
     "GROUP_SAFETY_INVARIANTS",
     "GROUP_SPEC",
+    "LIVENESS_PROPERTIES",
     "MUTANTS",
     "MUTANT_CONFIG",
     "Mutant",
     "SAFETY_INVARIANTS",
+    "apply_mutant",
+    "caught",
     "find_guards",
     "mutate",
+    "property_kind",
     "run_group_mutant",
     "run_group_unmutated",
     "run_mutant",
@@ -52,15 +67,48 @@ _GUARD_LINE = re.compile(
 
 @dataclass(frozen=True)
 class Mutant:
-    """Remove guard ``guard``; TLC must then report ``invariant`` violated."""
+    """A spec mutant; TLC must report ``invariant`` (any property: an invariant, an
+    action property or a liveness property) violated.
+
+    ``guard`` names it: a ``@guard`` tag when ``old`` is None (that conjunct becomes
+    ``TRUE``), else the name of an operator change (each of the ``count``
+    occurrences of ``old`` becomes ``new``).
+    """
 
     guard: str
     invariant: str
     why: str
+    old: str | None = None
+    new: str = "TRUE"
+    count: int = 1
+
+    @property
+    def kind(self) -> str:
+        """``guard`` (a removed conjunct) or ``operator`` (a changed operator body)."""
+        return "guard" if self.old is None else "operator"
 
 
-#: One or more mutants per safety invariant (TypeOK excluded, see module doc).
+#: The safety invariants of the lifecycle spec (state predicates, INVARIANTS).
+SAFETY_INVARIANTS: tuple[str, ...] = (
+    "TypeOK", "PublishOnlyWhenAllReady", "AccessOnlyOwnerAndImporters",
+    "AliasNeverOutlivesBacking", "NothingLeftAfterAbort", "NothingLeftAfterShutdown",
+    "PublishAllOrNothing", "FailureNeverPublishes")
+
+#: Safety properties of steps ([][A]_vars, checked as PROPERTIES; TLC names them).
+ACTION_PROPERTIES: tuple[str, ...] = ("OneAttempt", "NoRetryAfterFailure",
+                                      "UnwindInReverseOrder")
+
+#: Liveness properties (TLC 2.15 does not name a violated one: one per run).
+LIVENESS_PROPERTIES: tuple[str, ...] = ("AttemptEnds", "ShutdownEnds",
+                                        "FailureLeadsToAbort")
+
+_GRANTSET_ELSE = "ELSE {r} \\cup Importers[r]"
+_GRANTSET_IF = 'IF m = "alias" /\\ a \\in OwnerOnly THEN {r}'
+_REVERSE = "b > a => b \\notin created[r]"
+
+#: One or more mutants per property (TypeOK excluded, see module doc).
 MUTANTS: tuple[Mutant, ...] = (
+    # --- guard removal ------------------------------------------------------------------
     Mutant("publish-all-ready", "PublishOnlyWhenAllReady",
            "Publish before every rank is ready publishes capacity that is not there"),
     Mutant("ready-after-grants", "PublishOnlyWhenAllReady",
@@ -73,23 +121,88 @@ MUTANTS: tuple[Mutant, ...] = (
            "unmapping the plane first leaves the alias dangling"),
     Mutant("alias-after-backing", "AliasNeverOutlivesBacking",
            "mapping the alias before its plane mapping"),
+    Mutant("release-after-unmap", "AliasNeverOutlivesBacking",
+           "releasing a handle whose plane mapping is still live"),
+    Mutant("free-after-release", "AliasNeverOutlivesBacking",
+           "freeing the VA while handles are still live"),
     Mutant("abort-complete-when-empty", "NothingLeftAfterAbort",
            "declaring the abort complete while ranks still hold objects"),
     Mutant("shutdown-complete-when-empty", "NothingLeftAfterShutdown",
            "declaring shutdown complete while ranks still hold objects"),
     Mutant("publish-all-ready", "PublishAllOrNothing",
            "Publish with some ranks not ready publishes only the ready ones"),
+    Mutant("create-after-previous-complete", "UnwindInReverseOrder",
+           "creating ahead of mapping: the plan-order unwind is no longer LIFO"),
+    Mutant("unmap-reverse-order", "UnwindInReverseOrder",
+           "unmapping an older allocation while a newer handle is live"),
+    # --- operator changes ---------------------------------------------------------------
+    Mutant("grantset-declared-readers", "AccessOnlyOwnerAndImporters",
+           "the field failure: GrantSet grants every declared reader, not the importers",
+           old=_GRANTSET_ELSE, new="ELSE {r} \\cup DeclaredReaders[r]"),
+    Mutant("grantset-transposed-importers", "AccessOnlyOwnerAndImporters",
+           "GrantSet reads the importer relation transposed (the ranks r imports from)",
+           old=_GRANTSET_ELSE, new="ELSE {r} \\cup {i \\in Ranks : r \\in Importers[i]}"),
+    Mutant("grantset-ignores-owner-only", "AccessOnlyOwnerAndImporters",
+           "the alias of an owner-only region is granted to the importers too",
+           old=_GRANTSET_IF, new="IF FALSE THEN {r}"),
+    Mutant("grantset-owner-only-plane", "AccessOnlyOwnerAndImporters",
+           "owner-only applied to the plane mapping instead of the alias",
+           old=_GRANTSET_IF, new='IF m = "plane" /\\ a \\in OwnerOnly THEN {r}'),
+    Mutant("unmap-keeps-grant", "AccessOnlyOwnerAndImporters",
+           "cuMemUnmap leaves the mapping's access behind (a grant with no mapping)",
+           old="/\\ access' = [access EXCEPT ![r] = {g \\in @ : ~(g[1] = a /\\ g[2] = m)}]",
+           new="/\\ access' = access"),
+    Mutant("unpublish-keeps-capacity", "NothingLeftAfterShutdown",
+           "Unpublish leaves the capacity published through shutdown",
+           old="/\\ published' = {}", new="/\\ published' = published"),
+    Mutant("aborted-to-allocating", "OneAttempt",
+           "a second attempt: AbortComplete goes back to Allocating",
+           old="/\\ phase' = \"Aborted\"", new="/\\ phase' = \"Allocating\""),
+    Mutant("shutdown-to-allocating", "OneAttempt",
+           "a second attempt after shutdown: ShutdownComplete goes back to Allocating",
+           old="/\\ phase' = \"Shutdown\"", new="/\\ phase' = \"Allocating\""),
+    Mutant("abort-forgets-failures", "OneAttempt",
+           "Abort clears the failure flags: the failed attempt is forgotten",
+           old="/\\ phase' = \"Aborting\"\n    /\\ UNCHANGED <<va, created, mapped, aliasMapped, "
+               "access, ready, failed,",
+           new="/\\ phase' = \"Aborting\"\n    /\\ failed' = [x \\in Ranks |-> FALSE]\n"
+               "    /\\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready,"),
+    Mutant("retry-failed-step", "NoRetryAfterFailure",
+           "a failed driver step is retried silently: the rank goes on after Fail",
+           old="~failed[r]", new="TRUE", count=7),
+    Mutant("retry-failed-step", "FailureNeverPublishes",
+           "a silently retried step lets the group publish after a failure",
+           old="~failed[r]", new="TRUE", count=7),
+    Mutant("retry-failed-step", "FailureLeadsToAbort",
+           "after a silently retried step the attempt publishes instead of aborting",
+           old="~failed[r]", new="TRUE", count=7),
+    Mutant("abort-needs-every-rank-failed", "FailureLeadsToAbort",
+           "Abort waits for every rank to fail: one failure leaves the group stuck",
+           old="/\\ \\E r \\in Ranks : failed[r]", new="/\\ \\A r \\in Ranks : failed[r]"),
+    Mutant("forward-order-unwind", "UnwindInReverseOrder",
+           "unwinding releases the oldest allocation first (forward order)",
+           old=_REVERSE, new="b < a => b \\notin created[r]", count=2),
+    Mutant("no-fairness", "AttemptEnds",
+           "without weak fairness an attempt may stop half-way",
+           old="/\\ WF_vars(Progress)", new=""),
+    Mutant("free-only-when-aborting", "ShutdownEnds",
+           "cuMemAddressFree only while aborting: shutdown never frees the VA",
+           old="    /\\ Unwinding\n    /\\ va[r]\n",
+           new="    /\\ phase = \"Aborting\"\n    /\\ va[r]\n"),
 )
 
-#: A small config for mutants: 3 ranks (rank 2 an overdeclared reader), one
-#: allocation, aliased.  TLC stops at the first violation; the unmutated spec
-#: explores it fully in a few seconds.
+#: A small config for mutants: 2 ranks with asymmetric importers (rank 0 imports
+#: rank 1's memory, not vice versa, so rank 1 is an overdeclared reader of rank 0 and
+#: a transposed relation grants it), two allocations, both aliased: allocation 0 into
+#: an owner-only region, allocation 1 into an importer-granted one; at most one
+#: failing rank.  TLC stops at the first violation; the unmutated spec explores it
+#: fully in seconds (3 ranks: 42,240 states, and 470 s for all mutants under load).
 MUTANT_CONFIG = """\
 CONSTANTS
-    NumRanks = 3
-    NumAllocs = 1
-    Aliased = {0}
-    OwnerOnly = {}
+    NumRanks = 2
+    NumAllocs = 2
+    Aliased = {0, 1}
+    OwnerOnly = {0}
     Importers <- MCImporters
     DeclaredReaders <- MCDeclaredReaders
 SPECIFICATION Spec
@@ -97,11 +210,28 @@ CONSTRAINT MCStateConstraint
 INVARIANTS @INVARIANTS@
 """
 
-#: The safety invariants of the lifecycle spec (docs/INTERFACES.md).
-SAFETY_INVARIANTS: tuple[str, ...] = (
-    "TypeOK", "PublishOnlyWhenAllReady", "AccessOnlyOwnerAndImporters",
-    "AliasNeverOutlivesBacking", "NothingLeftAfterAbort", "NothingLeftAfterShutdown",
-    "PublishAllOrNothing")
+
+def property_kind(name: str) -> str:
+    """``invariant``, ``action`` or ``liveness``: how TLC checks ``name`` (any name not
+    listed as an action or liveness property, e.g. a group invariant, is an invariant)."""
+    if name in ACTION_PROPERTIES:
+        return "action"
+    if name in LIVENESS_PROPERTIES:
+        return "liveness"
+    return "invariant"
+
+
+def caught(mutant: Mutant, res: TLCResult) -> bool:
+    """Did TLC report ``mutant``'s property violated?  Invariants and action
+    properties are named by TLC; a liveness violation is not (TLC 2.15), so the run
+    checks that one property only and any temporal violation is it."""
+    kind = property_kind(mutant.invariant)
+    if kind == "invariant":
+        return res.status == "invariant" and res.violated == mutant.invariant
+    if kind == "action":
+        return res.status == "property" and res.violated == mutant.invariant
+    return res.status == "property" and res.violated in (None, "temporal properties",
+                                                         mutant.invariant)
 
 
 def find_guards(text: str) -> dict[str, int]:
@@ -148,35 +278,68 @@ def mutate(text: str, guard: str) -> str:
     return "".join(lines)
 
 
-def _check(specdir: Path, text: str, invariants: tuple[str, ...], *,
+def apply_mutant(text: str, mutant: Mutant) -> str:
+    """``text`` (the spec) with ``mutant`` applied.
+
+    Raises
+    ------
+    ValueError
+        When the guard is not tagged, or ``old`` does not occur exactly ``count``
+        times (the spec moved on and the mutant must follow).
+    """
+    if mutant.old is None:
+        return mutate(text, mutant.guard)
+    found = text.count(mutant.old)
+    if found != mutant.count:
+        raise ValueError(f"mutant {mutant.guard!r}: {mutant.old!r} occurs {found} times in "
+                         f"the spec, expected {mutant.count}")
+    return text.replace(mutant.old, mutant.new)
+
+
+def _config(properties: tuple[str, ...]) -> str:
+    """MUTANT_CONFIG checking ``properties``: invariants as INVARIANTS, the rest as
+    PROPERTIES."""
+    inv = [p for p in properties if property_kind(p) == "invariant"]
+    props = [p for p in properties if property_kind(p) != "invariant"]
+    body = MUTANT_CONFIG.replace("INVARIANTS @INVARIANTS@\n",
+                                 f"INVARIANTS {' '.join(inv)}\n" if inv else "")
+    return body + (f"PROPERTIES {' '.join(props)}\n" if props else "")
+
+
+def _check(specdir: Path, text: str, properties: tuple[str, ...], *,
            timeout: float | None, workers: int) -> TLCResult:
     work = Path(tempfile.mkdtemp(prefix="kvgrant-mutant-"))
     try:
         (work / BASE_SPEC).write_text(text)
         shutil.copy2(specdir / _MC_SPEC, work / _MC_SPEC)
         cfg = work / "MCMutant.cfg"
-        cfg.write_text(MUTANT_CONFIG.replace("@INVARIANTS@", " ".join(invariants)))
-        return run_tlc(work / _MC_SPEC, cfg, timeout=timeout, workers=workers)
+        cfg.write_text(_config(properties))
+        # A liveness mutant may also deadlock (a stuck attempt); the property is the claim.
+        live = any(property_kind(p) == "liveness" for p in properties)
+        return run_tlc(work / _MC_SPEC, cfg, timeout=timeout, workers=workers,
+                       deadlock=not live)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def run_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 120,
                workers: int = 1) -> TLCResult:
-    """Model-check ``mutant`` against its invariant on :data:`MUTANT_CONFIG`.
+    """Model-check ``mutant`` against its one property on :data:`MUTANT_CONFIG`.
 
-    The caller expects ``status == "invariant"`` and ``violated == mutant.invariant``.
+    The caller expects :func:`caught` to hold.
     """
     root = Path(specdir)
     if not (root / BASE_SPEC).is_file():
         raise ToolError(f"{root / BASE_SPEC} does not exist")
-    text = mutate((root / BASE_SPEC).read_text(), mutant.guard)
+    text = apply_mutant((root / BASE_SPEC).read_text(), mutant)
     return _check(root, text, (mutant.invariant,), timeout=timeout, workers=workers)
 
 
-def run_unmutated(specdir: str | Path, invariants: tuple[str, ...] = SAFETY_INVARIANTS,
+def run_unmutated(specdir: str | Path,
+                  invariants: tuple[str, ...] = SAFETY_INVARIANTS + ACTION_PROPERTIES,
                   *, timeout: float | None = 120, workers: int = 1) -> TLCResult:
-    """The unmutated spec on :data:`MUTANT_CONFIG` (expected ``status == "ok"``)."""
+    """The unmutated spec on :data:`MUTANT_CONFIG` (expected ``status == "ok"``);
+    ``invariants`` may name action and liveness properties too."""
     root = Path(specdir)
     return _check(root, (root / BASE_SPEC).read_text(), tuple(invariants),
                   timeout=timeout, workers=workers)

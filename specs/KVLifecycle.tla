@@ -19,12 +19,22 @@
 (* the ranks' own (a rank's device is named by its rank); retries (there   *)
 (* are none: one attempt).                                                 *)
 (*                                                                         *)
+(* Each allocation is complete (mapped, alias-mapped, granted) before the *)
+(* next Create, as the runtime builds it; the history variable undo is the *)
+(* runtime's undo stack (Transaction), so "unwind in reverse order" is a   *)
+(* claim about it (UnwindInReverseOrder), not a consequence of the guards. *)
+(*                                                                         *)
+(* The safety properties below are written from the constants and the     *)
+(* variables only, never through the operators the guards use (GrantSet,   *)
+(* the Can* guards): a wrong guard or a wrong GrantSet must break them.    *)
+(*                                                                         *)
 (* Tags of the form  \* @guard <name>  mark the conjuncts that the safety  *)
-(* invariants rely on; kvgrant.conformance.spec_mutants removes one of     *)
-(* them at a time and expects TLC to report the invariant violated.  Keep  *)
-(* each tagged guard on its own line.                                      *)
+(* properties rely on; kvgrant.conformance.spec_mutants removes one of     *)
+(* them at a time (and changes operator bodies, e.g. GrantSet) and expects *)
+(* TLC to report the property violated.  Keep each tagged guard on its own *)
+(* line.                                                                   *)
 (***************************************************************************)
-EXTENDS Naturals, FiniteSets
+EXTENDS Naturals, FiniteSets, Sequences
 
 CONSTANTS
     NumRanks,         \* ranks of the tensor-parallel group
@@ -51,6 +61,10 @@ Phases == {"Allocating", "Published", "Aborting", "Aborted",
 \* The two mappings an allocation can have.
 MappingKinds == {"plane", "alias"}
 
+\* The objects a rank makes, as pushed on its undo stack: its VA reservation,
+\* the handle of allocation a, and a's plane and alias mappings.
+Objects == ({"va"} \X {0}) \cup ({"handle", "plane", "alias"} \X Allocs)
+
 \* The driver steps that can fail (the x of Fail(r, x)).
 FailSteps == {"Reserve", "Create", "Map", "MapAlias", "Grant"}
 
@@ -68,10 +82,12 @@ VARIABLES
     access,       \* access[r]: <<a, m, d>> = mapping m of a is accessible by device d
     ready,        \* ready[r]: rank r finished its whole plan (RankReady)
     failed,       \* failed[r]: a driver step of rank r failed
-    published     \* ranks whose capacity (KV tokens, snapshot slots) is published
+    published,    \* ranks whose capacity (KV tokens, snapshot slots) is published
+    undo          \* undo[r]: history, the objects rank r made and has not yet
+                  \* unwound, oldest first (the runtime's undo stack)
 
 vars == <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-          published>>
+          published, undo>>
 
 TypeOK ==
     /\ phase \in Phases
@@ -83,6 +99,7 @@ TypeOK ==
     /\ ready \in [Ranks -> BOOLEAN]
     /\ failed \in [Ranks -> BOOLEAN]
     /\ published \subseteq Ranks
+    /\ undo \in [Ranks -> Seq(Objects)]
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -120,6 +137,20 @@ NothingLeft == \A r \in Ranks : NothingLeftOn(r)
 
 Unwinding == phase \in {"Aborting", "ShuttingDown"}
 
+\* Allocation a of rank r is complete: mapped, alias-mapped if aliased, and
+\* every mapping granted (the runtime finishes an allocation before the next).
+Complete(r, a) ==
+    /\ a \in mapped[r]
+    /\ a \in Aliased => a \in aliasMapped[r]
+    /\ Granted(r, a, "plane")
+    /\ a \in Aliased => Granted(r, a, "alias")
+
+\* History: push the object o made by rank r; drop o (wherever it is) when it
+\* is unwound.  Drop does not pop: UnwindInReverseOrder checks that it was
+\* the top.
+Push(r, o) == undo' = [undo EXCEPT ![r] = Append(@, o)]
+Drop(r, o) == undo' = [undo EXCEPT ![r] = SelectSeq(@, LAMBDA x : x # o)]
+
 -----------------------------------------------------------------------------
 Init ==
     /\ phase = "Allocating"
@@ -131,6 +162,7 @@ Init ==
     /\ ready = [r \in Ranks |-> FALSE]
     /\ failed = [r \in Ranks |-> FALSE]
     /\ published = {}
+    /\ undo = [r \in Ranks |-> <<>>]
 
 -----------------------------------------------------------------------------
 (* Allocation: the guards of each driver step, shared by the step itself  *)
@@ -147,6 +179,7 @@ CanCreate(r, a) ==
     /\ va[r]
     /\ a \notin created[r]
     /\ \A b \in Allocs : b < a => b \in created[r]   \* creation in plan order
+    /\ \A b \in Allocs : b < a => Complete(r, b)     \* @guard create-after-previous-complete
 
 CanMap(r, a) ==
     /\ phase = "Allocating"
@@ -180,24 +213,28 @@ StepEnabled(r, x) ==
 Reserve(r) ==
     /\ CanReserve(r)
     /\ va' = [va EXCEPT ![r] = TRUE]
+    /\ Push(r, <<"va", 0>>)
     /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, ready, failed,
                    published>>
 
 Create(r, a) ==
     /\ CanCreate(r, a)
     /\ created' = [created EXCEPT ![r] = @ \cup {a}]
+    /\ Push(r, <<"handle", a>>)
     /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed,
                    published>>
 
 Map(r, a) ==
     /\ CanMap(r, a)
     /\ mapped' = [mapped EXCEPT ![r] = @ \cup {a}]
+    /\ Push(r, <<"plane", a>>)
     /\ UNCHANGED <<phase, va, created, aliasMapped, access, ready, failed,
                    published>>
 
 MapAlias(r, a) ==
     /\ CanMapAlias(r, a)
     /\ aliasMapped' = [aliasMapped EXCEPT ![r] = @ \cup {a}]
+    /\ Push(r, <<"alias", a>>)
     /\ UNCHANGED <<phase, va, created, mapped, access, ready, failed,
                    published>>
 
@@ -210,7 +247,7 @@ Grant(r, a, m) ==
           /\ D = GrantSet(r, a, m)                   \* @guard grant-owner-and-importers
           /\ access' = [access EXCEPT ![r] = @ \cup {<<a, m, d>> : d \in D}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, ready, failed,
-                   published>>
+                   published, undo>>
 
 RankReady(r) ==
     /\ phase = "Allocating"
@@ -223,7 +260,7 @@ RankReady(r) ==
     /\ AllMappingsGranted(r)                         \* @guard ready-after-grants
     /\ ready' = [ready EXCEPT ![r] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, failed,
-                   published>>
+                   published, undo>>
 
 \* The capacity of every ready rank is published; the guard, not the effect,
 \* makes it every rank or none.
@@ -233,7 +270,7 @@ Publish ==
     /\ \A r \in Ranks : ~failed[r]
     /\ published' = {r \in Ranks : ready[r]}
     /\ phase' = "Published"
-    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed>>
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, undo>>
 
 \* Driver step x of rank r failed: nothing changes but the failure flag.
 Fail(r, x) ==
@@ -241,14 +278,14 @@ Fail(r, x) ==
     /\ StepEnabled(r, x)
     /\ failed' = [failed EXCEPT ![r] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready,
-                   published>>
+                   published, undo>>
 
 Abort ==
     /\ phase = "Allocating"
     /\ \E r \in Ranks : failed[r]
     /\ phase' = "Aborting"
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
-                   published>>
+                   published, undo>>
 
 -----------------------------------------------------------------------------
 (* Shutdown and unwinding (after Abort or Unpublish); these never fail.   *)
@@ -257,7 +294,7 @@ Unpublish ==
     /\ phase = "Published"
     /\ published' = {}
     /\ phase' = "ShuttingDown"
-    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed>>
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, undo>>
 
 \* cuMemUnmap of mapping m of a; the mapping's access goes with it.
 Unmap(r, a, m) ==
@@ -265,23 +302,25 @@ Unmap(r, a, m) ==
     /\ m \in MappingKinds
     /\ HasMapping(r, a, m)
     /\ m = "plane" => a \notin aliasMapped[r]        \* @guard unmap-alias-before-backing
-    /\ \A b \in Allocs : b > a => b \notin created[r]  \* reverse order
+    /\ \A b \in Allocs : b > a => b \notin created[r]  \* @guard unmap-reverse-order
     /\ IF m = "plane"
           THEN /\ mapped' = [mapped EXCEPT ![r] = @ \ {a}]
                /\ UNCHANGED aliasMapped
           ELSE /\ aliasMapped' = [aliasMapped EXCEPT ![r] = @ \ {a}]
                /\ UNCHANGED mapped
     /\ access' = [access EXCEPT ![r] = {g \in @ : ~(g[1] = a /\ g[2] = m)}]
+    /\ Drop(r, <<m, a>>)
     /\ UNCHANGED <<phase, va, created, ready, failed, published>>
 
 \* cuMemRelease of the handle of a, once it has no mapping.
 Release(r, a) ==
     /\ Unwinding
     /\ a \in created[r]
-    /\ a \notin mapped[r]
+    /\ a \notin mapped[r]                            \* @guard release-after-unmap
     /\ a \notin aliasMapped[r]
     /\ \A b \in Allocs : b > a => b \notin created[r]  \* reverse order
     /\ created' = [created EXCEPT ![r] = @ \ {a}]
+    /\ Drop(r, <<"handle", a>>)
     /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed,
                    published>>
 
@@ -289,9 +328,10 @@ Release(r, a) ==
 Free(r) ==
     /\ Unwinding
     /\ va[r]
-    /\ created[r] = {}
+    /\ created[r] = {}                               \* @guard free-after-release
     /\ va' = [va EXCEPT ![r] = FALSE]
     /\ ready' = [ready EXCEPT ![r] = FALSE]
+    /\ Drop(r, <<"va", 0>>)
     /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, failed,
                    published>>
 
@@ -300,14 +340,14 @@ AbortComplete ==
     /\ NothingLeft                                   \* @guard abort-complete-when-empty
     /\ phase' = "Aborted"
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
-                   published>>
+                   published, undo>>
 
 ShutdownComplete ==
     /\ phase = "ShuttingDown"
     /\ NothingLeft                                   \* @guard shutdown-complete-when-empty
     /\ phase' = "Shutdown"
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
-                   published>>
+                   published, undo>>
 
 \* Terminal phases stutter, so a finished attempt is not a deadlock.
 Done ==
@@ -351,12 +391,18 @@ PublishOnlyWhenAllReady ==
     (published # {} \/ phase = "Published") =>
         \A r \in Ranks : ready[r] /\ HoldsPlan(r)
 
-\* Protects the driver-handle budget and isolation: a mapping is accessible
-\* only to its owner and the ranks that import it (never to an overdeclared
-\* reader), and an owner-only alias only to its owner.
+\* Protects the driver-handle budget and isolation (DESIGN.md: access is
+\* never granted to a rank that is neither owner nor importer): device d may
+\* reach mapping m of allocation a on rank r only if d is r, or d imports r's
+\* memory (Importers[r], the validated importers, never DeclaredReaders) and
+\* the mapping is not the alias of an owner-only region.  Written from the
+\* constants, not through GrantSet, so a wrong GrantSet breaks it.  A grant
+\* also needs its mapping to exist (Unmap takes the access with it).
 AccessOnlyOwnerAndImporters ==
     \A r \in Ranks : \A g \in access[r] :
-        /\ g[3] \in GrantSet(r, g[1], g[2])
+        /\ \/ g[3] = r
+           \/ /\ g[3] \in Importers[r]
+              /\ ~(g[2] = "alias" /\ g[1] \in OwnerOnly)
         /\ HasMapping(r, g[1], g[2])
 
 \* Protects against dangling aliases: a region mapping exists only while
@@ -382,6 +428,52 @@ PublishAllOrNothing ==
     /\ published \in {{}, Ranks}
     /\ phase \in {"Aborting", "Aborted"} => published = {}
 
+\* Protects users from a start-up that half failed (DESIGN.md: any failure
+\* before Publish leads to Abort and nothing is published): once a driver
+\* step failed on any rank in this attempt, nothing is or ever was published.
+FailureNeverPublishes ==
+    (\E r \in Ranks : failed[r]) =>
+        /\ published = {}
+        /\ phase \notin {"Published", "ShuttingDown", "Shutdown"}
+
+-----------------------------------------------------------------------------
+(* Safety properties of steps (action properties, checked as PROPERTIES). *)
+
+\* The phase steps of one attempt: the lifecycle moves only forward.
+PhaseSteps ==
+    {<<"Allocating", "Published">>, <<"Allocating", "Aborting">>,
+     <<"Aborting", "Aborted">>, <<"Published", "ShuttingDown">>,
+     <<"ShuttingDown", "Shutdown">>}
+
+\* One attempt (DESIGN.md: one attempt, no silent retry): the phase only
+\* moves forward (Aborted never goes back to Allocating), a failure is never
+\* forgotten, and a finished attempt (Aborted, Shutdown) changes nothing.
+OneAttempt ==
+    [][ /\ phase' # phase => <<phase, phase'>> \in PhaseSteps
+        /\ \A r \in Ranks : failed[r] => failed'[r]
+        /\ phase \in {"Aborted", "Shutdown"} => UNCHANGED vars
+      ]_vars
+
+\* No silent retry: a rank whose driver step failed makes nothing more in
+\* this attempt (no new object on its undo stack, no new grant) and does not
+\* become ready.
+NoRetryAfterFailure ==
+    [][\A r \in Ranks : failed[r] =>
+          /\ Len(undo'[r]) <= Len(undo[r])
+          /\ access'[r] \subseteq access[r]
+          /\ ready'[r] => ready[r]
+      ]_vars
+
+\* Unwinding in reverse order (DESIGN.md; the runtime's LIFO Transaction):
+\* whatever a step takes off a rank's undo stack is its newest object.
+\* Unwinding steps Drop the object they name wherever it is, so a step that
+\* unwinds an older object first breaks this.
+UnwindInReverseOrder ==
+    [][\A r \in Ranks :
+          Len(undo'[r]) < Len(undo[r]) =>
+              undo'[r] = SubSeq(undo[r], 1, Len(undo[r]) - 1)
+      ]_vars
+
 -----------------------------------------------------------------------------
 (* Liveness properties (under WF_vars(Progress)). *)
 
@@ -390,5 +482,9 @@ AttemptEnds == <>(phase \in {"Published", "Aborted"})
 
 \* Every shutdown ends, and (with NothingLeftAfterShutdown) with nothing left.
 ShutdownEnds == (phase = "ShuttingDown") ~> (phase = "Shutdown")
+
+\* A failure before Publish leads to a completed Abort (and, with
+\* FailureNeverPublishes, never to Publish).
+FailureLeadsToAbort == (\E r \in Ranks : failed[r]) ~> (phase = "Aborted")
 
 =============================================================================

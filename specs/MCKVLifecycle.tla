@@ -4,16 +4,20 @@
 (* (NumRanks, NumAllocs, Aliased, OwnerOnly) and bind the functions below: *)
 (*   CONSTANT Importers <- MCImporters                                     *)
 (*   CONSTANT DeclaredReaders <- MCDeclaredReaders                         *)
-(* The last rank imports nothing but every rank declares it as a reader,   *)
-(* so it is an overdeclared reader that must never be granted access.      *)
+(* The importer relation is asymmetric (rank d imports rank r's memory     *)
+(* iff d < r, except the last rank, which imports nothing), so a spec that *)
+(* transposes it is caught; every rank declares every rank a reader, so    *)
+(* the last rank is an overdeclared reader that must never get access.     *)
+(* No symmetry set: neither ranks (asymmetric importers) nor allocations   *)
+(* (plan order) are interchangeable.                                       *)
 (***************************************************************************)
 EXTENDS KVLifecycle
 
-\* Ranks 0..NumRanks-2 import each other's memory (a DCP-like import group);
-\* the last rank imports nothing.
+\* Importers[r] = the ranks below r, the last rank excluded: with 3 ranks
+\* rank 0 imports ranks 1 and 2, rank 1 imports rank 2 (not rank 0), and
+\* rank 2 imports nothing.
 MCImporters ==
-    [r \in Ranks |-> IF r = NumRanks - 1 THEN {}
-                     ELSE (0..(NumRanks - 2)) \ {r, NumRanks - 1}]
+    [r \in Ranks |-> {d \in 0..(NumRanks - 2) : d < r}]
 
 \* Exported metadata declares every rank a reader of every rank.
 MCDeclaredReaders == [r \in Ranks |-> Ranks]
@@ -23,5 +27,10 @@ MCDeclaredReaders == [r \in Ranks |-> Ranks]
 MaxFailures == 1
 MCStateConstraint ==
     Cardinality({r \in Ranks : failed[r]}) <= MaxFailures
+
+\* At most two failing ranks (the liveness config: two ranks fail, at any
+\* step each, and the attempt must still end in Aborted).
+MCTwoFailures ==
+    Cardinality({r \in Ranks : failed[r]}) <= 2
 
 =============================================================================

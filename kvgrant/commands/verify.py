@@ -2,9 +2,14 @@
 
 Prints one row per config (spec, config, distinct states, depth, result,
 seconds) as each run finishes, or a JSON list with ``--json``; exits 1 when
-any check fails.  ``--mutants`` also runs the guard-removal mutants of
-:mod:`kvgrant.conformance.spec_mutants` (lifecycle and group specs), each of which
-must be caught.
+any check fails.  ``--mutants`` also runs the spec mutants of
+:mod:`kvgrant.conformance.spec_mutants` (lifecycle: guard removals and operator
+changes, checked against invariants, action and liveness properties; group: guard
+removals), each of which must be caught by the property it names.
+
+The configs are every ``MC*.cfg`` of the folder (``discover_models``), so a new
+config such as ``MCKVLifecycle_Rich.cfg`` is found without registering it here; the
+wheel ships them as ``kvgrant.specs`` package data (``*.cfg``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvgrant.commands._args import positive_int, positive_seconds
-from kvgrant.conformance.spec_mutants import GROUP_MUTANTS, MUTANTS, run_group_mutant, run_mutant
+from kvgrant.conformance.spec_mutants import (GROUP_MUTANTS, MUTANTS, caught,
+                                              run_group_mutant, run_mutant)
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 from kvgrant.errors import ToolError
 from kvgrant.specfiles import specs_dir
@@ -41,7 +47,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                    help="TLC worker threads (default: CPU count)")
     p.add_argument("--mutants", action="store_true",
-                   help="also check that each guard-removal mutant is caught")
+                   help="also check that each spec mutant (guard removal or operator "
+                        "change) is caught")
     p.set_defaults(run=run)
 
 
@@ -118,13 +125,13 @@ def _run(args: argparse.Namespace, specdir: Path) -> int:
         runs = [(m, run_mutant) for m in MUTANTS] + [(m, run_group_mutant) for m in GROUP_MUTANTS]
         for mutant, run_one in runs:
             res = run_one(mutant, specdir, timeout=args.timeout, workers=args.workers)
-            caught = res.status == "invariant" and res.violated == mutant.invariant
-            failed += not caught
-            summary = res.summary() | {"mutant": mutant.guard, "expected": mutant.invariant,
-                                       "caught": caught}
+            ok = caught(mutant, res)
+            failed += not ok
+            summary = res.summary() | {"mutant": mutant.guard, "kind": mutant.kind,
+                                       "expected": mutant.invariant, "caught": ok}
             rows.append(summary)
             if table is not None:
-                verdict = (f"caught: {mutant.invariant}" if caught
+                verdict = (f"caught: {mutant.invariant}" if ok
                            else f"NOT CAUGHT ({_result_text(res)})")
                 _print_row(table, ("mutant", mutant.guard,
                                    "-" if res.distinct is None else f"{res.distinct:,}",

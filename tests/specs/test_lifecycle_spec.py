@@ -1,6 +1,7 @@
 """The lifecycle model specs/KVLifecycle.tla: its contract with docs/INTERFACES.md,
-its configs, and negative tests (each safety invariant catches a guard-removal
-mutant; liveness fails without fairness; every driver step can fail).
+its configs, and negative tests (each safety property catches a guard-removal or
+operator-change mutant; the field failure fails ``kvgrant verify`` naming the access
+property; liveness fails without fairness; every driver step can fail).
 
 Tests that run TLC carry the ``tlc`` mark and skip without Java.
 """
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from kvgrant.conformance.spec_mutants import (MUTANT_CONFIG, MUTANTS, SAFETY_INVARIANTS,
-                                              find_guards, mutate, run_mutant,
+from kvgrant.conformance.spec_mutants import (ACTION_PROPERTIES, LIVENESS_PROPERTIES,
+                                              MUTANT_CONFIG, MUTANTS, SAFETY_INVARIANTS,
+                                              Mutant, apply_mutant, caught, find_guards,
+                                              mutate, property_kind, run_mutant,
                                               run_unmutated)
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 
@@ -27,11 +31,12 @@ needs_java = pytest.mark.skipif(shutil.which("java") is None,
 # docs/INTERFACES.md "The lifecycle model": names the trace and replay engine share.
 CONSTANTS = ("NumRanks", "NumAllocs", "Aliased", "OwnerOnly", "Importers", "DeclaredReaders")
 VARIABLES = ("phase", "va", "created", "mapped", "aliasMapped", "access", "ready", "failed",
-             "published")
+             "published", "undo")
 ACTIONS = ("Reserve(r)", "Create(r, a)", "Map(r, a)", "MapAlias(r, a)", "Grant(r, a, m)",
            "RankReady(r)", "Publish", "Fail(r, x)", "Abort", "Unpublish", "Unmap(r, a, m)",
            "Release(r, a)", "Free(r)", "AbortComplete", "ShutdownComplete")
-LIVENESS = ("AttemptEnds", "ShutdownEnds")
+LIVENESS = LIVENESS_PROPERTIES
+PROPERTIES = SAFETY_INVARIANTS + ACTION_PROPERTIES + LIVENESS_PROPERTIES
 
 
 def spec_text() -> str:
@@ -58,20 +63,60 @@ def test_spec_declares_the_interface_names() -> None:
     assert variables is not None
     assert re.findall(r"^\s+(\w+),?", variables.group(1), re.M) == list(VARIABLES)
     defs = definitions(text)
-    missing = [name for name in ACTIONS + SAFETY_INVARIANTS + LIVENESS + ("GrantSet(r, a, m)",
+    missing = [name for name in ACTIONS + PROPERTIES + ("GrantSet(r, a, m)",
                "Init", "Next", "Spec", "vars") if name not in defs]
     assert missing == []
 
 
-def test_every_safety_invariant_except_typeok_has_a_mutant() -> None:
+def test_every_property_except_typeok_has_a_mutant() -> None:
     covered = {m.invariant for m in MUTANTS}
-    assert covered == set(SAFETY_INVARIANTS) - {"TypeOK"}
+    assert covered == set(PROPERTIES) - {"TypeOK"}
+
+
+def test_mutants_are_many_and_change_operator_bodies() -> None:
+    assert len(MUTANTS) >= 20
+    operators = {m.guard for m in MUTANTS if m.kind == "operator"}
+    # the field failure, a transposed importer relation, a retried step, a second
+    # attempt, forward-order unwinding (issue 14)
+    assert {"grantset-declared-readers", "grantset-transposed-importers",
+            "retry-failed-step", "aborted-to-allocating", "forward-order-unwind"} <= operators
+    names = [(m.guard, m.invariant) for m in MUTANTS]
+    assert len(names) == len(set(names))
 
 
 def test_every_mutant_guard_is_tagged_once() -> None:
     guards = find_guards(spec_text())
-    assert {m.guard for m in MUTANTS} <= set(guards)
-    assert set(guards) <= {m.guard for m in MUTANTS}  # no untested tag
+    removed = {m.guard for m in MUTANTS if m.kind == "guard"}
+    assert removed <= set(guards)
+    assert set(guards) <= removed  # no untested tag
+
+
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.kind == "operator"],
+                         ids=lambda m: f"{m.invariant}-{m.guard}")
+def test_every_operator_mutant_changes_the_spec(mutant) -> None:
+    text = spec_text()
+    changed = apply_mutant(text, mutant)
+    assert changed != text and text.count(mutant.old) == mutant.count
+
+
+def test_operator_mutant_refuses_a_moved_text() -> None:
+    m = next(m for m in MUTANTS if m.guard == "grantset-declared-readers")
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        apply_mutant(spec_text().replace(m.old, "ELSE {r}"), m)
+
+
+def test_access_property_does_not_use_the_guards_operator() -> None:
+    body = re.search(r"^AccessOnlyOwnerAndImporters ==\n(.*?)\n\n", spec_text(),
+                     re.M | re.S)
+    assert body is not None
+    assert "GrantSet" not in body.group(1) and "Importers[r]" in body.group(1)
+    assert "OwnerOnly" in body.group(1) and "DeclaredReaders" not in body.group(1)
+
+
+def test_property_kinds() -> None:
+    assert property_kind("AccessOnlyOwnerAndImporters") == "invariant"
+    assert property_kind("UnwindInReverseOrder") == "action"
+    assert property_kind("FailureLeadsToAbort") == "liveness"
 
 
 def test_mutate_replaces_exactly_the_tagged_conjunct() -> None:
@@ -105,17 +150,48 @@ def test_model_configs_meet_the_bounds(cfg: Path) -> None:
     assert consts["DeclaredReaders"] == "MCDeclaredReaders"
     text = cfg.read_text()
     checked = set(re.findall(r"\b([A-Z]\w+)\b", text.split("SPECIFICATION", 1)[1]))
-    assert checked & set(SAFETY_INVARIANTS + LIVENESS), f"{cfg.name} checks nothing"
+    assert checked & set(PROPERTIES), f"{cfg.name} checks nothing"
+
+
+def _lifecycle_configs() -> list[Path]:
+    return [c for s, c in discover_models(SPECS) if s.name == "MCKVLifecycle.tla"]
 
 
 def test_configs_together_check_every_claim() -> None:
     checked: set[str] = set()
-    for _, cfg in discover_models(SPECS):
+    for cfg in _lifecycle_configs():
         checked |= set(re.findall(r"\b(\w+)\b", cfg.read_text().split("SPECIFICATION", 1)[1]))
-    assert set(SAFETY_INVARIANTS) | set(LIVENESS) <= checked
-    owner_only = [c for _, c in discover_models(SPECS)
+    assert set(PROPERTIES) <= checked
+    owner_only = [c for c in _lifecycle_configs()
                   if re.search(r"\d", cfg_constants(c.read_text())["OwnerOnly"])]
     assert owner_only, "no config has an owner-only region"
+
+
+def test_a_config_has_the_rich_plan() -> None:
+    """Issue 14: 3 allocations, two aliased (one owner-only, one importer-granted),
+    neither the last; its safety properties all checked."""
+    rich = []
+    for cfg in _lifecycle_configs():
+        consts = cfg_constants(cfg.read_text())
+        n = int(consts["NumAllocs"])
+        aliased = {int(x) for x in re.findall(r"\d+", consts["Aliased"])}
+        owner = {int(x) for x in re.findall(r"\d+", consts["OwnerOnly"])}
+        if n >= 3 and len(aliased) >= 2 and n - 1 not in aliased and owner \
+                and aliased - owner:
+            rich.append(cfg)
+    assert rich
+    text = rich[0].read_text().split("SPECIFICATION", 1)[1]
+    assert set(SAFETY_INVARIANTS + ACTION_PROPERTIES) <= set(re.findall(r"\b(\w+)\b", text))
+
+
+def test_liveness_config_allows_two_failing_ranks() -> None:
+    live = [c for c in _lifecycle_configs()
+            if set(LIVENESS_PROPERTIES) <= set(re.findall(r"\b(\w+)\b", c.read_text()))]
+    assert live
+    assert all("CONSTRAINT MCTwoFailures" in c.read_text() for c in live)
+    mc = (SPECS / "MCKVLifecycle.tla").read_text()
+    assert re.search(r"MCTwoFailures ==\s+Cardinality\(\{r \\in Ranks : failed\[r\]\}\) <= 2",
+                     mc)
 
 
 # ---------------------------------------------------------------------------
@@ -133,15 +209,54 @@ def test_unmutated_spec_passes_the_mutant_config() -> None:
     assert res.distinct and res.distinct > 1000
 
 
+@pytest.fixture(scope="module")
+def mutant_results() -> dict[Mutant, TLCResult]:
+    """Every mutant's TLC run, two at a time: most of a run is the JVM starting, and
+    29 runs one after the other cost the tlc suite minutes (run_tlc is safe to call
+    from threads: a temp folder and a process group per run)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {m: pool.submit(run_mutant, m, SPECS, workers=1, timeout=300)
+                for m in MUTANTS}
+        return {m: f.result() for m, f in runs.items()}
+
+
 @pytest.mark.tlc
 @needs_java
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: f"{m.invariant}-{m.guard}")
-def test_removing_a_guard_breaks_its_invariant(mutant) -> None:
-    res = run_mutant(mutant, SPECS)
-    assert res.status == "invariant", _explain(res)
-    assert res.violated == mutant.invariant
+def test_every_mutant_is_caught_by_its_property(mutant, mutant_results) -> None:
+    res = mutant_results[mutant]
+    assert caught(mutant, res), _explain(res)
     assert res.counterexample and res.counterexample[0].action == "Initial predicate"
     assert res.counterexample[0].value("phase") == "Allocating"
+
+
+FIELD_FAILURES = [m for m in MUTANTS if m.guard in ("grantset-declared-readers",
+                                                    "grantset-transposed-importers")]
+
+
+@pytest.mark.tlc
+@needs_java
+@pytest.mark.parametrize("mutant", FIELD_FAILURES, ids=lambda m: m.guard)
+def test_field_failure_fails_kvgrant_verify_naming_the_access_property(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mutant) -> None:
+    """`make verify` runs `kvgrant verify` on the shipped configs: with GrantSet granting
+    every declared reader (the field failure) or reading the importers transposed,
+    every config that checks access must fail and name AccessOnlyOwnerAndImporters."""
+    from kvgrant.cli import main
+
+    (tmp_path / "KVLifecycle.tla").write_text(apply_mutant(spec_text(), mutant))
+    shutil.copy2(SPECS / "MCKVLifecycle.tla", tmp_path)
+    safety = [c for c in _lifecycle_configs()
+              if "AccessOnlyOwnerAndImporters" in c.read_text()]
+    assert len(safety) >= 2
+    for cfg in safety:
+        shutil.copy2(cfg, tmp_path)
+    rc = main(["verify", str(tmp_path), "--workers", "2", "--timeout", "300"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    rows = [line for line in out.splitlines() if line.startswith("MCKVLifecycle.tla")]
+    assert len(rows) == len(safety)
+    assert all("invariant: AccessOnlyOwnerAndImporters" in row for row in rows), out
 
 
 def _run_module(tmp_path: Path, cfg_body: str, *, base: str | None = None,
@@ -161,7 +276,7 @@ def _run_module(tmp_path: Path, cfg_body: str, *, base: str | None = None,
 @pytest.mark.tlc
 @needs_java
 def test_liveness_holds_on_a_small_model(tmp_path: Path) -> None:
-    res = _run_module(tmp_path, "PROPERTIES AttemptEnds ShutdownEnds\n")
+    res = _run_module(tmp_path, "PROPERTIES AttemptEnds ShutdownEnds FailureLeadsToAbort\n")
     assert res.ok, _explain(res)
 
 
