@@ -88,14 +88,8 @@ class DriftReport:
 
 
 def state_from_tlc(values: dict, c: Constants) -> ModelState:
-    """A TLC state as a Python model state, the ``undo`` history included (read here,
-    not in :func:`model_state_from_tlc`, which the trace engine shares: its reports
-    do not need the history, since no guard reads it)."""
-    s = model_state_from_tlc(values, c)
-    if "undo" in values:
-        for rs, seq in zip(s.ranks, _seq_fn(values["undo"], c.ranks)):
-            rs.undo = [(str(o[0]), int(o[1])) for o in seq]
-    return s
+    """A TLC state as a Python model state, the ``undo`` history included."""
+    return model_state_from_tlc(values, c)
 
 
 def _unescape(label: str) -> str:

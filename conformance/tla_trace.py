@@ -216,7 +216,8 @@ def _seq_fn(v: Any, n: int) -> list[Any]:
 
 
 def model_state_from_tlc(values: dict[str, Any], c: Constants) -> ModelState:
-    """The spec variables printed by TLC as a Python ModelState."""
+    """The spec variables printed by TLC as a Python ModelState (the ``undo`` history
+    included, so a TLC rejection report shows the undo stack too)."""
     n = c.ranks
     va, cr, mp = _seq_fn(values["va"], n), _seq_fn(values["created"], n), \
         _seq_fn(values["mapped"], n)
@@ -230,6 +231,9 @@ def model_state_from_tlc(values: dict[str, Any], c: Constants) -> ModelState:
         ranks.append(RankState(bool(va[r]), set(cr[r]), set(mp[r]), set(am[r]), access,
                                sum(len(x) for x in access.values()), bool(rd[r]),
                                bool(fl[r])))
+    if "undo" in values:  # the spec's history variable: the undo stack, oldest first
+        for rs, seq in zip(ranks, _seq_fn(values["undo"], n)):
+            rs.undo = [(str(o[0]), int(o[1])) for o in seq]
     return ModelState(values["phase"], ranks, set(values["published"]))
 
 
