@@ -37,7 +37,7 @@ from kvgrant.conformance.model import (TERMINAL_PHASES, Action, Constants, Model
                                        apply, enabled, initial_state, step_guard)
 from kvgrant.conformance.mutants import trace_from_actions
 from kvgrant.conformance.replay import Verdict, replay
-from kvgrant.conformance.tla_trace import (_rank_fn, _seq_fn, _tla, model_state_from_tlc,
+from kvgrant.conformance.tla_trace import (_rank_fn, _tla, model_state_from_tlc,
                                            parse_tlc_state, specs_dir)
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Header, Trace
 from kvgrant.errors import ToolError
