@@ -38,6 +38,7 @@ __all__ = [
     "args_alloc",
     "args_grant",
     "args_unmap",
+    "encode_json",
     "event_line",
     "event_template",
     "format_event",
@@ -180,7 +181,9 @@ def event_template(rank: int | None, action: str, args: str, call: str | None,
     return "{" + ", ".join(f'"{k}": {fill.get(k, v)}' for k, v in _LINE) + "}\n"
 
 
-_json = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
+#: The JSON encoding of every header and of args / state objects in a trace line.
+encode_json = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode
+_json = encode_json
 
 
 def format_event(ev: Mapping[str, Any], version: int = LIFECYCLE_VERSION) -> str:

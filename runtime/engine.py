@@ -19,7 +19,7 @@ from kvgrant.runtime.driver import Driver
 from kvgrant.runtime.published import Counts
 from kvgrant.runtime.trace import TraceWriter, clock
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
-from kvgrant.traceformat import (ACTIONS, LIFECYCLE_VERSION, args_alloc, args_grant,
+from kvgrant.traceformat import (ACTIONS, LIFECYCLE_VERSION, args_alloc, args_grant, encode_json,
                                  args_unmap, event_template, plan_header, state_template,
                                  state_text)
 
@@ -173,6 +173,16 @@ class Engine:
         # trace-template keys of alias grants, one per region
         self.alias_key = {reg.name: "Grant alias:" + reg.name for reg in g.regions}
         self.plane_off, self.region_off, self.reserve_bytes = va_layout(g)
+        # the header's fields, built before the timed start-up (the plan part is large);
+        # only the reservations' bases are filled in once every rank has reserved
+        self._header: dict[str, Any] | None = None
+        self._header_rest = ""
+        if trace.enabled:
+            fields = self._header_fields()
+            self._header_rest = encode_json(
+                {k: fields.pop(k) for k in list(fields) if k != "ranks" and k != "allocs"
+                 and k != "reservations"})
+            self._header = fields
         self.G = g.granularity
         # CUDA ordinals each mapping is granted to: [rank][region or None]
         self.grant_plane: list[list[int]] = []
@@ -186,20 +196,28 @@ class Engine:
                 for reg in g.regions})
 
     # ------------------------------------------------------------------ tracing
-    def header(self) -> None:
-        """The version-2 header: the plan, each rank's reservation (base once reserved)
-        and the topology, from which the checkers derive importers (kvgrant.traceformat).
-        Written once, after every rank reserved (see :meth:`reserve_all`)."""
-        if not self.trace.enabled or self.trace.header_written:
-            return
+    def _header_fields(self) -> dict[str, Any]:
+        """The version-2 header: the plan, each rank's reservation and the topology,
+        from which the checkers derive importers (kvgrant.traceformat)."""
         g = self.g
-        n = len(self.devices)
-        self.trace.header(
-            version=LIFECYCLE_VERSION, t0=self._t0, ranks=n, allocs=len(self.allocs),
+        return dict(
+            ranks=len(self.devices), allocs=len(self.allocs),
             **plan_header(g, self.allocs, self.plane_off, self.region_off, self.reserve_bytes,
-                          {st.rank: (st.base if st.va else None) for st in self.ranks}),
+                          {st.rank: None for st in self.ranks}),
             geometry=g.name, plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
             devices={str(r): d for r, d in enumerate(self.devices)})
+
+    def header(self) -> None:
+        """Write the header once every rank reserved (see :meth:`reserve_all`), with the
+        reservations' bases filled in, then the Reserve events recorded before it. The
+        header is shipped, not waited for: formatting stays off the start-up's path."""
+        if not self.trace.enabled or self.trace.header_written or self._header is None:
+            return
+        fields = self._header
+        fields["reservations"] = {str(st.rank): [st.base if st.va else None,
+                                                 self.reserve_bytes] for st in self.ranks}
+        self.trace.header(version=LIFECYCLE_VERSION, t0=self._t0, wait=False,
+                          encoded=self._header_rest, **fields)
         for rec in self._pending:  # the Reserve events recorded before the header
             self._record(rec)  # type: ignore[misc]
         self._pending.clear()

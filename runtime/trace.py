@@ -29,7 +29,6 @@ path, an open text stream, or ``KVGRANT_TRACE``.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from typing import IO, Any, Callable, Mapping
 
 from kvgrant.errors import TraceError
 from kvgrant.runtime import trace_render
-from kvgrant.traceformat import LIFECYCLE_VERSION, event_line, event_template
+from kvgrant.traceformat import LIFECYCLE_VERSION, encode_json, event_line, event_template
 from kvgrant.runtime.trace_render import FLUSH, HEADER, STOP, Renderer, frame, read_frame
 
 __all__ = ["DEFAULT_CHUNK", "TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock",
@@ -50,7 +49,7 @@ TRACE_ENV = "KVGRANT_TRACE"
 #: Header version of a lifecycle trace (kvgrant.traceformat owns the format).
 TRACE_VERSION = LIFECYCLE_VERSION
 
-_encode = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=True).encode  # as traceformat
+_encode = encode_json
 
 _HANDLE_LINE = event_line(LIFECYCLE_VERSION)
 
@@ -262,9 +261,13 @@ class TraceWriter:
                 self._on = False
 
     def header(self, *, version: int = LIFECYCLE_VERSION, t0: float | None = None,
-               **constants: Any) -> None:
+               wait: bool = True, encoded: str | None = None, **constants: Any) -> None:
         """Write the header line (must come first, once); ``t`` counts from ``t0``
-        (default: now). ``version`` picks the event line (kvgrant.traceformat)."""
+        (default: now). ``version`` picks the event line (kvgrant.traceformat).
+        ``wait=False`` ships it without waiting until it is on file (the allocating
+        thread's choice: the renderer outlives a kill of this process either way).
+        ``encoded``: more fields as one JSON object already encoded (built before a timed
+        start-up), appended after ``constants``."""
         if not self._on:
             return
         if self.header_written or self._buf or (self._sink is not None and self._sink.seq):
@@ -272,8 +275,14 @@ class TraceWriter:
         self._line = event_line(version)
         line = {"kind": "header", "version": version}
         line.update(constants)
-        self._buf.append([HEADER, _encode(line) + "\n", clock() if t0 is None else t0])
-        self.flush()
+        text = _encode(line)
+        if encoded is not None and encoded != "{}":
+            text = text[:-1] + ", " + encoded[1:]
+        self._buf.append([HEADER, text + "\n", clock() if t0 is None else t0])
+        if wait:
+            self.flush()
+        else:
+            self._ship()
         self.header_written = True
 
     def event(self, rank: int | None, action: str, args: Mapping[str, Any],
