@@ -1,16 +1,20 @@
 """The packed plan: the exact planner first, the heuristic packer as the fallback.
 
 Why: the exact model (:mod:`kvgrant.layout.exact`) proves its plan optimal on the
-published layouts in about a second of CPU, but a solver may run out of time on some
-layout; then the heuristic packer (:mod:`kvgrant.layout.packer`) runs too and the
-better plan is kept, with the solver's dual bound saying how far from optimal it may
-be. The reference rule's plan is the solver's warm start, so the packed plan never
-needs more allocations than the reference rule.
+published layouts in about a second of CPU, but the solver may stop at its work
+limits (or not be run on a model over its size limit) on some layout; then the
+heuristic packer (:mod:`kvgrant.layout.packer`) runs too and the better plan is kept,
+with the solver's dual bound saying how far from optimal it may be. The reference
+rule's plan is the solver's warm start, so the packed plan never needs more
+allocations than the reference rule.
 
-Planning is deterministic for a given geometry except where the solver's time limit
-cuts it short; results are cached per process by :func:`geometry_hash`, so
-``allocate()`` (which plans before and, when pages are fitted, after fitting) never
-solves the same layout twice.
+Planning is a pure function of the geometry: every limit on the way (solver nodes,
+solves, model size, the packer's exchange tries) is a count, never a clock, because
+the ranks of a group plan independently, in separate processes, and must compute the
+same plan whatever the host's load (an allocation size mismatch would abort the
+group). Results are cached per process by :func:`geometry_hash`, so ``allocate()``
+(which plans before and, when pages are fitted, after fitting) never solves the same
+layout twice.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.contract import check_contract
-from kvgrant.layout.exact import DEFAULT_TIME_LIMIT, ExactResult, exact_plan
+from kvgrant.layout.exact import ExactResult, exact_plan
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.packer import pack
 from kvgrant.layout.plan import PhysicalPlan
@@ -37,8 +42,10 @@ Progress = Callable[[str], None]
 class PackedResult:
     """The packed plan and how good it is.
 
-    ``bound`` is the solver's proven lower bound on allocations (0 when the solver
-    gave none); ``optimal`` is True when the plan needs exactly that many.
+    ``bound`` is a proven lower bound on allocations: the solver's dual bound, or,
+    when the solver gave no proof, the larger of it and the combinatorial bound
+    (:func:`kvgrant.layout.bound.allocation_lower_bound`); ``optimal`` is True when
+    the plan needs exactly that many.
     """
 
     plan: PhysicalPlan
@@ -67,14 +74,17 @@ class PackedResult:
                 "solver": None if self.exact is None else self.exact.to_json()}
 
 
-def plan_packed(g: Geometry, *, time_limit: float = DEFAULT_TIME_LIMIT,
-                progress: Progress | None = None) -> PackedResult:
-    """The packed plan of ``g`` with its optimality verdict (cached per layout)."""
+def plan_packed(g: Geometry, *, progress: Progress | None = None) -> PackedResult:
+    """The packed plan of ``g`` with its optimality verdict (cached per layout).
+
+    The plan depends on the geometry only (see the module docstring); ``progress``
+    only receives messages.
+    """
     key = geometry_hash(g)
     if progress is None:
-        res = _cached(_Keyed(key, g), float(time_limit))
+        res = _cached(_Keyed(key, g))
     else:
-        res = _solve(g, time_limit, progress)
+        res = _solve(g, progress)
     if res.plan.geometry is g:
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
@@ -97,19 +107,18 @@ class _Keyed:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached(k: _Keyed, time_limit: float) -> PackedResult:
+def _cached(k: _Keyed) -> PackedResult:
     """Memo of :func:`_solve` by geometry hash."""
-    return _solve(k.g, time_limit, None)
+    return _solve(k.g, None)
 
 
-def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedResult:
+def _solve(g: Geometry, progress: Progress | None) -> PackedResult:
     t0 = time.perf_counter()
     ref = reference_plan(g)
     start = ref
     exact: ExactResult | None = None
     try:
-        exact = exact_plan(g, start=ref, time_limit=time_limit, label="packed",
-                           progress=progress)
+        exact = exact_plan(g, start=ref, label="packed", progress=progress)
     except ImportError:  # pragma: no cover - highspy is a dependency
         exact = None
     if exact is not None and exact.optimal:
@@ -118,7 +127,8 @@ def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedR
                              "the solver's dual bound)",))
         return PackedResult(plan, exact.bound, True, "exact", time.perf_counter() - t0, exact)
     if progress:
-        progress("solver gave no proof in time; running the heuristic packer too")
+        progress("solver gave no proof within its work limits; running the heuristic "
+                 "packer too")
     best = exact.plan if exact is not None else start
     heur = pack(g)
     if not check_contract(g, heur) and len(heur.allocations) < len(best.allocations):
@@ -126,6 +136,11 @@ def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedR
     else:
         source = "exact" if exact is not None and exact.source == "solver" else "reference"
     bound = exact.bound if exact is not None else 0
+    if progress:
+        progress("combinatorial lower bound, for the gap")
+    # the combinatorial bound is sound for every plan (docs/layout.md), and the
+    # solver's may be the trivial floor when the model was not solved
+    bound = min(max(bound, allocation_lower_bound(g).total), len(best.allocations))
     plan = PhysicalPlan("packed", g, best.allocations, best.notes)
     return PackedResult(plan, bound, len(plan.allocations) <= bound, source,
                         time.perf_counter() - t0, exact)

@@ -76,7 +76,7 @@ def test_bound_never_exceeds_the_best_plan(g):
     best = brute_min(g)
     lb = allocation_lower_bound(g)
     # a short solver limit: the assertions hold whatever plan comes back
-    plan = plan_packed(g, time_limit=2.0).plan
+    plan = plan_packed(g).plan
     assert check_contract(g, plan) == []
     packed = len(plan.allocations)
     assert lb.total <= packed
@@ -146,7 +146,7 @@ def test_bound_below_packed_on_generated_layouts(seed):
 
     g = parse_geometry(_gen().random_layout(seed))
     lb = allocation_lower_bound(g)
-    packed = plan_packed(g, time_limit=3.0).plan  # the assertions hold for any stop
+    packed = plan_packed(g).plan  # the assertions hold for any stop
     assert lb.total <= len(packed.allocations) <= len(reference_plan(g).allocations)
     assert lb.aliased <= sum(a.aliased for a in packed.allocations)
     assert lb.to_json()["total"] == lb.total
@@ -169,7 +169,7 @@ def test_weighted_relaxation_never_exceeds_the_best_weighted_plan(g):
 
     best = brute_min(g, cost=cost)
     relax = lagrangian_bound(g, free_cost=free, region_cost=region)
-    assert relax <= cost(plan_packed(g, time_limit=2.0).plan)  # holds for any stop
+    assert relax <= cost(plan_packed(g).plan)  # holds for any stop
     if best is not None:
         assert relax <= best
 

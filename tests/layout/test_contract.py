@@ -233,7 +233,7 @@ def test_every_planner_keeps_the_contract(g: Geometry) -> None:
 
     for label in plans.PLAN_LABELS:
         # packed with a short solver limit: the contract holds for any plan it returns
-        plan = plan_packed(g, time_limit=2.0).plan if label == "packed" else \
+        plan = plan_packed(g).plan if label == "packed" else \
             plans.make_plan(g, label)
         found = check_contract(g, plan)
         assert found == [], f"{label}: {[str(v) for v in found]}"
