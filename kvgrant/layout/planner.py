@@ -55,6 +55,7 @@ class PackedResult:
     source: str
     seconds: float
     exact: ExactResult | None
+    bound_source: str = "solver"
 
     @property
     def gap(self) -> int:
@@ -71,7 +72,8 @@ class PackedResult:
     def to_json(self) -> dict[str, object]:
         return {"allocations": len(self.plan.allocations), "bound": self.bound,
                 "optimal": self.optimal, "gap": self.gap, "verdict": self.verdict(),
-                "source": self.source, "seconds": round(self.seconds, 3),
+                "source": self.source, "bound_source": self.bound_source,
+                "seconds": round(self.seconds, 3),
                 "solver": None if self.exact is None else self.exact.to_json()}
 
 
@@ -93,7 +95,8 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
     if res.plan.geometry is g:
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
-    return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact)
+    return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact,
+                        res.bound_source)
 
 
 class _Keyed:
@@ -147,7 +150,9 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
         progress("combinatorial lower bound, for the gap")
     # the combinatorial bound is sound for every plan (docs/layout.md), and the
     # solver's may be the trivial floor when the model was not solved
-    bound = min(max(bound, allocation_lower_bound(g).total), len(best.allocations))
+    comb = allocation_lower_bound(g).total
+    bound_source = "combinatorial" if comb > bound else "solver"
+    bound = min(max(bound, comb), len(best.allocations))
     plan = PhysicalPlan("packed", g, best.allocations, best.notes)
     return PackedResult(plan, bound, len(plan.allocations) <= bound, source,
-                        time.perf_counter() - t0, exact)
+                        time.perf_counter() - t0, exact, bound_source)

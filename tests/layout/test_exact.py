@@ -14,7 +14,7 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import exact_plan
 from kvgrant.layout.geometry import load_geometry, parse_geometry
 from kvgrant.layout.rules import naive_plan, reference_plan
-from layout_builders import gen_layout, geometries, geometry_dict
+from layout_builders import CHEAP, gen_layout, geometries, geometry_dict
 from test_bound import _TAIL_PIECE_COUNTEREXAMPLE, brute_min
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -32,12 +32,14 @@ def test_all_is_pinned():
 @example(parse_geometry(geometry_dict(topology={"ranks": 1})))
 def test_exact_optimum_matches_brute_force(g):
     ref = reference_plan(g)
-    res = exact_plan(g, start=ref)
+    best = brute_min(g)
+    # full limits where brute force can check the optimum; elsewhere (the properties
+    # below hold for any plan) small ones, so big models go to the start plan
+    res = exact_plan(g, start=ref, **({} if best is not None else CHEAP))
     assert check_contract(g, res.plan) == []
     assert res.cost == len(res.plan.allocations) <= len(ref.allocations)
     assert res.bound <= res.cost
     assert res.optimal == (res.bound == res.cost)
-    best = brute_min(g)
     if best is not None:
         assert res.bound <= best <= res.cost
         if res.optimal:
@@ -58,10 +60,11 @@ def test_weighted_optimum_matches_brute_force(g):
     def cost(plan):
         return sum(free + (region[a.region] if a.region else 0) for a in plan.allocations)
 
-    res = exact_plan(g, start=reference_plan(g), plane_cost=free, region_cost=region)
+    best = brute_min(g, cost=cost)
+    res = exact_plan(g, start=reference_plan(g), plane_cost=free, region_cost=region,
+                     **({} if best is not None else CHEAP))
     assert check_contract(g, res.plan) == []
     assert res.cost == cost(res.plan)
-    best = brute_min(g, cost=cost)
     if best is not None:
         assert res.bound <= best <= res.cost
         if res.optimal:
@@ -80,11 +83,12 @@ def test_examples_are_solved_to_proven_optimality(path):
 
 @pytest.mark.parametrize("seed", range(10))
 def test_generated_layouts_keep_the_contract(seed):
-    # a small node limit keeps the test quick and deterministic; the properties hold
-    # whatever the solver returns
+    # small work limits keep the test quick and deterministic; the properties hold
+    # whatever the solver returns (random-0 and -5, over the size limit here, are
+    # solved with the full limits by benchmarks/bench_plan.py, which checks the same)
     g = parse_geometry(gen_layout().random_layout(seed))
     ref = reference_plan(g)
-    res = exact_plan(g, start=ref, node_limit=20)
+    res = exact_plan(g, start=ref, node_limit=20, max_nonzeros=12_000)
     assert check_contract(g, res.plan) == []
     assert res.bound <= res.cost <= len(ref.allocations)
     assert allocation_lower_bound(g).total <= res.cost
