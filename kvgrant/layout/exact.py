@@ -44,7 +44,7 @@ from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
-__all__ = ["DEFAULT_MAX_NONZEROS", "DEFAULT_NODE_LIMIT", "SAFETY_SECONDS", "ExactResult",
+__all__ = ["DEFAULT_MAX_NONZEROS", "DEFAULT_NODE_LIMIT", "ExactResult", "SAFETY_SECONDS",
            "exact_plan"]
 
 DEFAULT_NODE_LIMIT = 300

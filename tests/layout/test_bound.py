@@ -67,7 +67,7 @@ def test_all_is_pinned():
                                     "handle_lower_bound", "lagrangian_bound"])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
 def test_bound_never_exceeds_the_best_plan(g):
@@ -140,7 +140,7 @@ def test_bound_does_not_call_the_packer(monkeypatch):
     assert isinstance(allocation_lower_bound(g), LowerBound)
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(10))  # seeds 10-29: bench_plan.py --random 30
 def test_bound_below_packed_on_generated_layouts(seed):
     from kvgrant.layout.planner import plan_packed
 
@@ -157,7 +157,7 @@ def _weights(g):
     return 2, {r.name: 3 + 2 * i for i, r in enumerate(g.regions)}
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 def test_weighted_relaxation_never_exceeds_the_best_weighted_plan(g):
     free, region = _weights(g)

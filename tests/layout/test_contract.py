@@ -226,7 +226,7 @@ def test_published_scale_plans_keep_the_contract() -> None:
     assert len(plan.allocations) > 1900
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(geometries())
 def test_every_planner_keeps_the_contract(g: Geometry) -> None:
     from kvgrant.layout import plans

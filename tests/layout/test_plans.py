@@ -122,7 +122,7 @@ def test_make_plan_rejects_unknown_label():
     assert "'greedy'" in str(err.value) and "naive" in str(err.value)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(geometries())
 def test_every_plan_keeps_the_contract(g):
     from kvgrant.layout.planner import plan_packed
@@ -134,7 +134,7 @@ def test_every_plan_keeps_the_contract(g):
     assert len(packed.allocations) <= len(ref.allocations) <= len(naive.allocations)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(12))  # seeds 12-39: bench_plan.py --random 40
 def test_generated_layouts_pack_no_worse_than_reference(seed):
     """Whatever the planner returns within its work limits, the packed plan keeps the
     contract and is never worse than the reference rule (small limits keep the test
