@@ -44,8 +44,8 @@ from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
-__all__ = ["DEFAULT_MAX_NONZEROS", "DEFAULT_NODE_LIMIT", "ExactResult", "SAFETY_SECONDS",
-           "exact_plan"]
+__all__ = ["DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES", "DEFAULT_NODE_LIMIT", "ExactResult",
+           "SAFETY_SECONDS", "exact_plan"]
 
 DEFAULT_NODE_LIMIT = 300
 """Branch-and-bound nodes per solve: a deterministic work limit (a count, not a clock,
@@ -64,7 +64,8 @@ ranks fail aborts as a whole). Within the size and node limits no solve measured
 here came near it."""
 
 _FREE = -1
-_MAX_ROUNDS = 6  # solves: the first, then with lost joins forbidden
+DEFAULT_MAX_SOLVES = 6
+"""Solves per plan: the first, then up to 5 more with lost joins forbidden."""
 
 @dataclass(frozen=True)
 class ExactResult:
@@ -435,6 +436,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                region_cost: dict[str, int] | None = None, label: str = "exact",
                node_limit: int | None = DEFAULT_NODE_LIMIT,
                max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
+               max_solves: int = DEFAULT_MAX_SOLVES,
                progress: Callable[[str], None] | None = None) -> ExactResult:
     """The best plan HiGHS finds within deterministic work limits, with its proof.
 
@@ -453,6 +455,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         ``plane_cost`` = plane grants and ``region_cost[R]`` = alias grants.
     node_limit
         Branch-and-bound nodes HiGHS may explore per solve (None: no limit).
+    max_solves
+        Solves in all: after a solve whose plan lost a join, the pattern is forbidden
+        and the model solved again, up to this many times.
     max_nonzeros
         Models with more matrix nonzeros are not solved (``source`` "start",
         ``status`` says why): see :data:`DEFAULT_MAX_NONZEROS`.
@@ -556,7 +561,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
         if not lost or best_cost is None or best_cost <= _ceil(dual) \
-                or rounds >= _MAX_ROUNDS:
+                or rounds >= max_solves:
             break
         # a run joined at both ends of a row that has more runs: forbid that pattern
         for c, l_, u, k in lost:

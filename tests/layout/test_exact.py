@@ -22,8 +22,9 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 
 def test_all_is_pinned():
-    assert exact.__all__ == sorted(["DEFAULT_MAX_NONZEROS", "DEFAULT_NODE_LIMIT",
-                                    "SAFETY_SECONDS", "ExactResult", "exact_plan"])
+    assert exact.__all__ == sorted(["DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES",
+                                    "DEFAULT_NODE_LIMIT", "SAFETY_SECONDS", "ExactResult",
+                                    "exact_plan"])
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
@@ -33,9 +34,10 @@ def test_all_is_pinned():
 def test_exact_optimum_matches_brute_force(g):
     ref = reference_plan(g)
     best = brute_min(g)
-    # full limits where brute force can check the optimum; elsewhere (the properties
-    # below hold for any plan) small ones, so big models go to the start plan
-    res = exact_plan(g, start=ref, **({} if best is not None else CHEAP))
+    # every assertion holds whatever the limits; BRUTE where brute force checks the
+    # optimum (one 11-alias layout took 6 solves of 300 nodes, 14 s, at the defaults),
+    # CHEAP elsewhere, so big models go to the start plan
+    res = exact_plan(g, start=ref, **(BRUTE if best is not None else CHEAP))
     assert check_contract(g, res.plan) == []
     assert res.cost == len(res.plan.allocations) <= len(ref.allocations)
     assert res.bound <= res.cost
@@ -46,6 +48,12 @@ def test_exact_optimum_matches_brute_force(g):
             assert res.cost == best
         # the combinatorial bound is an independent cross-check: never above either
         assert allocation_lower_bound(g).total <= best
+
+
+BRUTE = {"node_limit": 50, "max_solves": 2}
+"""Work limit where brute force checks the optimum: a count, so the test is the same
+on every machine, and small, so a tiny layout whose joins the extraction keeps
+losing (6 solves) stays quick."""
 
 
 def _weights(g):
@@ -62,7 +70,7 @@ def test_weighted_optimum_matches_brute_force(g):
 
     best = brute_min(g, cost=cost)
     res = exact_plan(g, start=reference_plan(g), plane_cost=free, region_cost=region,
-                     **({} if best is not None else CHEAP))
+                     **(BRUTE if best is not None else CHEAP))
     assert check_contract(g, res.plan) == []
     assert res.cost == cost(res.plan)
     if best is not None:
