@@ -88,11 +88,8 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
     receives messages. Every rank must use the same limits: the defaults, unless a
     test wants a cheaper (and equally deterministic) plan.
     """
-    key = geometry_hash(g)
-    if progress is None:
-        res = _cached(_Keyed(key, g), node_limit, max_nonzeros, max_solves)
-    else:
-        res = _solve(g, progress, node_limit, max_nonzeros, max_solves)
+    res = _cached(_Keyed(geometry_hash(g), g, progress), node_limit, max_nonzeros,
+                  max_solves)
     if res.plan.geometry is g:
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
@@ -101,12 +98,13 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
 
 
 class _Keyed:
-    """A geometry that compares and hashes by its :func:`geometry_hash` only."""
+    """A geometry that compares and hashes by its :func:`geometry_hash` only (the
+    progress callback rides along for a cache miss and is no part of the key)."""
 
-    __slots__ = ("key", "g")
+    __slots__ = ("key", "g", "progress")
 
-    def __init__(self, key: str, g: Geometry) -> None:
-        self.key, self.g = key, g
+    def __init__(self, key: str, g: Geometry, progress: Progress | None = None) -> None:
+        self.key, self.g, self.progress = key, g, progress
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -119,7 +117,7 @@ class _Keyed:
 def _cached(k: _Keyed, node_limit: int | None, max_nonzeros: int | None,
             max_solves: int) -> PackedResult:
     """Memo of :func:`_solve` by geometry hash and limits."""
-    return _solve(k.g, None, node_limit, max_nonzeros, max_solves)
+    return _solve(k.g, k.progress, node_limit, max_nonzeros, max_solves)
 
 
 def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
