@@ -27,7 +27,7 @@ def test_all_is_pinned():
                                     "exact_plan"])
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
 @example(parse_geometry(geometry_dict(topology={"ranks": 1})))
@@ -60,7 +60,7 @@ def _weights(g):
     return 2, {r.name: 3 + 2 * i for i, r in enumerate(g.regions)}
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 def test_weighted_optimum_matches_brute_force(g):
     free, region = _weights(g)
