@@ -53,18 +53,18 @@ class _Progress:
     def __init__(self, delay: float = 1.0) -> None:
         self.t0 = time.perf_counter()
         self.delay = delay
-        self.pending: list[str] = []
+        self.pending: list[tuple[float, str]] = []
 
     def __call__(self, message: str) -> None:
-        self.pending.append(message)
+        self.pending.append((time.perf_counter() - self.t0, message))
         self.flush()
 
     def flush(self) -> None:
-        elapsed = time.perf_counter() - self.t0
-        if elapsed < self.delay:
+        """Print the held lines, each with the time it was reported at."""
+        if time.perf_counter() - self.t0 < self.delay:
             return
-        for m in self.pending:
-            print(f"kvgrant plan: [{elapsed:5.1f} s] {m}", file=sys.stderr, flush=True)
+        for at, m in self.pending:
+            print(f"kvgrant plan: [{at:5.1f} s] {m}", file=sys.stderr, flush=True)
         self.pending.clear()
 
 

@@ -44,17 +44,28 @@ from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
-__all__ = ["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "ExactResult", "exact_plan"]
+__all__ = ["DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES", "DEFAULT_NODE_LIMIT", "ExactResult",
+           "SAFETY_SECONDS", "exact_plan"]
 
-DEFAULT_TIME_LIMIT = 60.0
-"""Wall-clock safety net, in seconds, for one planning call (not the planned limit:
-a clock makes plans differ between processes on a loaded host, and every rank must
-compute the same plan; :data:`DEFAULT_NODE_LIMIT` is the limit that decides)."""
 DEFAULT_NODE_LIMIT = 300
-"""Branch-and-bound nodes per solve: a deterministic work limit."""
+"""Branch-and-bound nodes per solve: a deterministic work limit (a count, not a clock,
+so every rank of a group computes the same plan on any host and under any load)."""
+DEFAULT_MAX_NONZEROS = 100_000
+"""Largest model (matrix nonzeros) the solver is given. HiGHS has no deterministic
+limit on the work at the root node (its ``simplex_iteration_limit`` does not apply to
+a MIP), and the root of a model this size took over a minute on random-0 (126,533
+nonzeros) without closing its gap. The size is a function of the geometry only, so
+skipping larger models keeps the plan a pure function of the geometry."""
+SAFETY_SECONDS = 900.0
+"""Wall-clock net for one solve. It never decides the plan: when it fires, planning
+fails with :class:`~kvgrant.errors.PlanError` instead of returning a plan that depends
+on the host's speed (ranks that plan for themselves must agree, and a group whose
+ranks fail aborts as a whole). Within the size and node limits no solve measured
+here came near it."""
 
 _FREE = -1
-_MAX_ROUNDS = 6  # solves: the first, then with lost joins forbidden
+DEFAULT_MAX_SOLVES = 6
+"""Solves per plan: the first, then up to 5 more with lost joins forbidden."""
 
 @dataclass(frozen=True)
 class ExactResult:
@@ -421,32 +432,47 @@ def _cost(plan: PhysicalPlan, plane_cost: float, region_cost: dict[str, float]) 
                for a in plan.allocations)
 
 
-def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
-               time_limit: float = DEFAULT_TIME_LIMIT, plane_cost: int = 1,
+def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: int = 1,
                region_cost: dict[str, int] | None = None, label: str = "exact",
                node_limit: int | None = DEFAULT_NODE_LIMIT,
+               max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
+               max_solves: int = DEFAULT_MAX_SOLVES,
                progress: Callable[[str], None] | None = None) -> ExactResult:
-    """The best plan HiGHS finds within ``time_limit`` seconds, with its proof.
+    """The best plan HiGHS finds within deterministic work limits, with its proof.
+
+    The result is a pure function of ``g`` and the arguments: every limit is a count
+    (nodes per solve, solves, model size), never a clock.
 
     Parameters
     ----------
     start
-        A contract-keeping plan (the heuristic packer's): the solver's warm start,
-        and the plan returned when the solver finds nothing better in time.
+        A contract-keeping plan (the reference rule's or the heuristic packer's): the
+        solver's warm start, and the plan returned when the solver finds nothing
+        better within its limits.
     plane_cost, region_cost
         Cost of an allocation (``plane_cost``), plus ``region_cost[R]`` when it is
         aliased into region R. The default counts allocations; driver handles are
         ``plane_cost`` = plane grants and ``region_cost[R]`` = alias grants.
     node_limit
-        Branch-and-bound nodes HiGHS may explore per solve: the deterministic limit
-        (``time_limit`` is only a safety net; when it cuts a solve short, the plan
-        may depend on the host's load).
+        Branch-and-bound nodes HiGHS may explore per solve (None: no limit).
+    max_solves
+        Solves in all: after a solve whose plan lost a join, the pattern is forbidden
+        and the model solved again, up to this many times.
+    max_nonzeros
+        Models with more matrix nonzeros are not solved (``source`` "start",
+        ``status`` says why): see :data:`DEFAULT_MAX_NONZEROS`.
 
     Returns
     -------
     ExactResult
         ``optimal`` when the plan's cost equals the solver's dual bound (the proof);
         otherwise ``gap`` says how far from optimal the plan may be.
+
+    Raises
+    ------
+    PlanError
+        When no plan exists (no start and no solver solution), or a solve ran past
+        :data:`SAFETY_SECONDS` (a broken host, never a plan that depends on it).
     """
     import highspy
     import numpy as np
@@ -461,6 +487,22 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
                                "Optimal (start meets the trivial bound)", "start")
     m, lab = _build(g, float(plane_cost), rc)
     n = len(m.lower)
+    nnz = sum(len(r) for r in m.rows)
+    size = {"columns": n, "rows": len(m.rows), "nonzeros": nnz, "classes": len(m.classes),
+            "labels": len(lab.need), "rounds": 0}
+    if max_nonzeros is not None and nnz > max_nonzeros:
+        if start is None:
+            raise PlanError(f"geometry {g.name!r}: the exact model has {nnz:,} nonzeros "
+                            f"(limit {max_nonzeros:,}) and no start plan was given")
+        if progress:
+            progress(f"exact model: {nnz:,} nonzeros, over the {max_nonzeros:,} limit; "
+                     "not solved")
+        floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
+        cost = _cost(start, plane_cost, rc)
+        plan = PhysicalPlan(label, g, start.allocations, start.notes)
+        return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
+                           time.perf_counter() - t0,
+                           f"Not solved (model over {max_nonzeros:,} nonzeros)", "start", size)
     h = _highs()
     inf = highspy.kHighsInf
     h.addCols(n, np.array(m.cost), np.array(m.lower), np.array(m.upper), 0,
@@ -478,7 +520,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
     hi = np.array([inf if x == float("inf") else x for x in m.rows_hi])
     h.addRows(len(m.rows), lo, hi, len(index), np.array(starts, dtype=np.int32),
               np.array(index, dtype=np.int32), np.array(value, dtype=np.float64))
-    for key, v in (("time_limit", float(time_limit)), ("mip_rel_gap", 0.0),
+    for key, v in (("time_limit", SAFETY_SECONDS), ("mip_rel_gap", 0.0),
                    ("mip_abs_gap", 0.999), ("threads", 1), ("random_seed", 0)):
         h.setOptionValue(key, v)
     if node_limit is not None:
@@ -502,6 +544,11 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
     while True:
         rounds += 1
         h.run()
+        if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+            raise PlanError(f"geometry {g.name!r}: one exact solve ran past the "
+                            f"{SAFETY_SECONDS:g} s safety net ({nnz:,} nonzeros); planning "
+                            "refuses a plan that depends on the host's speed. Plan once with "
+                            "`kvgrant plan --json` and pass the file to `kvgrant alloc --plan`")
         status = h.modelStatusToString(h.getModelStatus())
         info = h.getInfo()
         if bound_valid and info.mip_dual_bound == info.mip_dual_bound:
@@ -513,9 +560,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
             c = _cost(cand, plane_cost, rc)
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
-        left = time_limit - (time.perf_counter() - t0)
-        if not lost or best_cost is None or best_cost <= _ceil(dual) or left <= 0.05 \
-                or rounds >= _MAX_ROUNDS:
+        if not lost or best_cost is None or best_cost <= _ceil(dual) \
+                or rounds >= max_solves:
             break
         # a run joined at both ends of a row that has more runs: forbid that pattern
         for c, l_, u, k in lost:
@@ -531,7 +577,6 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
                 bound_valid = False
                 h.addRow(-inf, 1.0, 2, np.array([f_in, f_out], dtype=np.int32),
                          np.array([1.0, 1.0]))
-        h.setOptionValue("time_limit", float(left))
         if best is not None:
             vals = _start_values(g, m, lab, best)
             if vals is not None:
@@ -540,15 +585,14 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None,
                 sol.value_valid = True
                 h.setSolution(sol)
     if best is None:
-        raise PlanError(f"geometry {g.name!r}: the exact model found no plan in "
-                        f"{time_limit:g} s and no start plan was given ({status})")
+        raise PlanError(f"geometry {g.name!r}: the exact model found no plan within its "
+                        f"work limits and no start plan was given ({status})")
     if best.label != label:
         best = PhysicalPlan(label, g, best.allocations, best.notes)
     bound = min(_ceil(dual), int(best_cost))
+    size["rounds"] = rounds
     return ExactResult(best, int(best_cost), bound, int(best_cost) <= bound,
-                       time.perf_counter() - t0, status, source,
-                       {"columns": n, "rows": len(m.rows), "classes": len(m.classes),
-                        "labels": len(lab.need), "rounds": rounds})
+                       time.perf_counter() - t0, status, source, size)
 
 
 def _floor(g: Geometry) -> int:

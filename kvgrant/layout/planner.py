@@ -1,16 +1,20 @@
 """The packed plan: the exact planner first, the heuristic packer as the fallback.
 
 Why: the exact model (:mod:`kvgrant.layout.exact`) proves its plan optimal on the
-published layouts in about a second of CPU, but a solver may run out of time on some
-layout; then the heuristic packer (:mod:`kvgrant.layout.packer`) runs too and the
-better plan is kept, with the solver's dual bound saying how far from optimal it may
-be. The reference rule's plan is the solver's warm start, so the packed plan never
-needs more allocations than the reference rule.
+published layouts in about a second of CPU, but the solver may stop at its work
+limits (or not be run on a model over its size limit) on some layout; then the
+heuristic packer (:mod:`kvgrant.layout.packer`) runs too and the better plan is kept,
+with the solver's dual bound saying how far from optimal it may be. The reference
+rule's plan is the solver's warm start, so the packed plan never needs more
+allocations than the reference rule.
 
-Planning is deterministic for a given geometry except where the solver's time limit
-cuts it short; results are cached per process by :func:`geometry_hash`, so
-``allocate()`` (which plans before and, when pages are fitted, after fitting) never
-solves the same layout twice.
+Planning is a pure function of the geometry: every limit on the way (solver nodes,
+solves, model size, the packer's exchange tries) is a count, never a clock, because
+the ranks of a group plan independently, in separate processes, and must compute the
+same plan whatever the host's load (an allocation size mismatch would abort the
+group). Results are cached per process by :func:`geometry_hash`, so ``allocate()``
+(which plans before and, when pages are fitted, after fitting) never solves the same
+layout twice.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.contract import check_contract
-from kvgrant.layout.exact import DEFAULT_TIME_LIMIT, ExactResult, exact_plan
+from kvgrant.layout.exact import (DEFAULT_MAX_NONZEROS, DEFAULT_MAX_SOLVES, DEFAULT_NODE_LIMIT,
+                                  ExactResult, exact_plan)
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.packer import pack
 from kvgrant.layout.plan import PhysicalPlan
@@ -37,8 +43,10 @@ Progress = Callable[[str], None]
 class PackedResult:
     """The packed plan and how good it is.
 
-    ``bound`` is the solver's proven lower bound on allocations (0 when the solver
-    gave none); ``optimal`` is True when the plan needs exactly that many.
+    ``bound`` is a proven lower bound on allocations: the solver's dual bound, or,
+    when the solver gave no proof, the larger of it and the combinatorial bound
+    (:func:`kvgrant.layout.bound.allocation_lower_bound`); ``optimal`` is True when
+    the plan needs exactly that many.
     """
 
     plan: PhysicalPlan
@@ -47,6 +55,7 @@ class PackedResult:
     source: str
     seconds: float
     exact: ExactResult | None
+    bound_source: str = "solver"
 
     @property
     def gap(self) -> int:
@@ -63,31 +72,39 @@ class PackedResult:
     def to_json(self) -> dict[str, object]:
         return {"allocations": len(self.plan.allocations), "bound": self.bound,
                 "optimal": self.optimal, "gap": self.gap, "verdict": self.verdict(),
-                "source": self.source, "seconds": round(self.seconds, 3),
+                "source": self.source, "bound_source": self.bound_source,
+                "seconds": round(self.seconds, 3),
                 "solver": None if self.exact is None else self.exact.to_json()}
 
 
-def plan_packed(g: Geometry, *, time_limit: float = DEFAULT_TIME_LIMIT,
-                progress: Progress | None = None) -> PackedResult:
-    """The packed plan of ``g`` with its optimality verdict (cached per layout)."""
-    key = geometry_hash(g)
-    if progress is None:
-        res = _cached(_Keyed(key, g), float(time_limit))
-    else:
-        res = _solve(g, time_limit, progress)
+def plan_packed(g: Geometry, *, progress: Progress | None = None,
+                node_limit: int | None = DEFAULT_NODE_LIMIT,
+                max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
+                max_solves: int = DEFAULT_MAX_SOLVES) -> PackedResult:
+    """The packed plan of ``g`` with its optimality verdict (cached per layout).
+
+    The plan depends on the geometry and the three work limits only (see the module
+    docstring and :func:`kvgrant.layout.exact.exact_plan`); ``progress`` only
+    receives messages. Every rank must use the same limits: the defaults, unless a
+    test wants a cheaper (and equally deterministic) plan.
+    """
+    res = _cached(_Keyed(geometry_hash(g), g, progress), node_limit, max_nonzeros,
+                  max_solves)
     if res.plan.geometry is g:
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
-    return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact)
+    return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact,
+                        res.bound_source)
 
 
 class _Keyed:
-    """A geometry that compares and hashes by its :func:`geometry_hash` only."""
+    """A geometry that compares and hashes by its :func:`geometry_hash` only (the
+    progress callback rides along for a cache miss and is no part of the key)."""
 
-    __slots__ = ("key", "g")
+    __slots__ = ("key", "g", "progress")
 
-    def __init__(self, key: str, g: Geometry) -> None:
-        self.key, self.g = key, g
+    def __init__(self, key: str, g: Geometry, progress: Progress | None = None) -> None:
+        self.key, self.g, self.progress = key, g, progress
 
     def __hash__(self) -> int:
         return hash(self.key)
@@ -97,19 +114,22 @@ class _Keyed:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached(k: _Keyed, time_limit: float) -> PackedResult:
-    """Memo of :func:`_solve` by geometry hash."""
-    return _solve(k.g, time_limit, None)
+def _cached(k: _Keyed, node_limit: int | None, max_nonzeros: int | None,
+            max_solves: int) -> PackedResult:
+    """Memo of :func:`_solve` by geometry hash and limits."""
+    return _solve(k.g, k.progress, node_limit, max_nonzeros, max_solves)
 
 
-def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedResult:
+def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
+           max_nonzeros: int | None, max_solves: int = DEFAULT_MAX_SOLVES) -> PackedResult:
     t0 = time.perf_counter()
     ref = reference_plan(g)
     start = ref
     exact: ExactResult | None = None
     try:
-        exact = exact_plan(g, start=ref, time_limit=time_limit, label="packed",
-                           progress=progress)
+        exact = exact_plan(g, start=ref, label="packed", progress=progress,
+                           node_limit=node_limit, max_nonzeros=max_nonzeros,
+                           max_solves=max_solves)
     except ImportError:  # pragma: no cover - highspy is a dependency
         exact = None
     if exact is not None and exact.optimal:
@@ -118,7 +138,8 @@ def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedR
                              "the solver's dual bound)",))
         return PackedResult(plan, exact.bound, True, "exact", time.perf_counter() - t0, exact)
     if progress:
-        progress("solver gave no proof in time; running the heuristic packer too")
+        progress("solver gave no proof within its work limits; running the heuristic "
+                 "packer too")
     best = exact.plan if exact is not None else start
     heur = pack(g)
     if not check_contract(g, heur) and len(heur.allocations) < len(best.allocations):
@@ -126,6 +147,13 @@ def _solve(g: Geometry, time_limit: float, progress: Progress | None) -> PackedR
     else:
         source = "exact" if exact is not None and exact.source == "solver" else "reference"
     bound = exact.bound if exact is not None else 0
+    if progress:
+        progress("combinatorial lower bound, for the gap")
+    # the combinatorial bound is sound for every plan (docs/layout.md), and the
+    # solver's may be the trivial floor when the model was not solved
+    comb = allocation_lower_bound(g).total
+    bound_source = "combinatorial" if comb > bound else "solver"
+    bound = min(max(bound, comb), len(best.allocations))
     plan = PhysicalPlan("packed", g, best.allocations, best.notes)
     return PackedResult(plan, bound, len(plan.allocations) <= bound, source,
-                        time.perf_counter() - t0, exact)
+                        time.perf_counter() - t0, exact, bound_source)

@@ -199,7 +199,9 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
     else:
         lines.append("allocation lower bound per rank: not computed")
     if packed is not None:
-        proof = (f"the solver's dual bound is {packed.bound:,}" if packed.bound > 0
+        which = ("the solver's dual bound" if packed.bound_source == "solver"
+                 else "the combinatorial bound")
+        proof = (f"{which} is {packed.bound:,}" if packed.bound > 0
                  else "the solver gave no bound")
         lines.append(f"packed plan: {len(packed.plan.allocations):,} allocations per rank, "
                      f"{packed.verdict()} ({proof}; {packed.source} plan)")

@@ -227,3 +227,11 @@ def gen_layout():
     sys.modules["gen_layout"] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+CHEAP = {"node_limit": 20, "max_nonzeros": 1_500, "max_solves": 2}
+"""Work limits for property tests whose assertions hold for ANY plan the planner
+returns (contract kept, never above the reference rule, never below a bound): larger
+models go to the heuristic, so a test of hundreds of examples stays quick. The limits
+are counts, so the tests stay deterministic. The full limits run in
+benchmarks/bench_plan.py (which fails on a broken contract or a bound above a plan)."""

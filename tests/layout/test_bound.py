@@ -16,7 +16,7 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import parse_geometry, round_up
 from kvgrant.layout.plan import Allocation
 from kvgrant.layout.plans import finish_plan, packed_plan, reference_plan
-from layout_builders import gen_layout, geometries, geometry_dict
+from layout_builders import CHEAP, gen_layout, geometries, geometry_dict
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def test_all_is_pinned():
                                     "handle_lower_bound", "lagrangian_bound"])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
 def test_bound_never_exceeds_the_best_plan(g):
@@ -75,8 +75,8 @@ def test_bound_never_exceeds_the_best_plan(g):
 
     best = brute_min(g)
     lb = allocation_lower_bound(g)
-    # a short solver limit: the assertions hold whatever plan comes back
-    plan = plan_packed(g, time_limit=2.0).plan
+    # small work limits: the assertions hold whatever plan comes back
+    plan = plan_packed(g, **CHEAP).plan
     assert check_contract(g, plan) == []
     packed = len(plan.allocations)
     assert lb.total <= packed
@@ -140,13 +140,13 @@ def test_bound_does_not_call_the_packer(monkeypatch):
     assert isinstance(allocation_lower_bound(g), LowerBound)
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(10))  # seeds 10-29: bench_plan.py --random 30
 def test_bound_below_packed_on_generated_layouts(seed):
     from kvgrant.layout.planner import plan_packed
 
     g = parse_geometry(_gen().random_layout(seed))
     lb = allocation_lower_bound(g)
-    packed = plan_packed(g, time_limit=3.0).plan  # the assertions hold for any stop
+    packed = plan_packed(g, **CHEAP).plan  # the assertions hold for any plan
     assert lb.total <= len(packed.allocations) <= len(reference_plan(g).allocations)
     assert lb.aliased <= sum(a.aliased for a in packed.allocations)
     assert lb.to_json()["total"] == lb.total
@@ -157,7 +157,7 @@ def _weights(g):
     return 2, {r.name: 3 + 2 * i for i, r in enumerate(g.regions)}
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 def test_weighted_relaxation_never_exceeds_the_best_weighted_plan(g):
     free, region = _weights(g)
@@ -169,7 +169,7 @@ def test_weighted_relaxation_never_exceeds_the_best_weighted_plan(g):
 
     best = brute_min(g, cost=cost)
     relax = lagrangian_bound(g, free_cost=free, region_cost=region)
-    assert relax <= cost(plan_packed(g, time_limit=2.0).plan)  # holds for any stop
+    assert relax <= cost(plan_packed(g, **CHEAP).plan)  # holds for any plan
     if best is not None:
         assert relax <= best
 

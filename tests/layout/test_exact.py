@@ -14,7 +14,7 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import exact_plan
 from kvgrant.layout.geometry import load_geometry, parse_geometry
 from kvgrant.layout.rules import naive_plan, reference_plan
-from layout_builders import gen_layout, geometries, geometry_dict
+from layout_builders import CHEAP, gen_layout, geometries, geometry_dict
 from test_bound import _TAIL_PIECE_COUNTEREXAMPLE, brute_min
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -22,22 +22,26 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 
 def test_all_is_pinned():
-    assert exact.__all__ == sorted(["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "ExactResult",
+    assert exact.__all__ == sorted(["DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES",
+                                    "DEFAULT_NODE_LIMIT", "SAFETY_SECONDS", "ExactResult",
                                     "exact_plan"])
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
 @example(parse_geometry(geometry_dict(topology={"ranks": 1})))
 def test_exact_optimum_matches_brute_force(g):
     ref = reference_plan(g)
-    res = exact_plan(g, start=ref, time_limit=2.0)  # every assertion holds for any stop
+    best = brute_min(g)
+    # every assertion holds whatever the limits; BRUTE where brute force checks the
+    # optimum (one 11-alias layout took 6 solves of 300 nodes, 14 s, at the defaults),
+    # CHEAP elsewhere, so big models go to the start plan
+    res = exact_plan(g, start=ref, **(BRUTE if best is not None else CHEAP))
     assert check_contract(g, res.plan) == []
     assert res.cost == len(res.plan.allocations) <= len(ref.allocations)
     assert res.bound <= res.cost
     assert res.optimal == (res.bound == res.cost)
-    best = brute_min(g)
     if best is not None:
         assert res.bound <= best <= res.cost
         if res.optimal:
@@ -46,11 +50,17 @@ def test_exact_optimum_matches_brute_force(g):
         assert allocation_lower_bound(g).total <= best
 
 
+BRUTE = {"node_limit": 50, "max_solves": 2}
+"""Work limit where brute force checks the optimum: a count, so the test is the same
+on every machine, and small, so a tiny layout whose joins the extraction keeps
+losing (6 solves) stays quick."""
+
+
 def _weights(g):
     return 2, {r.name: 3 + 2 * i for i, r in enumerate(g.regions)}
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 def test_weighted_optimum_matches_brute_force(g):
     free, region = _weights(g)
@@ -58,11 +68,11 @@ def test_weighted_optimum_matches_brute_force(g):
     def cost(plan):
         return sum(free + (region[a.region] if a.region else 0) for a in plan.allocations)
 
+    best = brute_min(g, cost=cost)
     res = exact_plan(g, start=reference_plan(g), plane_cost=free, region_cost=region,
-                     time_limit=2.0)
+                     **(BRUTE if best is not None else CHEAP))
     assert check_contract(g, res.plan) == []
     assert res.cost == cost(res.plan)
-    best = brute_min(g, cost=cost)
     if best is not None:
         assert res.bound <= best <= res.cost
         if res.optimal:
@@ -81,11 +91,12 @@ def test_examples_are_solved_to_proven_optimality(path):
 
 @pytest.mark.parametrize("seed", range(10))
 def test_generated_layouts_keep_the_contract(seed):
-    # a small node limit keeps the test quick and deterministic; the properties hold
-    # whatever the solver returns
+    # small work limits keep the test quick and deterministic; the properties hold
+    # whatever the solver returns (random-0 and -5, over the size limit here, are
+    # solved with the full limits by benchmarks/bench_plan.py, which checks the same)
     g = parse_geometry(gen_layout().random_layout(seed))
     ref = reference_plan(g)
-    res = exact_plan(g, start=ref, node_limit=20)
+    res = exact_plan(g, start=ref, node_limit=20, max_nonzeros=12_000)
     assert check_contract(g, res.plan) == []
     assert res.bound <= res.cost <= len(ref.allocations)
     assert allocation_lower_bound(g).total <= res.cost

@@ -247,13 +247,13 @@ def _outcome(doc: Any) -> None:
     assert isinstance(g, Geometry)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(json_values)
 def test_arbitrary_json_never_tracebacks(doc: Any) -> None:
     _outcome(doc)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(geometry_dicts(), st.data())
 def test_mutated_geometries_never_traceback(doc: dict[str, Any], data: st.DataObject) -> None:
     doc = copy.deepcopy(doc)

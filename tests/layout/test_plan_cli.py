@@ -171,3 +171,20 @@ def test_every_example_plans_and_keeps_the_contract(path: Path, capsys: Any) -> 
         assert figs["contract_violations"] == [], label
     if rep["lower_bound"] is not None:
         assert rep["lower_bound"]["total"] <= rep["plans"]["packed"]["allocations"]
+
+
+def test_held_progress_lines_keep_the_time_they_were_reported_at(monkeypatch: Any,
+                                                                 capsys: Any) -> None:
+    from kvgrant.commands import plan as plan_cmd
+
+    import types
+
+    clock = iter([0.0, 0.2, 0.2, 0.7, 0.7, 1.6, 1.6])  # only the command's clock
+    monkeypatch.setattr(plan_cmd, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    progress = plan_cmd._Progress(delay=1.0)
+    progress("first")   # at 0.2 s: held
+    progress("second")  # at 0.7 s: held
+    progress("third")   # at 1.6 s: all three shown, each with its own time
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["kvgrant plan: [  0.2 s] first", "kvgrant plan: [  0.7 s] second",
+                   "kvgrant plan: [  1.6 s] third"]

@@ -15,7 +15,7 @@ from kvgrant.layout.geometry import parse_geometry
 from kvgrant.layout.plan import Allocation
 from kvgrant.layout.plans import (PLAN_LABELS, make_plan, naive_plan, packed_plan,
                                   reference_plan)
-from layout_builders import gen_layout, geometries, geometry_dict, published_like_dict
+from layout_builders import CHEAP, gen_layout, geometries, geometry_dict, published_like_dict
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -122,27 +122,27 @@ def test_make_plan_rejects_unknown_label():
     assert "'greedy'" in str(err.value) and "naive" in str(err.value)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(geometries())
 def test_every_plan_keeps_the_contract(g):
     from kvgrant.layout.planner import plan_packed
 
-    # a short solver limit: the assertions hold whatever plan comes back
-    naive, ref, packed = naive_plan(g), reference_plan(g), plan_packed(g, time_limit=2.0).plan
+    # small work limits: the assertions hold whatever plan comes back
+    naive, ref, packed = naive_plan(g), reference_plan(g), plan_packed(g, **CHEAP).plan
     for plan in (naive, ref, packed):
         assert check_contract(g, plan) == [], plan.label
     assert len(packed.allocations) <= len(ref.allocations) <= len(naive.allocations)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(12))  # seeds 12-39: bench_plan.py --random 40
 def test_generated_layouts_pack_no_worse_than_reference(seed):
-    """Whatever the solver returns within its limit, the packed plan keeps the contract
-    and is never worse than the reference rule (so a short limit keeps the test fast
-    without making its outcome depend on the machine)."""
+    """Whatever the planner returns within its work limits, the packed plan keeps the
+    contract and is never worse than the reference rule (small limits keep the test
+    fast; bench_plan runs the full limits on the same seeds and fails on a break)."""
     from kvgrant.layout.planner import plan_packed
 
     g = parse_geometry(GEN.random_layout(seed))
-    ref, packed = reference_plan(g), plan_packed(g, time_limit=3.0).plan
+    ref, packed = reference_plan(g), plan_packed(g, **CHEAP).plan
     assert check_contract(g, packed) == []
     assert check_contract(g, ref) == []
     assert len(packed.allocations) <= len(ref.allocations) <= len(naive_plan(g).allocations)

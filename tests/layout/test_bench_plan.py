@@ -1,0 +1,58 @@
+"""benchmarks/bench_plan.py: the planner's view it derives from the measured parts.
+
+Why: the figures in docs/layout.md are rendered by ``--from-json`` from those parts,
+so the rule "exact when proven, else the better plan against the larger bound" must
+be the planner's rule; these rows are made up, nothing is measured or timed.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_plan.py"
+
+
+def _bench() -> dict[str, Any]:
+    return runpy.run_path(str(BENCH))
+
+
+def _row(**kw: Any) -> dict[str, Any]:
+    row = {"name": "x", "chunks": 10, "naive": 20, "reference": 15, "heuristic": 12,
+           "exact": 11, "solver_bound": 11, "verdict": "optimal", "exact_contract": 0,
+           "bound": 9, "bound_s": 0.5, "heuristic_s": 0.25, "exact_cpu_s": 1.0,
+           "exact_only_cpu_s": 1.0}
+    row.update(kw)
+    return row
+
+
+def test_a_proven_exact_plan_is_the_packed_plan():
+    r = _bench()["planner_view"](_row())
+    assert (r["packed"], r["packed_bound"], r["packed_verdict"]) == (11, 11, "optimal")
+    assert r["packed_cpu_s"] == 1.0  # no heuristic, no bound
+
+
+def test_without_proof_the_better_plan_meets_the_larger_bound():
+    view = _bench()["planner_view"]
+    r = view(_row(exact=15, solver_bound=4, verdict="gap 11 (73.33%)", exact_cpu_s=1.25))
+    assert (r["packed"], r["packed_bound"]) == (12, 9)
+    assert r["packed_verdict"] == "gap 3 (25.00%)"
+    assert r["packed_cpu_s"] == 1.75  # + the combinatorial bound
+    # the combinatorial bound may prove what the solver's did not
+    r = view(_row(exact=10, heuristic=12, solver_bound=8, bound=10,
+                  verdict="gap 2 (20.00%)"))
+    assert (r["packed"], r["packed_bound"], r["packed_verdict"]) == (10, 10, "optimal")
+
+
+def test_from_json_renders_an_earlier_run(tmp_path, capsys):
+    doc = {"results": {"examples": [_row(), _row(name="y", exact=14, solver_bound=3,
+                                                   verdict="gap 11 (78.57%)")]}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    assert _bench()["main"](["--from-json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| x | 10 | 20 | 15 | 12 | 11 | optimal | 9 | 11 | optimal |" in out
+    assert "| y |" in out and "gap 3 (25.00%)" in out
+    assert "- packed_optimal: 1" in out
