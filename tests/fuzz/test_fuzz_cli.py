@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvgrant.traceformat import LIFECYCLE_VERSION
+
 from _fuzz_support import (SMALL, assert_clean, count_case, examples, flush_report, run_cli,
                            run_cli_process)
 
@@ -141,9 +143,12 @@ _BAD_HEADER = {
     "ranks": st.one_of(st.integers(max_value=0), st.integers(min_value=4097), _not_int),
     "allocs": st.one_of(st.integers(max_value=0), st.integers(min_value=(1 << 22) + 1),
                         _not_int),
-    "version": st.one_of(st.integers().filter(lambda v: v != 1), _not_int),
+    "version": st.one_of(st.integers().filter(lambda v: v != LIFECYCLE_VERSION), _not_int),
     "kind": st.text(max_size=6).filter(lambda k: k != "header"),
-    "importers": st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers())),
+    # version 2 names its objects: a plan and reservations that are not well formed
+    "allocations": st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers())),
+    "reservations": st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers())),
+    "topology": st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers())),
 }
 
 
