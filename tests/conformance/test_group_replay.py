@@ -12,13 +12,17 @@ import pytest
 from kvgrant.conformance.group_gen import simulate_group, write_group
 from kvgrant.conformance.group_io import load_group
 from kvgrant.conformance.group_model import constants_from
-from kvgrant.conformance.group_mutants import GROUP_MUTATIONS, group_mutants, parse_texts
+from kvgrant.conformance.group_mutants import (GROUP_MUTATIONS, OBJECT_MUTATIONS, OBJECT_WORDS,
+                                              group_mutants, parse_texts)
 from kvgrant.conformance.group_replay import CRASH, replay_group, replay_group_files
 from kvgrant.errors import TraceError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "group"
-C2 = constants_from(2, 2, [0, 1], [1], {0: [1], 1: []}, {0: [0, 1], 1: [0, 1]})
-C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [2], 2: []},
+# Version-2 traces derive importers from the plan's import groups (symmetric, as in every
+# geometry). C3: ranks 0 and 1 import each other; rank 2 is a declared reader of all
+# and imports nothing (the group's non-importer).
+C2 = constants_from(2, 2, [0, 1], [1], {0: [1], 1: [0]})
+C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [0], 2: []},
                     {r: [0, 1, 2] for r in range(3)})
 
 
@@ -47,9 +51,9 @@ def test_owner_crash_fixture_names_the_dead_rank_missing() -> None:
 
 
 @pytest.mark.parametrize("kw", [
-    {}, {"shutdown": False}, {"fail_at": {0: 0}}, {"fail_at": {1: 3}}, {"fail_at": {2: 20}},
-    {"crash_after": {0: 4}}, {"crash_after": {1: 20}}, {"crash_after": {2: 0}},
-    {"fail_at": {1: 16}, "crash_after": {0: 30}}], ids=str)
+    {}, {"shutdown": False}, {"fail_at": {0: 0}}, {"fail_at": {1: 3}}, {"fail_at": {1: 20}},
+    {"fail_at": {2: 8}}, {"crash_after": {0: 4}}, {"crash_after": {1: 20}},
+    {"crash_after": {2: 0}}, {"fail_at": {1: 16}, "crash_after": {0: 30}}], ids=str)
 def test_generated_groups_are_accepted(tmp_path: Path, kw: dict) -> None:
     v = replay_group_files([_write(tmp_path, simulate_group(C3, **kw))])
     assert v.accepted, v.summary()
@@ -75,7 +79,7 @@ def test_interleaving_puts_every_send_before_its_import(tmp_path: Path) -> None:
 
 
 BASES = {"published": {}, "owner-fails": {"fail_at": {0: 3}},
-         "importer-aborts": {"fail_at": {2: 14}}}
+         "importer-aborts": {"fail_at": {1: 17}}}
 
 
 def _cases():
@@ -97,6 +101,19 @@ def test_every_group_mutant_is_rejected_at_its_event(tmp_path: Path, label: str,
 def test_every_mutation_applies_to_some_base() -> None:
     applied = {m.name for _, m in _cases()}
     assert applied == set(GROUP_MUTATIONS)
+    assert len(OBJECT_MUTATIONS) >= 6 and set(OBJECT_MUTATIONS) <= applied
+
+
+@pytest.mark.parametrize("label, m", [(x, m) for x, m in _cases() if m.name in OBJECT_WORDS],
+                         ids=[x for x, m in _cases() if m.name in OBJECT_WORDS])
+def test_object_mutants_are_rejected_naming_the_object(tmp_path: Path, label: str, m) -> None:
+    """Object-identity mutants keep the order of steps: without the object checks the
+    model would take them. The rejection is at the mutated event and names the object."""
+    v = replay_group_files([_write(tmp_path, m.texts)])
+    assert (v.rank, v.index) == (m.rank, m.seq), (m.description, v.summary())
+    for word in OBJECT_WORDS[m.name]:
+        assert word in v.reason, (word, v.reason)
+    assert f"rank {m.rank}" in v.reason
 
 
 def test_key_order_does_not_matter(tmp_path: Path) -> None:
@@ -138,11 +155,23 @@ def test_reader_names_what_is_malformed(tmp_path: Path) -> None:
         load_group([files[0], files[0]])
     head, *rest = files[1].read_text().splitlines()
     h = json.loads(head)
-    h["allocs"] = 3
+    h["regions"][1][3] = "importers"   # the owner-only region of file 0 made shared
     files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
-    with pytest.raises(TraceError, match="header.allocs differs"):
+    with pytest.raises(TraceError, match="header.owner_only differs"):
         load_group(files)
-    h["allocs"], h["mode"] = 2, "process"
+    h["regions"][1][3] = "owner"
+    h["reservations"]["0"][1] *= 2
+    files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
+    with pytest.raises(TraceError, match=r"header.reservations\[0\].size = 0x2000000: must be "
+                                         r"0x1000000 \(one slot"):
+        load_group(files)
+    h["reservations"]["0"][1] //= 2
+    h["version"] = 1
+    files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
+    with pytest.raises(TraceError, match="header.version = 1: a group trace must be version "
+                                         "2 .*re-record"):
+        load_group(files)
+    h["version"], h["mode"] = 2, "process"
     files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
     with pytest.raises(TraceError, match="mode"):
         load_group(files)
@@ -159,6 +188,12 @@ def test_reader_names_what_is_malformed(tmp_path: Path) -> None:
                         + "\n")
     with pytest.raises(TraceError, match="rank = 0"):
         load_group(files)
+    ev["rank"], ev["va"] = 1, -5
+    files[1].write_text("\n".join([json.dumps(h)] + rest[:3] + [json.dumps(ev)] + rest[4:])
+                        + "\n")
+    with pytest.raises(TraceError, match="va = -5: must be an integer >= 0 or null") as err:
+        load_group(files)
+    assert err.value.line == 5
 
 
 def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
@@ -195,6 +230,7 @@ def test_generator_fails_and_crashes_where_asked() -> None:
     heads, evs = parse_texts(simulate_group(C3, fail_at={1: 2}, crash_after={2: 5}))
     fails = [e for e in evs[1] if e["result"] not in (None, "CUDA_SUCCESS", "SUCCESS")]
     assert [e["action"] for e in fails] == ["Map"] and fails[0]["seq"] == 2
+    assert fails[0]["va"] == heads[1]["reservations"]["1"][0] and fails[0]["handle"] is None
     assert len(evs[2]) == 5
     decide = next(e for e in evs[0] if e["action"] == "Decide")
     assert decide["args"] == {"decision": "abort", "failed": [1], "missing": [2]}
@@ -214,8 +250,8 @@ def test_fast_steps_give_the_same_verdicts(tmp_path: Path) -> None:
 
 # --- the fast path (conformance/group_fast.py) ----------------------------------------------
 
-C4 = constants_from(4, 5, [0, 2, 3], [2], {0: [1, 2, 3], 1: [0], 2: [], 3: [0, 1, 2]})
-C4_NO_ALIAS = constants_from(4, 3, [], [], {0: [1], 1: [2], 2: [3], 3: [0]})
+C4 = constants_from(4, 5, [0, 2, 3], [2], {0: [1, 3], 1: [0, 3], 2: [], 3: [0, 1]})
+C4_NO_ALIAS = constants_from(4, 3, [], [], {0: [1], 1: [0], 2: [3], 3: [2]})
 CLEAN = [(C2, {}), (C2, {"shutdown": False}), (C3, {}), (C3, {"shutdown": False}),
          (C4, {}), (C4, {"shutdown": False}), (C4, {"devices": {0: 0, 1: 0, 2: 0, 3: 0}}),
          (C4_NO_ALIAS, {"devices": {0: 3, 1: 2, 2: 1, 3: 0}})]
@@ -268,7 +304,7 @@ def test_fast_path_leaves_everything_else_to_the_replay(tmp_path: Path) -> None:
     sorted_keys = [json.dumps(heads[r], sort_keys=True) + "\n" + "".join(
         json.dumps(e, sort_keys=True) + "\n" for e in evs[r]) for r in range(3)]
     others = [simulate_group(C3, fail_at={1: 3}), simulate_group(C3, crash_after={2: 9}),
-              sorted_keys, [t.replace('"t": 0.0', '"t": 00.0', 1) for t in texts]]
+              sorted_keys, [t.replace('"t": 0.000000', '"t": 00.000000', 1) for t in texts]]
     others += [m.texts for _, m in _cases()]
     for i, group in enumerate(others):
         assert fast_accept([_write(tmp_path, group, f"o{i}")]) is None, i
