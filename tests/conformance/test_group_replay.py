@@ -307,3 +307,87 @@ def test_fast_path_leaves_everything_else_to_the_replay(tmp_path: Path) -> None:
     for i, group in enumerate(others):
         assert fast_accept([_write(tmp_path, group, f"o{i}")]) is None, i
     assert fast_accept([tmp_path / "missing"]) is None
+
+
+# --- the format has one owner (kvgrant.traceformat) -----------------------------------------
+
+def _group_cases():
+    """One event of every group action, as runtime/group.py's _GroupRun.ev gets them."""
+    from kvgrant.traceformat import GROUP_SHAPES
+
+    vals = {"owner": 0, "alloc": 1, "mapping": "alias", "devices": [5], "to": 0,
+            "ready": False, "error": "boom", "decision": "abort", "failed": [1],
+            "missing": [2]}
+    for action, shape in GROUP_SHAPES.items():
+        args = {k: vals[k] for k in shape.args}
+        ok = "SUCCESS" if action in ("Send", "Vote") else "CUDA_SUCCESS"
+        yield (action, args, shape.call, None if shape.call is None else ok,
+               (1 << 44) + (6 << 21) if shape.va else None, (2 << 21) if shape.size else None,
+               4242 if shape.handle else None)
+        if shape.call is not None and action not in ("Send", "Vote"):  # a failed call
+            yield (action, args, shape.call, "CUDA_ERROR_OUT_OF_MEMORY", None, None, None)
+
+
+def test_every_group_action_written_is_read_back_field_for_field() -> None:
+    """For every action of kvgrant.traceformat.GROUP_SHAPES, the line runtime/group.py's
+    writing path (_GroupRun.ev -> TraceWriter) writes is format_group_event's line, and
+    both group readers (group_io's regex fast path, the one group_fast uses too, and the
+    detailed reader) give back every field. A change of format is one change there."""
+    import io
+    import re
+    from types import SimpleNamespace
+
+    from kvgrant.conformance.group_gen import group_header
+    from kvgrant.conformance.group_io import parse_proc_trace
+    from kvgrant.runtime.group import _GroupRun, _State
+    from kvgrant.runtime.trace import TraceWriter
+    from kvgrant.traceformat import GROUP_FAST_EVENT, GROUP_ROW, GROUP_VERSION, format_group_event
+
+    head = group_header(C3, 1, devices={0: 4, 1: 5, 2: 6})
+    buf = io.StringIO()
+    tw = TraceWriter(buf)
+    tw.header(version=GROUP_VERSION, **{k: v for k, v in head.items()
+                                        if k not in ("kind", "version")})
+    run = SimpleNamespace(trace=tw, rank=1, device=5, _head=None, _phase="Aborting",
+                          st=_State(va=True, created=2, mapped=1, alias_mapped=1, grants=3,
+                                    ready=False, failed=True, exported=2, sent=1, imported=1,
+                                    import_mapped=2, import_grants=1))
+    run.state = lambda: _GroupRun.state(run)  # type: ignore[attr-defined]
+    cases = list(_group_cases())
+    for action, args, call, result, va, size, handle in cases:
+        _GroupRun.ev(run, action, args, call, result, va, size, handle)  # type: ignore[arg-type]
+    tw.close()
+    text = buf.getvalue()
+    lines = text.splitlines()
+    state = _GroupRun.state(run)  # type: ignore[arg-type]
+    no_t = re.compile(r'"t": [^,]*, ')
+    for k, (action, args, call, result, va, size, handle) in enumerate(cases):
+        ev = {"seq": k, "rank": 1, "action": action, "args": args, "call": call,
+              "result": result, "device": 5, "va": va, "size": size, "handle": handle,
+              "state": state}
+        assert no_t.sub("", lines[k + 1]) == no_t.sub("", format_group_event(ev)), action
+    assert len(GROUP_FAST_EVENT.findall(text)) == len(cases), "the fast reader takes every line"
+    fast = parse_proc_trace(text, "w")
+    heads, evs = parse_texts([text])
+    slow_text = json.dumps(heads[0], sort_keys=True) + "\n" + "".join(
+        json.dumps(e, sort_keys=True) + "\n" for e in evs[0])
+    assert not GROUP_FAST_EVENT.findall(slow_text)   # other key order: the detailed reader
+    slow = parse_proc_trace(slow_text, "s")
+    dev_rank = {4: 0, 5: 1, 6: 2}
+    for k, (action, args, call, result, va, size, handle) in enumerate(cases):
+        m = GROUP_FAST_EVENT.match(lines[k + 1])
+        assert m is not None and m.group(GROUP_ROW["action"] + 1) == action
+        for pt in (fast, slow):
+            r_action, e, r_result, r_state = pt.rows[k]
+            if isinstance(r_state, str):
+                r_state = json.loads("{" + r_state + "}")
+            got = {f: getattr(e, f) for f in e._fields if getattr(e, f) is not None}
+            want = {f: v for f, v in args.items() if f != "error"}
+            if "devices" in want:
+                want["devices"] = frozenset(dev_rank[d] for d in want["devices"])
+            for f in ("failed", "missing"):
+                if f in want:
+                    want[f] = frozenset(want[f])
+            assert (r_action, got, r_result, r_state, pt.objs[k]) == \
+                (action, want, result, state, (5, va, size, handle)), (pt.source, action)
+            assert pt.raw_event(k)["args"] == args and pt.raw_event(k)["call"] == call
