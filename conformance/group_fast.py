@@ -30,6 +30,7 @@ import json
 import os
 import time
 from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
@@ -39,15 +40,16 @@ from kvgrant.conformance.group_replay import GroupVerdict
 from kvgrant.conformance.trace_plan import Layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.traceformat import GROUP_FAST_EVENT, GROUP_STATE
+from kvgrant.traceformat import GROUP_CHECK_EVENT, GROUP_STATE
 
 __all__ = ["PARALLEL_BYTES", "fast_accept", "fast_accept_texts", "program"]
 
 #: Above this many bytes of trace files, ``fast_accept(jobs=None)`` uses worker processes.
 PARALLEL_BYTES = 64 << 20
 
-# The readers' line (kvgrant.traceformat owns it; group_io reads with the same regex).
-_LINE = GROUP_FAST_EVENT
+# The readers' line (kvgrant.traceformat owns it; group_io's GROUP_FAST_EVENT is the
+# same line with device, va and size captured apart).
+_LINE = GROUP_CHECK_EVENT
 #: Results the replay reads as success (group_replay._SUCCESS, or null).
 _OK_RESULTS = frozenset({"null", '"CUDA_SUCCESS"', '"SUCCESS"'})
 # A clean run's state: ``failed`` is false throughout.
@@ -62,9 +64,11 @@ class _Shape(NamedTuple):
     vote: int
     decide: int
     offs: list[int | None]      # va - base (None: va null)
-    sizes: list[str]            # size as written
-    href: list[int]             # index of the event whose handle it names (-1: null)
+    sizes: list[str]            # ', "size": S' as written
+    href: list[int]             # index of the event whose handle it names (n: null)
     creators: list[int]         # Create and Import: each returns a new handle
+    objs: str                   # every event's 'D, "va": V, "size": S', joined by newlines,
+    nn_offs: tuple[int, ...]    # with D = NUL and V = %d for each non-null offset here
 
 
 def program(c: GroupConstants, lay: Layout, p: int, device: int, shutdown: bool,
@@ -119,8 +123,8 @@ def _shape(c: GroupConstants, lay: Layout, n_importers: int, n_sources: int,
         acts.append(action)
         states.append(fmt % tuple(v))
         offs.append(off)
-        sizes.append(size)
-        href.append(len(acts) - 1 if h == -2 else h)
+        sizes.append(', "size": ' + size)
+        href.append(len(acts) - 1 if h == -2 else h)   # -1 (null): fixed up below
         if h == -2:
             creators.append(len(acts) - 1)
         return len(acts) - 1
@@ -179,7 +183,11 @@ def _shape(c: GroupConstants, lay: Layout, n_importers: int, n_sources: int,
         emit("Free", 0, res)
         v[_PH] = "Shutdown"
         emit("ShutdownComplete")
-    return _Shape(acts, states, vote, decide, offs, sizes, href, creators)
+    href = [len(acts) if j < 0 else j for j in href]   # index n: the "null" appended
+    objs = "\n".join('\x00, "va": ' + ("null" if o is None else "%d") + z
+                     for o, z in zip(offs, sizes))
+    nn = tuple(o for o in offs if o is not None)
+    return _Shape(acts, states, vote, decide, offs, sizes, href, creators, objs, nn)
 
 
 def _args(c: GroupConstants, p: int, device: int, shutdown: bool
@@ -277,19 +285,24 @@ def _check_file(source: str, text: str, shapes: "_Shapes") -> "_Checked | None":
     shape, args, imports, sends = program(c, lay, p, h.own_device, shutdown, sh)
     if len(shape.acts) != n:
         return None
-    seqs, ranks, r_acts, r_args, results, devs, vas, sizes, hds, r_states = zip(*rows)
+    seqs, ranks, r_acts, r_args, results, objs, hds, r_states = zip(*rows)
     del rows  # freed before the collector is back on: it never scans them
     if list(r_acts) != shape.acts or list(r_args) != args or list(r_states) != shape.states \
             or list(seqs) != list(map(str, range(n))) or set(ranks) != {str(p)} \
-            or not set(results) <= _OK_RESULTS or set(devs) != {str(h.own_device)} \
-            or list(sizes) != shape.sizes:
+            or not set(results) <= _OK_RESULTS:
         return None
-    # objects: VAs at base + the plan's offsets; new handles distinct, others named right
-    if list(vas) != ["null" if o is None else str(base + o) for o in shape.offs]:
+    # objects: own device, VAs at base + the plan's offsets, the plan's sizes ...
+    # (one C-level format of the whole file's expected text: no Python loop per event)
+    if "\n".join(objs) != shape.objs.replace("\x00", str(h.own_device)) % tuple(
+            map(base.__add__, shape.nn_offs)):
         return None
-    made = [hds[k] for k in shape.creators]
+    # ... handles: each Create / Import returns a new one, every other names its own
+    # (itemgetter: the lookups in C; index n is the "null" appended)
+    hds = hds + ("null",)
+    made = itemgetter(*shape.creators)(hds) if len(shape.creators) > 1 else \
+        tuple(hds[k] for k in shape.creators)
     if "null" in made or len(set(made)) != len(made) or \
-            list(hds) != ["null" if j < 0 else hds[j] for j in shape.href]:
+            itemgetter(*shape.href)(hds) != hds[:-1]:
         return None
     return p, pkey, c, _Plan(n, shape.vote, shape.decide, imports, sends,
                              "Shutdown" if shutdown else "Published")
