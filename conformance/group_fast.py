@@ -69,6 +69,9 @@ class _Shape(NamedTuple):
     creators: list[int]         # Create and Import: each returns a new handle
     objs: str                   # every event's 'D, "va": V, "size": S', joined by newlines,
     nn_offs: tuple[int, ...]    # with D = NUL and V = %d for each non-null offset here
+    args: str                   # args texts, a template (see _args)
+    imports: list[tuple[int, int, int]]
+    sends: dict[tuple[int, int], int]
 
 
 def program(c: GroupConstants, lay: Layout, p: int, device: int, shutdown: bool,
@@ -85,13 +88,19 @@ def program(c: GroupConstants, lay: Layout, p: int, device: int, shutdown: bool,
     Export then Sends to the importers ascending; imports per owner ascending; unwinding
     imports from the last (alias, plane, release), then own objects from the last.
     """
-    key = (len(c.importers[p]), len(c.sources[p]), shutdown)
+    importers, sources = sorted(c.importers[p]), c.sources[p]
+    key = (len(importers), len(sources), shutdown)
     got = None if shapes is None else shapes.get(key)
     if got is None:
         got = _shape(c, lay, *key)
         if shapes is not None:
             shapes[key] = got
-    args, imports, sends = _args(c, p, device, shutdown)
+    names = {"d": str(device)}
+    names.update({f"i{j}": str(i) for j, i in enumerate(importers)})
+    names.update({f"o{k}": str(o) for k, o in enumerate(sources)})
+    args = (got.args % names).split("\n")
+    imports = [(x, sources[k], a) for x, k, a in got.imports]
+    sends = {(a, importers[j]): x for (a, j), x in got.sends.items()}
     return got, args, imports, sends
 
 
@@ -187,16 +196,20 @@ def _shape(c: GroupConstants, lay: Layout, n_importers: int, n_sources: int,
     objs = "\n".join('\x00, "va": ' + ("null" if o is None else "%d") + z
                      for o, z in zip(offs, sizes))
     nn = tuple(o for o in offs if o is not None)
-    return _Shape(acts, states, vote, decide, offs, sizes, href, creators, objs, nn)
+    args, imports, sends = _args(c, n_importers, n_sources, shutdown)
+    return _Shape(acts, states, vote, decide, offs, sizes, href, creators, objs, nn, args,
+                  imports, sends)
 
 
-def _args(c: GroupConstants, p: int, device: int, shutdown: bool
-          ) -> tuple[list[str], list[tuple[int, int, int]], dict[tuple[int, int], int]]:
-    """The args texts of p's clean run (they name p's importers, owners and device),
-    its Imports (index, owner, alloc) and its Sends' indices by (alloc, importer)."""
+def _args(c: GroupConstants, n_importers: int, n_sources: int, shutdown: bool
+          ) -> tuple[str, list[tuple[int, int, int]], dict[tuple[int, int], int]]:
+    """The args texts of a clean run as one %-template (joined by newlines; ``%(d)s`` the
+    process's device, ``%(iJ)s`` its J-th importer, ``%(oK)s`` its K-th owner, both
+    ascending), its Imports (index, K, alloc) and its Sends' indices by (alloc, J).
+    Why a template: filled and split in C once per file, not built per event."""
     args: list[str] = []
     S = args.append
-    dev = f'"devices": [{device}]'
+    dev = '"devices": [%(d)s]'
     aliased = c.aliased
     S("")
     for a in range(c.allocs):
@@ -206,18 +219,17 @@ def _args(c: GroupConstants, p: int, device: int, shutdown: bool
             S(al); S(f'{al}, "mapping": "plane", {dev}'); S(f'{al}, "mapping": "alias", {dev}')  # noqa
         else:
             S(f'{al}, "mapping": "plane", {dev}')
-    importers = sorted(c.importers[p])
     sends: dict[tuple[int, int], int] = {}
-    for a in range(c.allocs if importers else 0):
+    for a in range(c.allocs if n_importers else 0):
         S(f'"alloc": {a}')
-        for i in importers:
-            sends[(a, i)] = len(args)
-            S(f'"alloc": {a}, "to": {i}')
+        for j in range(n_importers):
+            sends[(a, j)] = len(args)
+            S(f'"alloc": {a}, "to": %(i{j})s')
     imports: list[tuple[int, int, int]] = []
-    for o in c.sources[p]:
+    for k in range(n_sources):
         for a in range(c.allocs):
-            imports.append((len(args), o, a))
-            oa = f'"owner": {o}, "alloc": {a}'
+            imports.append((len(args), k, a))
+            oa = f'"owner": %(o{k})s, "alloc": {a}'
             S(oa)
             if a in aliased and a not in c.owner_only:
                 S(f'{oa}, "mapping": "plane"'); S(f'{oa}, "mapping": "alias"')  # noqa: E702
@@ -227,8 +239,8 @@ def _args(c: GroupConstants, p: int, device: int, shutdown: bool
     S(""); S('"ready": true'); S('"decision": "publish", "failed": [], "missing": []'); S("")  # noqa
     if shutdown:
         S("")
-        for _, o, a in reversed(imports):
-            oa = f'"owner": {o}, "alloc": {a}'
+        for _, k, a in reversed(imports):
+            oa = f'"owner": %(o{k})s, "alloc": {a}'
             if a in aliased and a not in c.owner_only:
                 S(f'{oa}, "mapping": "alias"')
             S(f'{oa}, "mapping": "plane"'); S(oa)  # noqa: E702
@@ -238,7 +250,7 @@ def _args(c: GroupConstants, p: int, device: int, shutdown: bool
                 S(f'{al}, "mapping": "alias"')
             S(f'{al}, "mapping": "plane"'); S(al)  # noqa: E702
         S(""); S("")  # noqa: E702
-    return args, imports, sends
+    return "\n".join(args), imports, sends
 
 
 class _Plan(NamedTuple):
