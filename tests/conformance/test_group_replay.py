@@ -216,8 +216,8 @@ def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
     assert "have no trace file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("mod", ["group_model", "group_io", "group_replay", "group_gen",
-                                 "group_mutants", "group_check", "group_fast"])
+@pytest.mark.parametrize("mod", ["group_model", "group_io", "group_objects", "group_replay",
+                                 "group_gen", "group_mutants", "group_check", "group_fast"])
 def test_group_modules_pin_their_public_names(mod: str) -> None:
     import importlib
 
