@@ -59,8 +59,9 @@ _STATE = GROUP_STATE.replace('"failed": %s', '"failed": false')
 class _Shape(NamedTuple):
     """The rank-independent part of a clean run: one entry per event."""
 
-    acts: list[str]
-    states: list[str]
+    acts: tuple[str, ...]
+    states: tuple[str, ...]
+    seqs: tuple[str, ...]        # "0", "1", ...: the seq of each event
     vote: int
     decide: int
     offs: list[int | None]      # va - base (None: va null)
@@ -76,10 +77,10 @@ class _Shape(NamedTuple):
 
 def program(c: GroupConstants, lay: Layout, p: int, device: int, shutdown: bool,
             shapes: dict[tuple[object, ...], _Shape] | None = None
-            ) -> tuple[_Shape, list[str], list[tuple[int, int, int]],
+            ) -> tuple[_Shape, str, list[tuple[int, int, int]],
                        dict[tuple[int, int], int]]:
     """Process p's whole clean run: its :class:`_Shape` (actions, state texts, objects),
-    its args texts (one per event), its Imports as (index, owner, alloc) and the index
+    its args texts (one per event, joined by newlines), its Imports as (index, owner, alloc) and the index
     of each of its Sends by (alloc, importer). ``shapes``: a cache of the
     rank-independent part, for the ranks of one group.
 
@@ -98,7 +99,7 @@ def program(c: GroupConstants, lay: Layout, p: int, device: int, shutdown: bool,
     names = {"d": str(device)}
     names.update({f"i{j}": str(i) for j, i in enumerate(importers)})
     names.update({f"o{k}": str(o) for k, o in enumerate(sources)})
-    args = (got.args % names).split("\n")
+    args = got.args % names
     imports = [(x, sources[k], a) for x, k, a in got.imports]
     sends = {(a, importers[j]): x for (a, j), x in got.sends.items()}
     return got, args, imports, sends
@@ -197,8 +198,8 @@ def _shape(c: GroupConstants, lay: Layout, n_importers: int, n_sources: int,
                      for o, z in zip(offs, sizes))
     nn = tuple(o for o in offs if o is not None)
     args, imports, sends = _args(c, n_importers, n_sources, shutdown)
-    return _Shape(acts, states, vote, decide, offs, sizes, href, creators, objs, nn, args,
-                  imports, sends)
+    return _Shape(tuple(acts), tuple(states), tuple(map(str, range(len(acts)))), vote,
+                  decide, offs, sizes, href, creators, objs, nn, args, imports, sends)
 
 
 def _args(c: GroupConstants, n_importers: int, n_sources: int, shutdown: bool
@@ -299,8 +300,9 @@ def _check_file(source: str, text: str, shapes: "_Shapes") -> "_Checked | None":
         return None
     seqs, ranks, r_acts, r_args, results, objs, hds, r_states = zip(*rows)
     del rows  # freed before the collector is back on: it never scans them
-    if list(r_acts) != shape.acts or list(r_args) != args or list(r_states) != shape.states \
-            or list(seqs) != list(map(str, range(n))) or set(ranks) != {str(p)} \
+    # (tuples against the shape's tuples, args as one text: no list copied per file)
+    if r_acts != shape.acts or r_states != shape.states or seqs != shape.seqs \
+            or "\n".join(r_args) != args or set(ranks) != {str(p)} \
             or not set(results) <= _OK_RESULTS:
         return None
     # objects: own device, VAs at base + the plan's offsets, the plan's sizes ...
