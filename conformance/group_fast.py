@@ -5,16 +5,15 @@ into a row and stepping the model costs ~20 us of CPU per event (7 s for 340k ev
 far over the 2 s that issue 13 asks for. But a group whose every process ran its plan
 to the end has one behaviour per process, fixed by the constants: the program of
 docs/group-trace.md ("Order inside one process") in the runtime's order, with the
-counters that program gives. So each file is compared, as whole lists (C speed), with
-that program's actions, argument texts and state texts, computed once per shape and
-shared by the ranks of the same shape; the interleaving is the replay scheduler's,
-simulated over the only points where a process can wait (its Imports and its Decide).
-
-Objects (version 2): the program also fixes every event's ``va`` (base + the plan's
-offset), ``size`` and which event's handle it names, so the recorded objects are
-compared as lists too: the device is the process's own on every line, the handles
-returned by Create and Import are distinct and not null, and every other handle is
-the one its allocation (or import) got.
+counters that program gives, and with the objects the plan gives (version 2): every
+line's seq, action, args, call, result, device, VA (base + the plan's offset), size
+and state are fixed; only ``t`` and the handle ids are the run's own. So each file is
+split on those two fields (one regex pass, kvgrant.traceformat.GROUP_STRIP) and the
+rest compared, as one string, with the program's text (a template per shape, filled in
+C per process); the handles are checked as a tuple: those Create and Import return are
+distinct and not null, every other names the one its allocation (or import) got. The
+interleaving is the replay scheduler's, simulated over the only points where a
+process can wait (its Imports and its Decide).
 
 The fast path only ever *accepts*: anything it does not recognise exactly (another
 order, a failure, a crash, an abort, a key order or spacing it did not write, a
@@ -40,18 +39,15 @@ from kvgrant.conformance.group_replay import GroupVerdict
 from kvgrant.conformance.trace_plan import Layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.traceformat import GROUP_CHECK_EVENT, GROUP_STATE
+from kvgrant.traceformat import GROUP_SHAPES, GROUP_STATE, GROUP_STRIP
 
 __all__ = ["PARALLEL_BYTES", "fast_accept", "fast_accept_texts", "program"]
 
 #: Above this many bytes of trace files, ``fast_accept(jobs=None)`` uses worker processes.
 PARALLEL_BYTES = 64 << 20
 
-# The readers' line (kvgrant.traceformat owns it; group_io's GROUP_FAST_EVENT is the
-# same line with device, va and size captured apart).
-_LINE = GROUP_CHECK_EVENT
-#: Results the replay reads as success (group_replay._SUCCESS, or null).
-_OK_RESULTS = frozenset({"null", '"CUDA_SUCCESS"', '"SUCCESS"'})
+# The line's two free fields (kvgrant.traceformat owns the line and this regex).
+_STRIP = GROUP_STRIP
 # A clean run's state: ``failed`` is false throughout.
 _STATE = GROUP_STATE.replace('"failed": %s', '"failed": false')
 
@@ -61,18 +57,18 @@ class _Shape(NamedTuple):
 
     acts: tuple[str, ...]
     states: tuple[str, ...]
-    seqs: tuple[str, ...]        # "0", "1", ...: the seq of each event
     vote: int
     decide: int
     offs: list[int | None]      # va - base (None: va null)
     sizes: list[str]            # ', "size": S' as written
     href: list[int]             # index of the event whose handle it names (n: null)
     creators: list[int]         # Create and Import: each returns a new handle
-    objs: str                   # every event's 'D, "va": V, "size": S', joined by newlines,
-    nn_offs: tuple[int, ...]    # with D = NUL and V = %d for each non-null offset here
+    nn_offs: tuple[int, ...]    # the non-null offsets, in order (the VAs of %(vN)s)
     args: str                   # args texts, a template (see _args)
     imports: list[tuple[int, int, int]]
     sends: dict[tuple[int, int], int]
+    text: str                   # the whole file without t and handle, a %-template:
+    vkeys: tuple[str, ...]      # %(r)s rank, %(d)s device, %(vN)s the N-th non-null VA
 
 
 def program(c: GroupConstants, lay: Layout, p: int, device: int, shutdown: bool,
@@ -194,12 +190,32 @@ def _shape(c: GroupConstants, lay: Layout, n_importers: int, n_sources: int,
         v[_PH] = "Shutdown"
         emit("ShutdownComplete")
     href = [len(acts) if j < 0 else j for j in href]   # index n: the "null" appended
-    objs = "\n".join('\x00, "va": ' + ("null" if o is None else "%d") + z
-                     for o, z in zip(offs, sizes))
     nn = tuple(o for o in offs if o is not None)
     args, imports, sends = _args(c, n_importers, n_sources, shutdown)
-    return _Shape(tuple(acts), tuple(states), tuple(map(str, range(len(acts)))), vote,
-                  decide, offs, sizes, href, creators, objs, nn, args, imports, sends)
+    text, vkeys = _text(acts, states, offs, sizes, args)
+    return _Shape(tuple(acts), tuple(states), vote, decide, offs, sizes, href, creators, nn,
+                  args, imports, sends, text, vkeys)
+
+
+def _text(acts: list[str], states: list[str], offs: list[int | None], sizes: list[str],
+          args: str) -> tuple[str, tuple[str, ...]]:
+    """The file's lines as the writer writes them (kvgrant.traceformat.GROUP_EVENT_LINE)
+    without ``t`` and ``handle``: one %-template for the ranks of this shape (the call
+    and result of a clean run's every step are fixed too)."""
+    lines = []
+    vk = 0
+    for k, (act, st, off, sz, ar) in enumerate(zip(acts, states, offs, sizes,
+                                                    args.split("\n"))):
+        call = GROUP_SHAPES[act].call
+        res = "null" if call is None else '"SUCCESS"' if act in ("Send", "Vote") \
+            else '"CUDA_SUCCESS"'
+        va = "null" if off is None else f"%(v{vk})s"
+        vk += off is not None
+        lines.append('{"kind": "event", "seq": ' + str(k) + ', "rank": %(r)s, "action": "'
+                     + act + '", "args": {' + ar + '}, "call": '
+                     + ("null" if call is None else '"' + call + '"') + ', "result": ' + res
+                     + ', "device": %(d)s, "va": ' + va + sz + ', "state": {' + st + "}}")
+    return "\n".join(lines) + "\n", tuple(f"v{i}" for i in range(vk))
 
 
 def _args(c: GroupConstants, n_importers: int, n_sources: int, shutdown: bool
@@ -284,33 +300,36 @@ def _check_file(source: str, text: str, shapes: "_Shapes") -> "_Checked | None":
         return None
     pkey = h.plan_key()
     body = text[nl + 1:]
-    n = body.count("\n") + (0 if body.endswith("\n") or not body else 1)
-    rows = _LINE.findall(body)
-    if not rows or len(rows) != n:
-        return None
-    last = rows[-1][2]
-    if last not in ("Publish", "ShutdownComplete"):
+    i = body.rfind('"action": "') + 11
+    last = body[i:body.find('"', i)]
+    if i < 11 or last not in ("Publish", "ShutdownComplete"):
         return None
     shutdown = last == "ShutdownComplete"
     sh = shapes.get(pkey)  # type: ignore[call-overload]
     if sh is None:
         sh = shapes[pkey] = {}  # type: ignore[index]
     shape, args, imports, sends = program(c, lay, p, h.own_device, shutdown, sh)
-    if len(shape.acts) != n:
+    n = len(shape.acts)
+    # Every line is the program's but for t and the handle: split them out (one regex
+    # pass that only looks for two keys), then compare what is left with the program's
+    # text for this process, filled in C (its rank, device, importers, owners, VAs):
+    # one string comparison checks seq, action, args, call, result, device, va, size
+    # and state of every line, and that nothing else is in the file.
+    parts = _STRIP.split(body)
+    caps = parts[1::2]
+    if len(caps) != 2 * n or caps[0::2].count(None) != n:
         return None
-    seqs, ranks, r_acts, r_args, results, objs, hds, r_states = zip(*rows)
-    del rows  # freed before the collector is back on: it never scans them
-    # (tuples against the shape's tuples, args as one text: no list copied per file)
-    if r_acts != shape.acts or r_states != shape.states or seqs != shape.seqs \
-            or "\n".join(r_args) != args or set(ranks) != {str(p)} \
-            or not set(results) <= _OK_RESULTS:
+    hds = tuple(caps[1::2])
+    if None in hds:
         return None
-    # objects: own device, VAs at base + the plan's offsets, the plan's sizes ...
-    # (one C-level format of the whole file's expected text: no Python loop per event)
-    if "\n".join(objs) != shape.objs.replace("\x00", str(h.own_device)) % tuple(
-            map(base.__add__, shape.nn_offs)):
+    names = dict(zip(shape.vkeys, map(str, map(base.__add__, shape.nn_offs))))
+    names.update(r=str(p), d=str(h.own_device))
+    names.update({f"i{j}": str(x) for j, x in enumerate(sorted(c.importers[p]))})
+    names.update({f"o{k}": str(x) for k, x in enumerate(c.sources[p])})
+    if "".join(parts[0::2]) != shape.text % names:
         return None
-    # ... handles: each Create / Import returns a new one, every other names its own
+    del parts, caps
+    # handles: each Create / Import returns a new one, every other names its own
     # (itemgetter: the lookups in C; index n is the "null" appended)
     hds = hds + ("null",)
     made = itemgetter(*shape.creators)(hds) if len(shape.creators) > 1 else \

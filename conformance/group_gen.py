@@ -311,7 +311,7 @@ def simulate_group(c: GroupConstants, *, fail_at: Mapping[int, int] | None = Non
                     break
                 if why:
                     raise AssertionError(f"generator bug: r{p} {action} {e}: {why}")
-                if action in CALLS and action not in ("RankReady",):
+                if CALLS.get(action) is not None:
                     if ok:
                         result = "SUCCESS" if action in _SOCKET_OR_GROUP else "CUDA_SUCCESS"
                     else:
