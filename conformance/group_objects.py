@@ -45,7 +45,7 @@ class GroupObjects:
     """Live handles and mappings of one process, own and imported."""
 
     __slots__ = ("p", "dev", "lay", "own", "base", "res", "slot", "slot_of", "imp",
-                 "imp_maps")
+                 "imp_live", "imp_maps")
 
     def __init__(self, header: Any) -> None:
         """``header``: the process's :class:`~kvgrant.conformance.group_io.GroupHeader`."""
@@ -62,6 +62,7 @@ class GroupObjects:
                         + [v[0] + v[1] for v in lay.regions.values()], default=0)
         self.slot_of = {o: k + 1 for k, o in enumerate(c.sources[p])}
         self.imp: dict[tuple[int, int], int] = {}                    # (o, a) -> handle
+        self.imp_live: set[int] = set()                              # its values
         self.imp_maps: dict[tuple[int, int, str], tuple[int, int]] = {}  # -> (va, size)
 
     # -- what the plan says -----------------------------------------------------------
@@ -78,8 +79,8 @@ class GroupObjects:
         return self.base is not None and not (
             self.base <= va and va + size <= self.base + self.res)
 
-    def _live_handles(self) -> set[int]:
-        return set(self.own.live[self.p]) | set(self.imp.values())
+    def _is_live(self, handle: int) -> bool:
+        return handle in self.own.live[self.p] or handle in self.imp_live
 
     # -- the check ------------------------------------------------------------------------
     def check(self, action: str, ok: bool, e: Args, device: int | None, va: int | None,
@@ -122,7 +123,7 @@ class GroupObjects:
         if action == "Import":
             if (ok or size is not None) and size != length:
                 return f"{who}: Import of {size} bytes but the plan's length is {length}"
-            if ok and (handle is None or handle in self._live_handles()):
+            if ok and (handle is None or self._is_live(handle)):
                 return (f"{who}: Import returned handle {handle}, which "
                         + ("is missing" if handle is None else "is still live in this "
                            "process"))
@@ -173,9 +174,10 @@ class GroupObjects:
             self.own.apply(self.p, action, e.alloc, e.mapping, va, size, handle)
         elif action == "Import":
             self.imp[(e.owner, e.alloc)] = handle  # type: ignore[index,assignment]
+            self.imp_live.add(handle)  # type: ignore[arg-type]
         elif action == "ImportMap":
             self.imp_maps[(e.owner, e.alloc, e.mapping)] = (va, size)  # type: ignore
         elif action == "ImportUnmap":
             self.imp_maps.pop((e.owner, e.alloc, e.mapping), None)  # type: ignore[arg-type]
         elif action == "ImportRelease":
-            self.imp.pop((e.owner, e.alloc), None)  # type: ignore[arg-type]
+            self.imp_live.discard(self.imp.pop((e.owner, e.alloc), None))  # type: ignore
