@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from itertools import repeat
 from operator import itemgetter
@@ -39,7 +40,7 @@ from kvgrant.conformance.group_replay import GroupVerdict
 from kvgrant.conformance.trace_plan import Layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.traceformat import GROUP_SHAPES, GROUP_STATE, GROUP_STRIP
+from kvgrant.traceformat import GROUP_SHAPES, GROUP_STATE, GROUP_STRIP, GROUP_STRIPPED_LINE
 
 __all__ = ["PARALLEL_BYTES", "fast_accept", "fast_accept_texts", "program"]
 
@@ -60,15 +61,15 @@ class _Shape(NamedTuple):
     vote: int
     decide: int
     offs: list[int | None]      # va - base (None: va null)
-    sizes: list[str]            # ', "size": S' as written
+    sizes: list[str]            # size as written
     href: list[int]             # index of the event whose handle it names (n: null)
     creators: list[int]         # Create and Import: each returns a new handle
     nn_offs: tuple[int, ...]    # the non-null offsets, in order (the VAs of %(vN)s)
     args: str                   # args texts, a template (see _args)
     imports: list[tuple[int, int, int]]
     sends: dict[tuple[int, int], int]
-    text: str                   # the whole file without t and handle, a %-template:
-    vkeys: tuple[str, ...]      # %(r)s rank, %(d)s device, %(vN)s the N-th non-null VA
+    text: str                   # the whole file without t and handle, a %-template
+    kinds: tuple[int, ...]      # what fills each %s: an index into _values(...)
 
 
 def program(c: GroupConstants, lay: Layout, p: int, device: int, shutdown: bool,
@@ -129,7 +130,7 @@ def _shape(c: GroupConstants, lay: Layout, n_importers: int, n_sources: int,
         acts.append(action)
         states.append(fmt % tuple(v))
         offs.append(off)
-        sizes.append(', "size": ' + size)
+        sizes.append(size)
         href.append(len(acts) - 1 if h == -2 else h)   # -1 (null): fixed up below
         if h == -2:
             creators.append(len(acts) - 1)
@@ -192,13 +193,41 @@ def _shape(c: GroupConstants, lay: Layout, n_importers: int, n_sources: int,
     href = [len(acts) if j < 0 else j for j in href]   # index n: the "null" appended
     nn = tuple(o for o in offs if o is not None)
     args, imports, sends = _args(c, n_importers, n_sources, shutdown)
-    text, vkeys = _text(acts, states, offs, sizes, args)
+    text, kinds = _positional(_text(acts, states, offs, sizes, args), n_importers, n_sources)
     return _Shape(tuple(acts), tuple(states), vote, decide, offs, sizes, href, creators, nn,
-                  args, imports, sends, text, vkeys)
+                  args, imports, sends, text, kinds)
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def _positional(text: str, n_importers: int, n_sources: int) -> tuple[str, tuple[int, ...]]:
+    """The named template as a positional one, and for each %s the index of its value in
+    :func:`_values`' list (rank, device, importers, owners, then the VAs). Why: a file's
+    text is then one tuple lookup in C and one positional format, no dict of VAs."""
+    base = {"r": 0, "d": 1}
+    base.update({f"i{j}": 2 + j for j in range(n_importers)})
+    base.update({f"o{k}": 2 + n_importers + k for k in range(n_sources)})
+    first_va = 2 + n_importers + n_sources
+    kinds = tuple(base[k] if k in base else first_va + int(k[1:])
+                  for k in _NAMED.findall(text))
+    return _NAMED.sub("%s", text), kinds
+
+
+def _values(c: GroupConstants, p: int, device: int, base: int, nn: tuple[int, ...]
+            ) -> list[object]:
+    """What fills a shape's positional template for process p (see _positional)."""
+    return [p, device, *sorted(c.importers[p]), *c.sources[p], *map(base.__add__, nn)]
+
+
+# A line as GROUP_STRIP leaves it, rank and device named for the shape's template.
+_TEXT_LINE = GROUP_STRIPPED_LINE.replace('"rank": %s', '"rank": %%(r)s').replace(
+    '"device": %s', '"device": %%(d)s')
+assert _TEXT_LINE.count("%%(") == 2, "kvgrant.traceformat's line names rank and device"
 
 
 def _text(acts: list[str], states: list[str], offs: list[int | None], sizes: list[str],
-          args: str) -> tuple[str, tuple[str, ...]]:
+          args: str) -> str:
     """The file's lines as the writer writes them (kvgrant.traceformat.GROUP_EVENT_LINE)
     without ``t`` and ``handle``: one %-template for the ranks of this shape (the call
     and result of a clean run's every step are fixed too)."""
@@ -209,13 +238,12 @@ def _text(acts: list[str], states: list[str], offs: list[int | None], sizes: lis
         call = GROUP_SHAPES[act].call
         res = "null" if call is None else '"SUCCESS"' if act in ("Send", "Vote") \
             else '"CUDA_SUCCESS"'
-        va = "null" if off is None else f"%(v{vk})s"
+        va = "null" if off is None else f"%(v{vk})s"   # (no literal % anywhere else)
         vk += off is not None
-        lines.append('{"kind": "event", "seq": ' + str(k) + ', "rank": %(r)s, "action": "'
-                     + act + '", "args": {' + ar + '}, "call": '
-                     + ("null" if call is None else '"' + call + '"') + ', "result": ' + res
-                     + ', "device": %(d)s, "va": ' + va + sz + ', "state": {' + st + "}}")
-    return "\n".join(lines) + "\n", tuple(f"v{i}" for i in range(vk))
+        lines.append(_TEXT_LINE % (k, act, "{" + ar + "}",
+                                   "null" if call is None else '"' + call + '"', res, va, sz,
+                                   "{" + st + "}"))
+    return "\n".join(lines) + "\n"
 
 
 def _args(c: GroupConstants, n_importers: int, n_sources: int, shutdown: bool
@@ -322,11 +350,8 @@ def _check_file(source: str, text: str, shapes: "_Shapes") -> "_Checked | None":
     hds = tuple(caps[1::2])
     if None in hds:
         return None
-    names = dict(zip(shape.vkeys, map(str, map(base.__add__, shape.nn_offs))))
-    names.update(r=str(p), d=str(h.own_device))
-    names.update({f"i{j}": str(x) for j, x in enumerate(sorted(c.importers[p]))})
-    names.update({f"o{k}": str(x) for k, x in enumerate(c.sources[p])})
-    if "".join(parts[0::2]) != shape.text % names:
+    vals = _values(c, p, h.own_device, base, shape.nn_offs)
+    if "".join(parts[0::2]) != shape.text % itemgetter(*shape.kinds)(vals):
         return None
     del parts, caps
     # handles: each Create / Import returns a new one, every other names its own

@@ -36,6 +36,7 @@ __all__ = [
     "GROUP_STATE",
     "GROUP_STATE_KEYS",
     "GROUP_STRIP",
+    "GROUP_STRIPPED_LINE",
     "GROUP_VERSION",
     "GroupShape",
     "LIFECYCLE_VERSION",
@@ -386,6 +387,11 @@ GROUP_ROW = {name: i for i, name in enumerate(GROUP_ROW_FIELDS)}
 GROUP_FAST_EVENT = re.compile(
     r"^\{" + ", ".join(f'"{k}": ' + _GROUP_VALUE[k] for k, _ in _LINE) + r"\}$", re.M)
 assert GROUP_FAST_EVENT.groups == len(GROUP_ROW_FIELDS), "GROUP_ROW_FIELDS names every group"
+#: A group line as :data:`GROUP_STRIP` leaves it (no ``t``, no ``handle``): the template
+#: of conformance.group_fast's expected text (seq, rank, action, args, call, result,
+#: device, va, size, state; every value already JSON text but seq and action).
+GROUP_STRIPPED_LINE = "{" + ", ".join(f'"{k}": {v}' for k, v in _LINE
+                                      if k not in ("t", "handle")) + "}"
 #: The two fields of a clean run's line that no program fixes, ``t`` and ``handle``
 #: (each with its ", " and only where the field order puts it): conformance.group_fast
 #: splits a file on them (capturing the handle) and compares what is left, whole, with
