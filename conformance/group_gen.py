@@ -9,6 +9,13 @@ model. Failures (a forward step of one process returns an error) and crashes (a
 process's file stops after k events) can be injected; an importer whose owner will
 never send gives up with a failed Import (result ``TIMEOUT``), as the runtime's
 deadline does.
+
+Version 2: the header carries a plan made from the constants (:func:`sim_plan`: one
+plane of one granule per allocation; aliased allocations back an ``importers`` or an
+``owner`` region) and each process's reservation; events name their objects (VAs in
+that plan, handle ids counted per process), as the runtime writes them. Importers come
+from the plan's import groups, so the constants' importers must be symmetric groups (as
+every geometry's are).
 """
 
 from __future__ import annotations
@@ -19,38 +26,133 @@ from typing import Any, Iterator, Mapping
 
 from kvgrant.conformance.group_model import (WAIT, Args, GroupConstants, GroupState, crash,
                                              initial_group, step)
+from kvgrant.traceformat import GROUP_SHAPES, GROUP_VERSION, format_group_event
 
-__all__ = ["CALLS", "group_header", "simulate_group", "write_group"]
+__all__ = ["CALLS", "GRANULE", "group_header", "sim_plan", "simulate_group", "write_group"]
 
-#: The call each action records (docs/group-trace.md); None for model-only steps.
-CALLS: Mapping[str, str | None] = {
-    "Reserve": "cuMemAddressReserve", "Create": "cuMemCreate", "Map": "cuMemMap",
-    "MapAlias": "cuMemMap", "Grant": "cuMemSetAccess",
-    "Export": "cuMemExportToShareableHandle", "Send": "sendmsg",
-    "Import": "cuMemImportFromShareableHandle", "ImportMap": "cuMemMap",
-    "ImportGrant": "cuMemSetAccess", "ImportUnmap": "cuMemUnmap",
-    "ImportRelease": "cuMemRelease", "Unmap": "cuMemUnmap", "Release": "cuMemRelease",
-    "Free": "cuMemAddressFree", "Vote": "all_gather",
-}
+#: The call each action records (kvgrant.traceformat.GROUP_SHAPES); None: model-only.
+CALLS: Mapping[str, str | None] = {a: s.call for a, s in GROUP_SHAPES.items()}
 _SOCKET_OR_GROUP = frozenset({"Send", "Vote"})  # result SUCCESS, not a CUresult
 FAIL_RESULT = "CUDA_ERROR_OUT_OF_MEMORY"
 TIMEOUT_RESULT = "TIMEOUT"
+#: The granularity of :func:`sim_plan` (2 MiB, as on the GPUs).
+GRANULE = 1 << 21
+
+
+def _import_groups(c: GroupConstants) -> list[list[int]]:
+    groups: list[list[int]] = []
+    for r in range(c.ranks):
+        g = sorted(c.importers[r] | {r})
+        if any(sorted(c.importers[q] | {q}) != g for q in g):
+            raise ValueError(f"importers of rank {r} = {sorted(c.importers[r])}: not an import "
+                             "group (a version-2 trace derives importers from import groups, "
+                             "so every member imports from every other)")
+        if len(g) > 1 and g not in groups:
+            groups.append(g)
+    return groups
+
+
+def sim_plan(c: GroupConstants) -> dict[str, Any]:
+    """The plan fields of a header for constants ``c`` (no reservations): plane ``kv``
+    with allocation a at granule a; aliased allocations at the next granule of region
+    ``shared`` (access importers) or ``own`` (owner-only)."""
+    G, n = GRANULE, c.allocs
+    shared = [a for a in sorted(c.aliased) if a not in c.owner_only]
+    own = sorted(c.owner_only)
+    regions: list[list[Any]] = []
+    off = n * G
+    where: dict[int, tuple[str, int]] = {}
+    for name, items, access in (("shared", shared, "importers"), ("own", own, "owner")):
+        if items:
+            regions.append([name, off, len(items) * G, access])
+            off += len(items) * G
+            where.update({a: (name, k * G) for k, a in enumerate(items)})
+    return {"granularity": G, "pages": None, "planes": [["kv", 0, n * G]], "regions": regions,
+            "allocations": [["kv", a * G, G, *(where.get(a, (None, None)))] for a in range(n)],
+            "topology": {"import_groups": _import_groups(c),
+                         "declared_readers": {str(r): sorted(s) for r, s
+                                              in enumerate(c.declared_readers)}},
+            "slot": off}
+
+
+def _base(p: int) -> int:
+    return (1 << 44) + p * (1 << 36)
 
 
 def group_header(c: GroupConstants, rank: int, devices: Mapping[int, int] | None = None,
-                 **extra: Any) -> dict[str, Any]:
-    """The header line of ``rank``'s file."""
+                 base: int | None = None, **extra: Any) -> dict[str, Any]:
+    """The header line of ``rank``'s file (``base``: its reservation's, default the
+    generator's)."""
     devs = dict(devices) if devices is not None else {r: r for r in range(c.ranks)}
-    obj: dict[str, Any] = {"kind": "header", "version": 1, "mode": "group", "rank": rank,
-                           "procs": c.ranks, "ranks": c.ranks, "allocs": c.allocs,
-                           "aliased": sorted(c.aliased), "owner_only": sorted(c.owner_only),
-                           "importers": {str(r): sorted(s) for r, s in enumerate(c.importers)},
-                           "declared_readers": {str(r): sorted(s) for r, s
-                                                in enumerate(c.declared_readers)},
+    plan = sim_plan(c)
+    slot = plan.pop("slot")
+    obj: dict[str, Any] = {"kind": "header", "version": GROUP_VERSION, "mode": "group",
+                           "rank": rank, "procs": c.ranks, "ranks": c.ranks,
+                           "allocs": c.allocs,
                            "devices": {str(r): d for r, d in sorted(devs.items())},
                            "host": "sim", "pid": 1000 + rank}
+    obj.update(plan)
+    obj["reservations"] = {str(r): [(_base(r) if base is None else base) if r == rank
+                                    else None, slot * (1 + len(c.sources[r]))]
+                           for r in range(c.ranks)}
     obj.update(extra)
     return obj
+
+
+class _Objects:
+    """The objects one process's events name: its VAs in :func:`sim_plan` and handle
+    ids (counted from 1000 per process)."""
+
+    def __init__(self, c: GroupConstants, p: int) -> None:
+        plan = sim_plan(c)
+        self.slot = plan["slot"]
+        planes = {x[0]: x[1] for x in plan["planes"]}
+        regions = {x[0]: x[1] for x in plan["regions"]}
+        self.length = [x[2] for x in plan["allocations"]]
+        self.off = {(a, "plane"): planes[x[0]] + x[1] for a, x in enumerate(plan["allocations"])}
+        self.off.update({(a, "alias"): regions[x[3]] + x[4]
+                         for a, x in enumerate(plan["allocations"]) if x[3] is not None})
+        self.base = _base(p)
+        self.res = self.slot * (1 + len(c.sources[p]))
+        self.slot_of = {o: k + 1 for k, o in enumerate(c.sources[p])}
+        self.next = 1000
+        self.own: dict[int, int] = {}
+        self.imp: dict[tuple[int, int], int] = {}
+
+    def va(self, e: Args, m: str) -> int:
+        k = 0 if e.owner is None else self.slot_of[e.owner]
+        return self.base + k * self.slot + self.off[(e.alloc, m)]  # type: ignore[index]
+
+    def of(self, action: str, e: Args, ok: bool) -> tuple[Any, Any, Any]:
+        """(va, size, handle) of the event; applies its effect when ``ok``."""
+        if action in ("Reserve", "Free"):
+            return self.base, self.res, None
+        if e.alloc is None or action == "Send":
+            return None, None, None
+        n = self.length[e.alloc]
+        key = (e.owner, e.alloc)
+        if action in ("Create", "Import"):
+            h = None
+            if ok:
+                h, self.next = self.next, self.next + 1
+                if action == "Create":
+                    self.own[e.alloc] = h
+                else:
+                    self.imp[key] = h  # type: ignore[index]
+            return None, n, h
+        if action == "Export":
+            return None, n, self.own[e.alloc]
+        if action in ("Release", "ImportRelease"):
+            h = (self.own if action == "Release" else self.imp).pop(  # type: ignore[call-overload]
+                e.alloc if action == "Release" else key)
+            return None, None, h
+        m = {"Map": "plane", "MapAlias": "alias"}.get(action, e.mapping or "plane")
+        h = None
+        if ok and action in ("Map", "MapAlias"):
+            h = self.own[e.alloc]
+        elif ok and action == "ImportMap":
+            h = self.imp[key]  # type: ignore[index]
+        return self.va(e, m), n, h
 
 
 def _forward_program(c: GroupConstants, p: int) -> Iterator[tuple[str, Args]]:
@@ -148,7 +250,7 @@ class _Proc:
 
 
 def _event(c: GroupConstants, g: GroupState, p: int, seq: int, action: str, e: Args,
-           result: str | None, device: int) -> str:
+           result: str | None, device: int, objs: tuple[Any, Any, Any]) -> str:
     args: dict[str, Any] = {}
     if e.owner is not None:
         args["owner"] = e.owner
@@ -167,11 +269,11 @@ def _event(c: GroupConstants, g: GroupState, p: int, seq: int, action: str, e: A
     if e.decision is not None:
         args.update(decision=e.decision, failed=sorted(e.failed or ()),
                     missing=sorted(e.missing or ()))
-    return ('{"kind": "event", "seq": %d, "t": %s, "rank": %d, "action": "%s", "args": %s, '
-            '"call": %s, "result": %s, "device": %d, "va": null, "size": null, '
-            '"state": {%s}}' % (seq, round(seq * 1e-5, 6), p, action, json.dumps(args),
-                                json.dumps(CALLS.get(action)), json.dumps(result), device,
-                                g.procs[p].state_text()))
+    va, size, handle = objs
+    return format_group_event({
+        "seq": seq, "t": round(seq * 1e-5, 6), "rank": p, "action": action, "args": args,
+        "call": CALLS.get(action), "result": result, "device": device, "va": va,
+        "size": size, "handle": handle, "state": g.procs[p].counters()})
 
 
 def simulate_group(c: GroupConstants, *, fail_at: Mapping[int, int] | None = None,
@@ -187,6 +289,7 @@ def simulate_group(c: GroupConstants, *, fail_at: Mapping[int, int] | None = Non
     g = initial_group(c)
     procs = [_Proc(c, p, (fail_at or {}).get(p), (crash_after or {}).get(p), shutdown)
              for p in range(c.ranks)]
+    objects = [_Objects(c, p) for p in range(c.ranks)]
     lines: list[list[str]] = [[json.dumps(group_header(c, p, devs))] for p in range(c.ranks)]
     moved = True
     while moved:
@@ -208,7 +311,7 @@ def simulate_group(c: GroupConstants, *, fail_at: Mapping[int, int] | None = Non
                     break
                 if why:
                     raise AssertionError(f"generator bug: r{p} {action} {e}: {why}")
-                if action in CALLS and action not in ("RankReady",):
+                if CALLS.get(action) is not None:
                     if ok:
                         result = "SUCCESS" if action in _SOCKET_OR_GROUP else "CUDA_SUCCESS"
                     else:
@@ -220,7 +323,9 @@ def simulate_group(c: GroupConstants, *, fail_at: Mapping[int, int] | None = Non
                         g.procs[p].vote == "none":
                     pr.pending = None
                     pr.forward_steps += 1
-                lines[p].append(_event(c, g, p, pr.emitted, action, e, result, devs[p]))
+                objs = objects[p].of(action, e, result is None or result in (
+                    "SUCCESS", "CUDA_SUCCESS"))
+                lines[p].append(_event(c, g, p, pr.emitted, action, e, result, devs[p], objs))
                 pr.emitted += 1
                 moved = True
     stuck = [pr.p for pr in procs if not pr.done]

@@ -7,25 +7,33 @@ disagree about the group's constants are a TraceError too); whether the events a
 allowed is :mod:`kvgrant.conformance.group_replay`'s job.
 
 Why a fast path: a published-scale group is 16 files of 10^4-10^5 lines. Lines in the
-writer's key order (``kind, seq, t, rank, action, args, call, result, device, va, size,
-state``) are matched by one regex per file, and each distinct ``args`` text is decoded
-once (the same texts recur across files); any other line shape sends the file to the
-detailed reader (one ``json.loads`` per line), which names the first bad line.
+writer's shape (kvgrant.traceformat owns it: GROUP_FAST_EVENT is derived from the same
+field list as the writer's line) are matched by one regex per file, and each distinct
+``args`` text is decoded once (the same texts recur across files); any other line shape
+sends the file to the detailed reader (one ``json.loads`` per line), which names the
+first bad line.
+
+Version 2 (the only one read): the header carries the plan and each process's
+reservation (kvgrant.traceformat.group_plan_header); the model's constants are derived
+from the plan (as for a one-process trace); each row has its objects (device, va, size,
+handle) for :mod:`kvgrant.conformance.group_objects`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
-from kvgrant.conformance.trace_io import PHASES, _parse_header
+from kvgrant.conformance.trace_io import PHASES, _parse_lifecycle_header
+from kvgrant.conformance.trace_plan import Layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
+from kvgrant.traceformat import (GROUP_FAST_ARGS, GROUP_FAST_EVENT, GROUP_SHAPES,
+                                 GROUP_STATE_KEYS, GROUP_VERSION)
 
 __all__ = [
     "GroupHeader",
@@ -38,23 +46,16 @@ __all__ = [
 ]
 
 #: Keys of an event's ``state`` in the writer's order, with their types.
-STATE_KEYS: tuple[tuple[str, type], ...] = (
-    ("phase", str), ("va", bool), ("created", int), ("mapped", int), ("alias_mapped", int),
-    ("grants", int), ("ready", bool), ("failed", bool), ("exported", int), ("sent", int),
-    ("imported", int), ("import_mapped", int), ("import_grants", int))
+STATE_KEYS: tuple[tuple[str, type], ...] = GROUP_STATE_KEYS
 _SUCCESS = frozenset({"CUDA_SUCCESS", "SUCCESS"})
-#: Arguments each action needs (docs/group-trace.md, "Events").
+#: Arguments each action needs (kvgrant.traceformat.GROUP_SHAPES; a Vote's ``error`` is
+#: optional).
 _ARGS: Mapping[str, tuple[str, ...]] = {
-    "Reserve": (), "Create": ("alloc",), "Map": ("alloc",), "MapAlias": ("alloc",),
-    "Grant": ("alloc", "mapping", "devices"), "Export": ("alloc",), "Send": ("alloc", "to"),
-    "Import": ("owner", "alloc"), "ImportMap": ("owner", "alloc", "mapping"),
-    "ImportGrant": ("owner", "alloc", "mapping", "devices"),
-    "ImportUnmap": ("owner", "alloc", "mapping"), "ImportRelease": ("owner", "alloc"),
-    "Unmap": ("alloc", "mapping"), "Release": ("alloc",), "Free": (), "RankReady": (),
-    "Vote": ("ready",), "Decide": ("decision", "failed", "missing"), "Publish": (),
-    "Abort": (), "AbortComplete": (), "Unpublish": (), "ShutdownComplete": (),
-}
+    a: tuple(k for k in s.args if k != "error") for a, s in GROUP_SHAPES.items()}
 _GROUP_ACTIONS = frozenset(GROUP_ACTIONS)
+assert _GROUP_ACTIONS == frozenset(GROUP_SHAPES), "the format and the model list the same actions"
+#: An object field of a row: (device, va, size, handle), None for null.
+Objs = tuple["int | None", "int | None", "int | None", "int | None"]
 #: The same, as positions in :class:`Args` (for the fast reader).
 _NEED_IDX: Mapping[str, tuple[int, ...]] = {
     k: tuple(Args._fields.index(f) for f in v) for k, v in _ARGS.items()}
@@ -68,10 +69,24 @@ class GroupHeader:
     rank: int
     devices: Mapping[int, int]
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The plan and the reservations (every rank's size, this process's base).
+    layout: Layout | None = None
 
     @property
     def own_device(self) -> int:
         return self.devices.get(self.rank, self.rank)
+
+    def plan_key(self) -> tuple[Any, ...]:
+        """What the files of one group share: the constants and the plan (every field
+        but this process's reservation base)."""
+        lay = self.layout
+        if lay is None:
+            return (self.constants,)
+        res = tuple(s for _, (_b, s) in sorted(lay.reservations.items()))
+        return (self.constants, lay.granularity, lay.pages, tuple(lay.planes.items()),
+                tuple(lay.regions.items()), lay.allocations, res, lay.import_groups,
+                None if lay.declared_readers is None else
+                tuple(sorted(lay.declared_readers.items())))
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,8 @@ class ProcTrace:
     header: GroupHeader
     rows: tuple[tuple[str, Args, str | None, Any], ...]
     text: str = field(repr=False, default="")
+    #: Row k's objects: (device, va, size, handle).
+    objs: tuple[Objs, ...] = field(repr=False, default=())
 
     def raw_event(self, k: int) -> dict[str, Any]:
         """Event k as written (for reports)."""
@@ -132,8 +149,14 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
     if obj.get("mode") != "group":
         raise _fail(source, 1, f"header.mode = {obj.get('mode')!r}: a group trace has "
                                "mode 'group'")
+    version = obj.get("version")
+    if type(version) is not int or version != GROUP_VERSION:
+        old = (" (an old trace without objects: re-record it with this kvgrant)"
+               if version == 1 else "")
+        raise _fail(source, 1, f"header.version = {version!r}: a group trace must be version "
+                               f"{GROUP_VERSION}{old}")
     body = {k: v for k, v in obj.items() if k != "devices"}
-    h = _parse_header(body, 1, source)
+    h = _parse_lifecycle_header(body, 1, source)  # the plan; constants derived from it
     rank, procs = obj.get("rank"), obj.get("procs")
     if type(rank) is not int or not 0 <= rank < h.ranks:
         raise _fail(source, 1, f"header.rank = {rank!r}: must be a rank in 0..{h.ranks - 1}")
@@ -152,8 +175,24 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
         devices[int(k)] = v
     c = GroupConstants(h.ranks, h.allocs, h.aliased, h.owner_only, h.importers,
                        h.declared_readers)
+    lay = h.layout
+    assert lay is not None
+    slot = max([o + b for o, b in lay.planes.values()]
+               + [v[0] + v[1] for v in lay.regions.values()], default=0)
+    for r in range(h.ranks):
+        base, size = lay.reservations[r]
+        want = slot * (1 + len(c.sources[r]))
+        if size != want:
+            raise _fail(source, 1, f"header.reservations[{r}].size = {size:#x}: must be "
+                                   f"{want:#x} (one slot of {slot:#x} bytes for rank {r}'s "
+                                   f"memory and one per owner it imports from, "
+                                   f"{list(c.sources[r])})")
+        if r != rank and base is not None:
+            raise _fail(source, 1, f"header.reservations[{r}].base = {base:#x}: must be "
+                                   f"null (a file names only its own process's base, rank "
+                                   f"{rank})")
     extra = {k: v for k, v in h.extra.items() if k not in ("mode", "rank", "procs")}
-    return GroupHeader(c, rank, devices, extra)
+    return GroupHeader(c, rank, devices, extra, lay)
 
 
 class _ArgsReader:
@@ -236,14 +275,7 @@ class _ArgsReader:
         return Args(**kw)
 
 
-_INT = r"(?:0|[1-9][0-9]*)"
-_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-_FAST = re.compile(
-    r'^\{"kind": "event", "seq": (' + _INT + r'), "t": ' + _NUM + r', "rank": (' + _INT
-    + r'), "action": "([A-Za-z]+)", "args": \{([^{}\n]*)\}, "call": (?:null|"[A-Za-z_]+"), '
-    r'"result": (null|"[A-Za-z0-9_]+"), "device": (?:null|' + _INT + r'), "va": (?:null|'
-    + _INT + r'), "size": (?:null|' + _INT + r'), "state": \{("phase": "[A-Za-z]+"'
-    r'[^{}\n]*)\}\}$', re.M)
+_FAST = GROUP_FAST_EVENT
 
 
 def parse_proc_trace(text: str, source: str = "<trace>", *,
@@ -262,7 +294,9 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
         raise _fail(source, 1, f"not valid JSON ({err.msg} at column {err.colno})") from None
     h = _parse_group_header(head_obj, source)
     if group is not None:
-        bad = _same_constants(group.header.constants, h.constants)
+        bad = _same_constants(group.header.constants, h.constants) or \
+            ("" if group.header.plan_key() == h.plan_key() else "plan (allocations, "
+             "planes, regions, reservation sizes or topology)")
         if bad:
             raise TraceError(f"{source}:1: header.{bad} differs from {group.source} (the "
                              "files of one group share its constants)", line=1)
@@ -271,28 +305,26 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
         reader.shared = shared
     body = "" if nl < 0 else text[nl + 1:]
     n = body.count("\n") + (0 if body.endswith("\n") or not body else 1)
-    rows = None
+    got = None
     if body:
         with gc_paused():
             m = _FAST.findall(body)
             if len(m) == n:
-                rows = _fast_rows(m, h, reader, source)
-    if rows is None:
-        rows = _slow_rows(body, h, reader, source)
-    return ProcTrace(source, h, rows, text)
+                got = _fast_rows(m, h, reader, source)
+    rows, objs = got if got is not None else _slow_rows(body, h, reader, source)
+    return ProcTrace(source, h, rows, text, objs)
 
 
-_ARGS_FAST = re.compile(
-    r'(?:"owner": (' + _INT + r')(?:, |$))?(?:"alloc": (' + _INT + r'))?(?:, "mapping": "'
-    r'(plane|alias)")?(?:, "devices": \[(' + _INT + r'(?:, ' + _INT + r')*)\])?(?:, "to": ('
-    + _INT + r'))?')
+_ARGS_FAST = GROUP_FAST_ARGS
+
 
 
 _SEQ, _RANK, _ACTION = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
-               source: str) -> tuple[tuple[str, Args, str | None, Any], ...] | None:
+               source: str) -> tuple[tuple[tuple[str, Args, str | None, Any], ...],
+                                     tuple[Objs, ...]] | None:
     rank = str(h.rank)
     out = []
     from_text = reader.from_text
@@ -305,7 +337,11 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
             set(map(_RANK, m)) != {rank} or not set(map(_ACTION, m)) <= _GROUP_ACTIONS:
         return None
     shared = reader.shared
-    for k, (seq, r, action, args, result, state) in enumerate(m):
+    nul = "null"   # (inline: four function calls per row cost more than the row's check)
+    objs = [(None if dv == nul else int(dv), None if va == nul else int(va),
+             None if sz == nul else int(sz), None if hd == nul else int(hd))
+            for (_s, _r, _a, _g, _res, dv, va, sz, hd, _st) in m]
+    for k, (seq, r, action, args, result, _dv, _va, _sz, _hd, state) in enumerate(m):
         a = cache.get((action, args)) or shared.get((action, args))
         if a is None:
             # the forward and unwinding steps' args (owner, alloc, mapping, devices, to)
@@ -339,15 +375,17 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
             else:
                 cache[(action, args)] = a
         out.append((action, a, None if result == "null" else result[1:-1], state))
-    return tuple(out)
+    return tuple(out), tuple(objs)
 
 
 def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
-               source: str) -> tuple[tuple[str, Args, str | None, Any], ...]:
+               source: str) -> tuple[tuple[tuple[str, Args, str | None, Any], ...],
+                                     tuple[Objs, ...]]:
     lines = body.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     out = []
+    objs: list[Objs] = []
     for k, line in enumerate(lines):
         ln = k + 2
         if not line.strip():
@@ -389,8 +427,18 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
         if state["phase"] not in PHASES:
             raise _fail(source, ln, f"state.phase = {state['phase']!r}: must be one of "
                                     f"{', '.join(PHASES)}")
+        ob = []
+        for key in ("device", "va", "size", "handle"):
+            if key not in obj:
+                raise _fail(source, ln, f"{key} is missing: every event of a version-"
+                                        f"{GROUP_VERSION} group trace has it (null when unset)")
+            v = obj[key]
+            if v is not None and (type(v) is not int or v < 0):
+                raise _fail(source, ln, f"{key} = {v!r}: must be an integer >= 0 or null")
+            ob.append(v)
         out.append((action, args, result, state))
-    return tuple(out)
+        objs.append(tuple(ob))  # type: ignore[arg-type]
+    return tuple(out), tuple(objs)
 
 
 def _same_constants(a: GroupConstants, b: GroupConstants) -> str:

@@ -5,6 +5,11 @@ The expected place comes from where the bug was put, never from an engine: the
 mutated event itself, or, when the bug is a missing event, the event that the model
 refuses because of it (named in each mutation's description). Base groups come from
 :func:`kvgrant.conformance.group_gen.simulate_group` (valid by construction).
+
+:data:`OBJECT_MUTATIONS` act on the objects a version-2 event names (device, VA, handle)
+with the order of steps unchanged: only the object checks
+(:mod:`kvgrant.conformance.group_objects`) can reject them; the rejection must name the
+object (``OBJECT_WORDS``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["GROUP_MUTATIONS", "GroupMutant", "group_mutants", "parse_texts", "to_texts"]
+from kvgrant.traceformat import format_group_event
+
+__all__ = ["GROUP_MUTATIONS", "GroupMutant", "OBJECT_MUTATIONS", "OBJECT_WORDS",
+           "group_mutants", "parse_texts", "to_texts"]
 
 Raw = list[list[dict[str, Any]]]   # per rank: its events as dicts
 
@@ -41,20 +49,29 @@ def parse_texts(texts: list[str]) -> tuple[list[dict[str, Any]], Raw]:
 
 
 def to_texts(heads: list[dict[str, Any]], evs: Raw) -> list[str]:
-    """Back to texts, renumbering seq (key order kept, so the fast reader applies)."""
+    """Back to texts, renumbering seq (the writer's line: the fast reader applies)."""
     out = []
     for h, es in zip(heads, evs):
         lines = [json.dumps(h)]
         for k, e in enumerate(es):
             e = dict(e)
             e["seq"] = k
-            lines.append(json.dumps(e))
+            lines.append(format_group_event(e))
         out.append("\n".join(lines) + "\n")
     return out
 
 
 def _find(es: list[dict[str, Any]], pred: Callable[[dict[str, Any]], bool]) -> int | None:
     return next((k for k, e in enumerate(es) if pred(e)), None)
+
+
+def _importers(h: dict[str, Any]) -> dict[int, set[int]]:
+    """rank -> its importers, from the header's import groups (as the readers derive them)."""
+    out: dict[int, set[int]] = {}
+    for g in h["topology"]["import_groups"]:
+        for r in g:
+            out[r] = set(g) - {r}
+    return out
 
 
 def _other_device(h: dict[str, Any], r: int) -> int:
@@ -90,7 +107,7 @@ def _import_grant_other_device(heads: list[dict[str, Any]], evs: Raw):
 def _import_from_non_importer(heads: list[dict[str, Any]], evs: Raw):
     h = heads[0]
     n = h["ranks"]
-    imp = {int(k): set(v) for k, v in h["importers"].items()}
+    imp = _importers(h)
     for r in range(n):
         owners = [o for o in range(n) if o != r and r not in imp.get(o, set())]
         k = _find(evs[r], lambda e: e["action"] == "RankReady")
@@ -176,7 +193,7 @@ def _vote_ready_after_failure(heads: list[dict[str, Any]], evs: Raw):
 def _send_to_non_importer(heads: list[dict[str, Any]], evs: Raw):
     h = heads[0]
     n = h["ranks"]
-    imp = {int(k): set(v) for k, v in h["importers"].items()}
+    imp = _importers(h)
     for r, es in enumerate(evs):
         others = [q for q in range(n) if q != r and q not in imp.get(r, set())]
         k = _find(es, lambda e: e["action"] == "Export")
@@ -226,6 +243,131 @@ GROUP_MUTATIONS: dict[str, Callable[[list[dict[str, Any]], Raw], Any]] = {
     "release_import_before_unmap": _release_import_before_unmap,
     "map_before_import": _map_before_import,
 }
+
+
+# --- object identity (version 2) -------------------------------------------------------------
+
+def _ok(e: dict[str, Any]) -> bool:
+    return e["result"] in (None, "CUDA_SUCCESS", "SUCCESS")
+
+
+def _res(h: dict[str, Any], r: int) -> tuple[int, int, int]:
+    base, size = h["reservations"][str(r)]
+    return base, size, h["granularity"]
+
+
+def _first(evs: Raw, pred: Callable[[dict[str, Any]], bool]) -> tuple[int, int] | None:
+    for r, es in enumerate(evs):
+        k = _find(es, lambda e: _ok(e) and pred(e))
+        if k is not None:
+            return r, k
+    return None
+
+
+def _grant_names_another_device(heads: list[dict[str, Any]], evs: Raw):
+    at = _first(evs, lambda e: e["action"] == "Grant")
+    if at is None:
+        return None
+    r, k = at
+    other = _other_device(heads[r], r)
+    evs[r][k]["args"]["devices"] = [other]
+    return r, k, (f"rank {r}'s Grant at seq {k} (alloc {evs[r][k]['args']['alloc']}) grants "
+                  f"device {other} instead of its own")
+
+
+def _map_at_wrong_va(heads: list[dict[str, Any]], evs: Raw):
+    at = _first(evs, lambda e: e["action"] == "Map" and e["args"]["alloc"] > 0)
+    if at is None:
+        return None
+    r, k = at
+    evs[r][k]["va"] += _res(heads[r], r)[2]
+    return r, k, f"rank {r}'s Map at seq {k} is one granule off the plan's VA"
+
+
+def _map_outside_reservation(heads: list[dict[str, Any]], evs: Raw):
+    at = _first(evs, lambda e: e["action"] == "Map")
+    if at is None:
+        return None
+    r, k = at
+    base, size, _ = _res(heads[r], r)
+    evs[r][k]["va"] = base + size
+    return r, k, f"rank {r}'s Map at seq {k} lies past the end of its reservation"
+
+
+def _import_map_of_a_handle_not_imported(heads: list[dict[str, Any]], evs: Raw):
+    at = _first(evs, lambda e: e["action"] == "ImportMap")
+    if at is None:
+        return None
+    r, k = at
+    own = [e["handle"] for e in evs[r] if e["action"] == "Create" and _ok(e)]
+    evs[r][k]["handle"] = own[0]   # a handle of this process, not the imported one
+    return r, k, (f"importer {r}'s ImportMap at seq {k} maps its own allocation 0's handle, "
+                  "not the imported one")
+
+
+def _unmap_at_wrong_va(heads: list[dict[str, Any]], evs: Raw):
+    at = _first(evs, lambda e: e["action"] == "Unmap")
+    if at is None:
+        return None
+    r, k = at
+    evs[r][k]["va"] += _res(heads[r], r)[2]
+    return r, k, f"rank {r}'s Unmap at seq {k} names a VA one granule off the live mapping"
+
+
+def _import_unmap_at_wrong_va(heads: list[dict[str, Any]], evs: Raw):
+    at = _first(evs, lambda e: e["action"] == "ImportUnmap")
+    if at is None:
+        return None
+    r, k = at
+    evs[r][k]["va"] -= _res(heads[r], r)[2]
+    return r, k, f"importer {r}'s ImportUnmap at seq {k} names a VA off the live mapping"
+
+
+def _release_with_live_mapping(heads: list[dict[str, Any]], evs: Raw):
+    for r, es in enumerate(evs):
+        k = _find(es, lambda e: e["action"] == "Unmap" and e["args"]["mapping"] == "plane")
+        if k is not None and k + 1 < len(es) and es[k + 1]["action"] == "Release":
+            es[k], es[k + 1] = es[k + 1], es[k]
+            es[k]["state"]["created"] -= 1
+            es[k]["state"]["mapped"] += 1
+            es[k]["state"]["grants"] += 1
+            return r, k, (f"rank {r} releases allocation {es[k]['args']['alloc']}'s handle at "
+                          f"seq {k} while its plane mapping is live")
+    return None
+
+
+def _event_on_another_device(heads: list[dict[str, Any]], evs: Raw):
+    at = _first(evs, lambda e: e["action"] == "Create")
+    if at is None:
+        return None
+    r, k = at
+    evs[r][k]["device"] = _other_device(heads[r], r)
+    return r, k, f"rank {r}'s Create at seq {k} names another process's device"
+
+
+#: Object-identity mutations (version 2), as GROUP_MUTATIONS.
+OBJECT_MUTATIONS: dict[str, Callable[[list[dict[str, Any]], Raw], Any]] = {
+    "grant_names_another_device": _grant_names_another_device,
+    "map_at_wrong_va": _map_at_wrong_va,
+    "map_outside_reservation": _map_outside_reservation,
+    "import_map_of_a_handle_not_imported": _import_map_of_a_handle_not_imported,
+    "unmap_at_wrong_va": _unmap_at_wrong_va,
+    "import_unmap_at_wrong_va": _import_unmap_at_wrong_va,
+    "release_with_live_mapping": _release_with_live_mapping,
+    "event_on_another_device": _event_on_another_device,
+}
+#: Words the rejection of each object mutant must contain (it names the object).
+OBJECT_WORDS: dict[str, tuple[str, ...]] = {
+    "grant_names_another_device": ("alloc", "va [", "own device"),
+    "map_at_wrong_va": ("alloc", "handle", "the plan puts"),
+    "map_outside_reservation": ("alloc", "outside the reservation"),
+    "import_map_of_a_handle_not_imported": ("owner", "alloc", "handle", "imported for it"),
+    "unmap_at_wrong_va": ("alloc", "mapping is at"),
+    "import_unmap_at_wrong_va": ("owner", "alloc", "mapping is at"),
+    "release_with_live_mapping": ("alloc", "handle", "mapping is live"),
+    "event_on_another_device": ("device",),
+}
+GROUP_MUTATIONS.update(OBJECT_MUTATIONS)
 
 
 def group_mutants(texts: list[str], names: list[str] | None = None) -> list[GroupMutant]:

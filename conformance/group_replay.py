@@ -11,8 +11,12 @@ every guard reads only the process's own variables, sends only accumulate, and a
 named missing must have died without voting, so running a process early never
 disables another's step.
 
+Each event is first checked against the objects it names
+(:mod:`kvgrant.conformance.group_objects`: device, VA, size, handle against the header's
+plan and the live handles and mappings), then stepped in the model.
+
 The first event the model does not allow is reported as (file, seq): a step whose own
-guard fails is rejected at once; when no process can move, the lowest rank's waiting
+guard fails (or that acts on the wrong object) is rejected at once; when no process can move, the lowest rank's waiting
 event is rejected. The verdict carries the interleaving up to that event, which the TLC
 engine (:func:`kvgrant.conformance.tla_trace.check_group_tlc`) replays as one
 behaviour, so both engines judge the same event.
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kvgrant.conformance.group_io import STATE_KEYS, GroupTrace, load_group
+from kvgrant.conformance.group_objects import GroupObjects
 from kvgrant.conformance.group_model import (FAST_STEPS, TERMINAL_PHASES, WAIT, GroupConstants,
                                              GroupState, crash, enabled_actions,
                                              initial_group, step)
@@ -149,6 +154,7 @@ def replay_group(t: GroupTrace, *, engine: str = "python", fast: bool = True) ->
     ended = [False] * n
     order: list[tuple[int, int]] = []
     total = t.events
+    objects = [GroupObjects(pt.header) for pt in t.procs]
 
     def reject(p: int, k: int, why: str, g_before: GroupState) -> GroupVerdict:
         pt = t.procs[p]
@@ -165,19 +171,29 @@ def replay_group(t: GroupTrace, *, engine: str = "python", fast: bool = True) ->
                 if ended[p]:
                     continue
                 rows = t.procs[p].rows
+                objs = t.procs[p].objs
+                ob = objects[p]
                 s = g.procs[p]
                 k = pos[p]
                 start = k
                 while k < len(rows):
                     action, e, result, state = rows[k]
+                    ok = result is None or result in _SUCCESS
+                    dv, va, size, hd = objs[k]
+                    why = ob.check(action, ok, e, dv, va, size, hd)
+                    if why:
+                        order.extend((p, j) for j in range(start, k))
+                        return reject(p, k, why, g)
                     fast = fast_steps.get(action) if result in _SUCCESS else None
                     why = "" if fast is not None and fast(c, g, p, e) else \
-                        step(c, g, p, action, e, result is None or result in _SUCCESS)
+                        step(c, g, p, action, e, ok)
                     if why:
                         if why is WAIT:
                             break
                         order.extend((p, j) for j in range(start, k))
                         return reject(p, k, why, g)
+                    if ok:
+                        ob.apply(action, e, va, size, hd)
                     if state.__class__ is not str or state != s.state_text():
                         why = _state_diff(s, state)
                         if why:

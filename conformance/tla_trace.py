@@ -325,12 +325,18 @@ def group_module_text(t: Any, order: Iterable[tuple[int, int]]) -> str:
     from kvgrant.conformance.group_replay import CRASH
 
     c = t.constants
+    lay = t.procs[0].header.layout
+    G = lay.granularity
+    bases = [pt.header.layout.reservations[q][0] for q, pt in enumerate(t.procs)]
+    handles: list[dict[int, int]] = [{} for _ in t.procs]   # per process: id by appearance
     recs = []
     for p, k in order:
         if k == CRASH:
             action, e, result, state = "Crash", None, None, None
+            dv, va, size, hd = None, None, None, None
         else:
             action, e, result, state = t.procs[p].rows[k]
+            dv, va, size, hd = t.procs[p].objs[k]
         if isinstance(state, str):
             state = _json.loads("{" + state + "}")
         st = state or {}
@@ -353,6 +359,9 @@ def group_module_text(t: Any, order: Iterable[tuple[int, int]]) -> str:
             ("exported", st.get("exported", 0)), ("sent", st.get("sent", 0)),
             ("imported", st.get("imported", 0)), ("importMapped", st.get("import_mapped", 0)),
             ("importGrants", st.get("import_grants", 0)),
+            ("device", _or_minus(dv)), ("evVa", _granules(va, bases[p], G)),
+            ("size", _granules(size, 0, G)),
+            ("handle", _NULL if hd is None else handles[p].setdefault(hd, len(handles[p]))),
         ]
         recs.append("[" + ", ".join(f"{k2} |-> {_tla(v)}" for k2, v in fields) + "]")
     body = ",\n    ".join(recs)
@@ -367,10 +376,37 @@ def group_module_text(t: Any, order: Iterable[tuple[int, int]]) -> str:
         f"TraceOwnerOnly == {_tla(c.owner_only)}",
         f"TraceImporters == {_rank_fn(c.ranks, c.importers)}",
         f"TraceDeclaredReaders == {_rank_fn(c.ranks, c.declared_readers)}",
+        *_group_object_constants(t),
         f"Trace == <<\n    {body}\n    >>" if recs else "Trace == << >>",
         "====",
         "",
     ])
+
+
+def _group_object_constants(t: Any) -> list[str]:
+    """The plan as TLA+ constants for KVGroupTrace's ObjectsMatch: VAs in granules from
+    each process's own base (one slot per owner it imports from after its own)."""
+    c = t.constants
+    lay = t.procs[0].header.layout
+    G = lay.granularity
+    n, a = c.ranks, c.allocs
+    slot = max([o + b for o, b in lay.planes.values()]
+               + [x[0] + x[1] for x in lay.regions.values()], default=0)
+    base = [-(1 << 30) if pt.header.layout.reservations[q][0] is None else 0
+            for q, pt in enumerate(t.procs)]
+    slot_of = [[(c.sources[q].index(o) + 1) if o in c.sources[q] else -1 for o in range(n)]
+               for q in range(n)]
+    return [
+        f"TraceDevice == {_int_fn(n, (pt.header.own_device for pt in t.procs))}",
+        f"TraceBase == {_int_fn(n, base)}",
+        f"TraceResSize == {_int_fn(n, (lay.reservations[q][1] // G for q in range(n)))}",
+        f"TraceLen == {_int_fn(a, (x.length // G for x in lay.allocations))}",
+        f"TraceMapOff == {_int_fn(a, (o // G for o in lay.map_off))}",
+        f"TraceAliasOff == {_int_fn(a, (-1 if o < 0 else o // G for o in lay.alias_off))}",
+        f"TraceSlot == {slot // G}",
+        "TraceSlotOf == [q \\in 0..%d |-> <<%s>>[q + 1]]" % (
+            n - 1, ", ".join(_int_fn(n, row) for row in slot_of)),
+    ]
 
 
 def write_group_module(paths_or_trace: Any, directory: str | Path,

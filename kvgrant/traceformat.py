@@ -26,8 +26,19 @@ __all__ = [
     "EVENT_LINE",
     "FAST_EVENT",
     "GROUP_ACTIONS",
+    "GROUP_ARG_ORDER",
     "GROUP_EVENT_LINE",
+    "GROUP_FAST_ARGS",
+    "GROUP_FAST_EVENT",
+    "GROUP_ROW",
+    "GROUP_ROW_FIELDS",
+    "GROUP_SHAPES",
+    "GROUP_STATE",
+    "GROUP_STATE_KEYS",
+    "GROUP_STRIP",
+    "GROUP_STRIPPED_LINE",
     "GROUP_VERSION",
+    "GroupShape",
     "LIFECYCLE_VERSION",
     "PHASES",
     "RANK_ACTIONS",
@@ -42,6 +53,10 @@ __all__ = [
     "event_line",
     "event_template",
     "format_event",
+    "format_group_event",
+    "group_args_text",
+    "group_plan_header",
+    "group_state_json",
     "group_state_text",
     "plan_header",
     "state_template",
@@ -49,9 +64,9 @@ __all__ = [
 ]
 
 #: Version of a one-process (lifecycle) trace: 2 names its objects (plan, reservations,
-#: handles). Group traces (docs/group-trace.md) are still version 1.
+#: handles). Group traces (docs/group-trace.md) are version 2 too (the same event line).
 LIFECYCLE_VERSION = 2
-GROUP_VERSION = 1
+GROUP_VERSION = 2
 
 #: The model's phases, in the order the lifecycle visits them.
 PHASES = ("Allocating", "Published", "Aborting", "Aborted", "ShuttingDown", "Shutdown")
@@ -112,14 +127,15 @@ EVENT_FIELDS = tuple(k for k, _ in _LINE)
 #: The generic event line: (seq, t, rank, action, args, call, result, device, va, size,
 #: handle, state), every value already JSON text.
 EVENT_LINE = "{" + ", ".join(f'"{k}": {v}' for k, v in _LINE) + "}\n"
-#: A group trace's (version 1) event line: the same without ``handle``
-#: (conformance.group_io reads it).
-GROUP_EVENT_LINE = "{" + ", ".join(f'"{k}": {v}' for k, v in _LINE if k != "handle") + "}\n"
+#: A group trace's event line (version 2): the lifecycle line, field for field.
+GROUP_EVENT_LINE = EVENT_LINE
+#: The version-1 line (no ``handle``): only to name what an old trace lacks.
+_V1_EVENT_LINE = "{" + ", ".join(f'"{k}": {v}' for k, v in _LINE if k != "handle") + "}\n"
 
 
 def event_line(version: int) -> str:
     """The generic event line of a trace of this header version."""
-    return GROUP_EVENT_LINE if version == GROUP_VERSION else EVENT_LINE
+    return _V1_EVENT_LINE if version == 1 else EVENT_LINE
 
 
 def _q(v: str | None) -> str:
@@ -200,7 +216,7 @@ def format_event(ev: Mapping[str, Any], version: int = LIFECYCLE_VERSION) -> str
         "{" + ", ".join(f'"{k}": {_json(args[k])}' for k in keys if k in args) + "}",
         _json(ev.get("call")), _json(ev.get("result")), _json(ev.get("device")),
         _json(ev.get("va")), _json(ev.get("size"))]
-    if version != GROUP_VERSION:
+    if version != 1:
         values.append(_json(ev.get("handle")))
     values.append("{" + ", ".join(f'"{k}": {_json(state[k])}' for k in ("phase", *RANK_COUNTERS)
                                   if k in state) + "}")
@@ -269,3 +285,143 @@ def plan_header(g: Any, allocs: Sequence[Any], plane_off: Mapping[str, int],
                      "declared_readers": None if declared is None else
                      {str(k): sorted(v) for k, v in sorted(declared.items())}},
     }
+
+
+# --- group traces (docs/group-trace.md): one file per process, same event line -----------
+class GroupShape(NamedTuple):
+    """A group action's line: the driver (or socket / collective) ``call`` it records
+    when it succeeds (None: model-only step), its ``args`` keys in line order, and
+    whether ``va``, ``size`` and ``handle`` are set when it succeeds."""
+
+    call: str | None
+    args: tuple[str, ...]
+    va: bool
+    size: bool
+    handle: bool
+
+
+#: Every action of a group trace and the shape of its line (the writer,
+#: runtime/group.py, follows it; conformance.group_io reads by it).
+GROUP_SHAPES: Mapping[str, GroupShape] = {
+    "Reserve": GroupShape("cuMemAddressReserve", (), True, True, False),
+    "Create": GroupShape("cuMemCreate", ("alloc",), False, True, True),
+    "Map": GroupShape("cuMemMap", ("alloc",), True, True, True),
+    "MapAlias": GroupShape("cuMemMap", ("alloc",), True, True, True),
+    "Grant": GroupShape("cuMemSetAccess", ("alloc", "mapping", "devices"), True, True, False),
+    "Export": GroupShape("cuMemExportToShareableHandle", ("alloc",), False, True, True),
+    "Send": GroupShape("sendmsg", ("alloc", "to"), False, False, False),
+    "Import": GroupShape("cuMemImportFromShareableHandle", ("owner", "alloc"), False, True,
+                         True),
+    "ImportMap": GroupShape("cuMemMap", ("owner", "alloc", "mapping"), True, True, True),
+    "ImportGrant": GroupShape("cuMemSetAccess", ("owner", "alloc", "mapping", "devices"),
+                              True, True, False),
+    "RankReady": GroupShape(None, (), False, False, False),
+    "Vote": GroupShape("all_gather", ("ready", "error"), False, False, False),
+    "Decide": GroupShape(None, ("decision", "failed", "missing"), False, False, False),
+    "Publish": GroupShape(None, (), False, False, False),
+    "Abort": GroupShape(None, (), False, False, False),
+    "Unpublish": GroupShape(None, (), False, False, False),
+    "ImportUnmap": GroupShape("cuMemUnmap", ("owner", "alloc", "mapping"), True, True, False),
+    "ImportRelease": GroupShape("cuMemRelease", ("owner", "alloc"), False, False, True),
+    "Unmap": GroupShape("cuMemUnmap", ("alloc", "mapping"), True, True, False),
+    "Release": GroupShape("cuMemRelease", ("alloc",), False, False, True),
+    "Free": GroupShape("cuMemAddressFree", (), True, True, False),
+    "AbortComplete": GroupShape(None, (), False, False, False),
+    "ShutdownComplete": GroupShape(None, (), False, False, False),
+}
+#: Order of every ``args`` key of a group line (the writer sorts by it).
+GROUP_ARG_ORDER = ("owner", "alloc", "mapping", "devices", "to", "ready", "error", "decision",
+                   "failed", "missing")
+#: A group event's ``state`` keys, in line order, with their Python types.
+GROUP_STATE_KEYS: tuple[tuple[str, type], ...] = (
+    ("phase", str), *RANK_COUNTERS.items(), ("exported", int), ("sent", int),
+    ("imported", int), ("import_mapped", int), ("import_grants", int))
+#: The state text inside its braces: ``%s`` phase, then each counter (bools as text).
+GROUP_STATE = ", ".join(f'"{k}": ' + ('"%s"' if t is str else "%s" if t is bool else "%d")
+                        for k, t in GROUP_STATE_KEYS)
+
+
+def group_args_text(args: Mapping[str, Any]) -> str:
+    """The ``args`` object of a group line (keys in :data:`GROUP_ARG_ORDER`)."""
+    keys = [k for k in GROUP_ARG_ORDER if k in args] + sorted(set(args) - set(GROUP_ARG_ORDER))
+    return "{" + ", ".join(f'"{k}": {_json(args[k])}' for k in keys) + "}"
+
+
+def group_state_json(state: Mapping[str, Any]) -> str:
+    """A group event's ``state`` object (keys in :data:`GROUP_STATE_KEYS` order)."""
+    return "{" + ", ".join(f'"{k}": {_json(state[k])}' for k, _ in GROUP_STATE_KEYS
+                           if k in state) + "}"
+
+
+def format_group_event(ev: Mapping[str, Any]) -> str:
+    """One group event dict as the writer writes it (no newline)."""
+    return GROUP_EVENT_LINE[:-1] % (
+        ev["seq"], ev.get("t", 0.0), _json(ev["rank"]), ev["action"],
+        group_args_text(ev.get("args") or {}), _json(ev.get("call")),
+        _json(ev.get("result")), _json(ev.get("device")), _json(ev.get("va")),
+        _json(ev.get("size")), _json(ev.get("handle")), group_state_json(ev["state"]))
+
+
+#: The group readers' line (conformance.group_io and group_fast), derived from the same
+#: field list: captures seq, rank, action, the text inside ``args``' braces, result,
+#: device, va, size, handle and the text inside ``state``'s braces.
+# Possessive repeats and atomic groups: each token's class excludes the delimiter after
+# it, so nothing is ever given back (the same language, less work for the engine).
+_PINT = r"(?>0|[1-9][0-9]*+)"
+_PNUM = r"-?+(?>0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+"
+_GROUP_VALUE = {
+    "kind": '"event"',
+    "seq": "(" + _PINT + ")",
+    "t": _PNUM,
+    "rank": "(" + _PINT + ")",
+    "action": '"([A-Za-z]++)"',
+    "args": r"\{([^{}\n]*+)\}",
+    "call": '(?>null|"[A-Za-z_]++")',
+    "result": '((?>null|"[A-Za-z0-9_]++"))',
+    "device": "((?>null|" + _PINT + "))",
+    "va": "((?>null|" + _PINT + "))",
+    "size": "((?>null|" + _PINT + "))",
+    "handle": "((?>null|" + _PINT + "))",
+    "state": r'\{("phase": "[A-Za-z]++"[^{}\n]*+)\}',
+}
+GROUP_ROW_FIELDS = ("seq", "rank", "action", "args", "result", "device", "va", "size",
+                    "handle", "state")
+GROUP_ROW = {name: i for i, name in enumerate(GROUP_ROW_FIELDS)}
+GROUP_FAST_EVENT = re.compile(
+    r"^\{" + ", ".join(f'"{k}": ' + _GROUP_VALUE[k] for k, _ in _LINE) + r"\}$", re.M)
+assert GROUP_FAST_EVENT.groups == len(GROUP_ROW_FIELDS), "GROUP_ROW_FIELDS names every group"
+#: A group line as :data:`GROUP_STRIP` leaves it (no ``t``, no ``handle``): the template
+#: of conformance.group_fast's expected text (seq, rank, action, args, call, result,
+#: device, va, size, state; every value already JSON text but seq and action).
+GROUP_STRIPPED_LINE = "{" + ", ".join(f'"{k}": {v}' for k, v in _LINE
+                                      if k not in ("t", "handle")) + "}"
+#: The two fields of a clean run's line that no program fixes, ``t`` and ``handle``
+#: (each with its ", " and only where the field order puts it): conformance.group_fast
+#: splits a file on them (capturing the handle) and compares what is left, whole, with
+#: the text the program fixes.
+_NEXT = {k: _LINE[i + 1][0] for i, (k, _) in enumerate(_LINE[:-1])}
+GROUP_STRIP = re.compile(
+    f'"t": {_GROUP_VALUE["t"]}, (?="{_NEXT["t"]}": )'
+    f'|"handle": {_GROUP_VALUE["handle"]}, (?="{_NEXT["handle"]}": )')
+assert GROUP_STRIP.groups == 1
+#: The group readers' ``args`` text of the forward and unwinding steps (owner, alloc,
+#: mapping, devices, to), matched without json.loads.
+GROUP_FAST_ARGS = re.compile(
+    r'(?:"owner": (' + _INT + r')(?:, |$))?(?:"alloc": (' + _INT + r'))?(?:, "mapping": "'
+    r'(plane|alias)")?(?:, "devices": \[(' + _INT + r'(?:, ' + _INT + r')*)\])?(?:, "to": ('
+    + _INT + r'))?')
+
+
+def group_plan_header(g: Any, allocs: Sequence[Any], plane_off: Mapping[str, int],
+                      region_off: Mapping[str, int], slot_bytes: int, rank: int,
+                      base: int | None) -> dict[str, Any]:
+    """The plan fields of a version-2 group header: :func:`plan_header`, with each
+    rank's reservation size (one slot for its own memory plus one per owner it imports
+    from) and only this process's base (the others are other processes' choice)."""
+    out = plan_header(g, allocs, plane_off, region_off, slot_bytes, {rank: base})
+    n = g.topology.ranks
+    out["reservations"] = {
+        str(r): [base if r == rank else None,
+                 slot_bytes * (1 + sum(1 for o in range(n) if o != r and r in g.importers(o)))]
+        for r in range(n)}
+    return out

@@ -54,7 +54,7 @@ from kvgrant.runtime.engine import traced_shutdown, va_layout
 from kvgrant.runtime.prepare import host_ledger, resolve_plan
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
-from kvgrant.traceformat import GROUP_VERSION
+from kvgrant.traceformat import GROUP_VERSION, group_plan_header
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 
 __all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "plan_digests",
@@ -387,6 +387,7 @@ class _GroupRun:
         self.owners = [o for o in range(n) if o != rank and rank in g.importers(o)]
         self.ranks: list[_Slot] = []   # filled by Reserve: own slot, then owners'
         self.base = 0
+        self._head: dict[str, Any] | None = None   # the header, written at the first event
 
     @property
     def phase(self) -> str:
@@ -419,10 +420,13 @@ class _GroupRun:
                 "import_grants": s.import_grants}
 
     def ev(self, action: str, args: Mapping[str, Any], call: str | None,
-           result: str | None, va: int | None = None, size: int | None = None) -> None:
+           result: str | None, va: int | None = None, size: int | None = None,
+           handle: int | None = None) -> None:
         if self.trace.enabled:
+            if self._head is not None:
+                self.write_header()
             self.trace.event(self.rank, action, args, call, result, self.state(),
-                             device=self.device, va=va, size=size)
+                             device=self.device, va=va, size=size, handle=handle)
 
     def _group(self, action: str, args: Mapping[str, Any] | None = None) -> None:
         """A group step in this process's file (``rank`` = own rank); flushes."""
@@ -431,21 +435,28 @@ class _GroupRun:
             self.trace.flush()
 
     def header(self, procs: int, host: str) -> None:
+        """The header (version 2, docs/group-trace.md), written with the first event:
+        it names this process's reservation base, known once Reserve has returned
+        (null when it never did)."""
         if not self.trace.enabled:
             return
         g = self.g
-        aliased = [i for i, a in enumerate(self.allocs) if a.region is not None]
-        owner_only = [i for i in aliased
-                      if g.region_by_name[self.allocs[i].region].access == "owner"]  # type: ignore[index]
-        n = g.topology.ranks
-        self.trace.header(
-            version=GROUP_VERSION,
-            ranks=n, allocs=len(self.allocs), aliased=aliased, owner_only=owner_only,
-            importers={str(r): list(g.importers(r)) for r in range(n)},
-            declared_readers={str(r): list(g.declared_readers(r)) for r in range(n)},
-            geometry=g.name, plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
+        self._head = dict(
+            ranks=g.topology.ranks, allocs=len(self.allocs), geometry=g.name,
+            plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
             devices={str(r): d for r, d in enumerate(self.devices)}, mode="group",
             rank=self.rank, procs=procs, host=host, pid=os.getpid())
+
+    def write_header(self) -> None:
+        """Write the header now if it is still pending (the first event, or a close
+        before any event)."""
+        head, self._head = self._head, None
+        if head is None or not self.trace.enabled:
+            return
+        head.update(group_plan_header(self.g, self.allocs, self.plane_off, self.region_off,
+                                      self.slot_bytes, self.rank,
+                                      self.base if self.st.va else None))
+        self.trace.header(version=GROUP_VERSION, **head)
 
     # --------------------------------------------------------------- a driver step
     def step(self, action: str, args: Mapping[str, Any], call: str, fn: Callable[[], Any],
@@ -488,10 +499,10 @@ class _GroupRun:
         try:
             self.driver.release(handle)
         except DriverError as e:
-            self.ev("Release", {"alloc": i}, "cuMemRelease", e.result_name)
+            self.ev("Release", {"alloc": i}, "cuMemRelease", e.result_name, handle=handle)
             raise
         self.st.created -= 1
-        self.ev("Release", {"alloc": i}, "cuMemRelease", _OK)
+        self.ev("Release", {"alloc": i}, "cuMemRelease", _OK, handle=handle)
 
     def undo_unmap(self, i: int, mapping: str, va: int, n: int) -> None:
         try:
@@ -526,10 +537,10 @@ class _GroupRun:
         try:
             self.driver.release(handle)
         except DriverError as e:
-            self.ev("ImportRelease", args, "cuMemRelease", e.result_name)
+            self.ev("ImportRelease", args, "cuMemRelease", e.result_name, handle=handle)
             raise
         self.st.imported -= 1
-        self.ev("ImportRelease", args, "cuMemRelease", _OK)
+        self.ev("ImportRelease", args, "cuMemRelease", _OK, handle=handle)
 
     # ------------------------------------------------------------------ build
     def build_own(self, txn: Transaction) -> None:
@@ -551,14 +562,14 @@ class _GroupRun:
             h = self.step("Create", {"alloc": i}, "cuMemCreate", lambda: d.create(n, dev),
                           self.target(a, "plane"), None, n)
             s.created += 1
-            self.ev("Create", {"alloc": i}, "cuMemCreate", _OK, None, n)
+            self.ev("Create", {"alloc": i}, "cuMemCreate", _OK, None, n, h)
             txn.push(self.undo_release, i, h)
             self.handles.append(h)
             pva = base + self.plane_off[a.plane] + a.plane_offset
             self.step("Map", {"alloc": i}, "cuMemMap", lambda: d.map(pva, n, h),
                       self.target(a, "plane"), pva, n)
             s.mapped += 1
-            self.ev("Map", {"alloc": i}, "cuMemMap", _OK, pva, n)
+            self.ev("Map", {"alloc": i}, "cuMemMap", _OK, pva, n, h)
             txn.push(self.undo_unmap, i, "plane", pva, n)
             ava = 0
             if a.region is not None:
@@ -566,7 +577,7 @@ class _GroupRun:
                 self.step("MapAlias", {"alloc": i}, "cuMemMap", lambda: d.map(ava, n, h),
                           self.target(a, "alias"), ava, n)
                 s.alias_mapped += 1
-                self.ev("MapAlias", {"alloc": i}, "cuMemMap", _OK, ava, n)
+                self.ev("MapAlias", {"alloc": i}, "cuMemMap", _OK, ava, n, h)
                 txn.push(self.undo_unmap, i, "alias", ava, n)
             for mapping, va in (("plane", pva), ("alias", ava)):
                 if mapping == "alias" and a.region is None:
@@ -600,7 +611,7 @@ class _GroupRun:
             try:
                 s.exported += 1
                 self.ev("Export", {"alloc": i}, "cuMemExportToShareableHandle", _OK, None,
-                        a.length)
+                        a.length, h)
                 for r in self.importers:
                     args = {"alloc": i, "to": r}
                     self.step("Send", args, "sendmsg", lambda: send(r, i, fd, a.length),
@@ -643,7 +654,7 @@ class _GroupRun:
                 finally:
                     d.close_shareable(got.fd)
                 s.imported += 1
-                self.ev("Import", iargs, "cuMemImportFromShareableHandle", _OK, None, n)
+                self.ev("Import", iargs, "cuMemImportFromShareableHandle", _OK, None, n, h)
                 txn.push(self.undo_import_release, o, i, h)
                 maps: list[tuple[str, int, list[int]]] = []
                 pva = slot + self.plane_off[a.plane] + a.plane_offset
@@ -657,7 +668,7 @@ class _GroupRun:
                               self.target(a, mapping, o), va, n)
                     s.import_mapped += 1
                     granted = [0]   # filled by the grant; the undo reads it when it runs
-                    self.ev("ImportMap", margs, "cuMemMap", _OK, va, n)
+                    self.ev("ImportMap", margs, "cuMemMap", _OK, va, n, h)
                     txn.push(self.undo_import_unmap, o, i, mapping, va, n, granted)
                     maps.append((mapping, va, granted))
                 for mapping, va, granted in maps:
@@ -1246,6 +1257,7 @@ def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
     if not errors:
         run.phase = "Aborted"
         run._group("AbortComplete")
+    run.write_header()
     run.trace.close()
     try:
         free_after = {run.device: driver.free_memory(run.device)[0]}

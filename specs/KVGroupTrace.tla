@@ -14,6 +14,17 @@
 (* counters.  As in KVLifecycleTrace, acceptance is the violation of the  *)
 (* invariant TraceNotAccepted (TLC 2.15 has no POSTCONDITION); a rejected *)
 (* interleaving deadlocks with l = the first unmatched record.            *)
+(*                                                                         *)
+(* Objects (version 2, ObjectsMatch, history variables hdl and ihdl): the *)
+(* rules of kvgrant.conformance.group_objects.  Every event is on the      *)
+(* process's own device; Reserve/Free name its reservation; Map/MapAlias  *)
+(* the live handle at base + the plan's offset, inside the reservation;   *)
+(* Grant/Unmap that mapping's VA and size; Export and Release the live    *)
+(* handle (Release: unmapped); Import a handle not live in the process;   *)
+(* ImportMap the imported handle at base + slot * TraceSlot + offset;     *)
+(* ImportGrant/ImportUnmap that mapping; ImportRelease the imported       *)
+(* handle, unmapped.  VAs in granules from the process's own base, sizes  *)
+(* in granules, handles by order of appearance per process (-1 null).    *)
 (***************************************************************************)
 EXTENDS KVGroup, KVGroupTraceData, Integers, Sequences, FiniteSets
 
@@ -23,13 +34,91 @@ EXTENDS KVGroup, KVGroupTraceData, Integers, Sequences, FiniteSets
 \* aliasMapped, grants, isReady, isFailed, exported, sent, imported,
 \* importMapped, importGrants.
 
-VARIABLE l   \* cursor: 1-based position of the next record to match
+VARIABLE l      \* cursor: 1-based position of the next record to match
+VARIABLE hdl    \* hdl[p][a]: id of p's live handle of allocation a (-1: none)
+VARIABLE ihdl   \* ihdl[p][o][a]: id of p's imported handle of o's allocation a
 
-traceVars == <<vars, l>>
+traceVars == <<vars, l, hdl, ihdl>>
 
 TerminalPhases == {"Published", "Aborted", "Shutdown"}
 
-TraceInit == Init /\ l = 1
+TraceInit ==
+    /\ Init
+    /\ l = 1
+    /\ hdl = [p \in Ranks |-> [a \in Allocs |-> -1]]
+    /\ ihdl = [p \in Ranks |-> [o \in Ranks |-> [a \in Allocs |-> -1]]]
+
+\* The VA (granules from p's base) of mapping m of allocation a in slot k
+\* (0: p's own memory, k > 0: the k-th owner p imports from).
+SlotVA(p, k, a, m) ==
+    TraceBase[p] + k * TraceSlot + (IF m = "plane" THEN TraceMapOff[a] ELSE TraceAliasOff[a])
+
+\* A field that a successful event must name, and a failed one may: it is want.
+Named(x, want, ok) == (ok \/ x # -1) => x = want
+
+InReservation(e) ==
+    /\ TraceBase[e.p] <= e.evVa
+    /\ e.evVa + e.size <= TraceBase[e.p] + TraceResSize[e.p]
+
+\* A mapping event names the planned VA and the allocation's size.
+AtVA(e, k, m) ==
+    (e.ok \/ e.evVa # -1) => /\ e.evVa = SlotVA(e.p, k, e.alloc, m)
+                              /\ e.size = TraceLen[e.alloc]
+
+OwnLive(p) == {hdl[p][b] : b \in Allocs} \ {-1}
+Live(p) == OwnLive(p) \cup ({ihdl[p][o][b] : o \in Ranks, b \in Allocs} \ {-1})
+
+NewHandle(e, live) ==
+    /\ Named(e.size, TraceLen[e.alloc], e.ok)
+    /\ e.ok => (e.handle # -1 /\ e.handle \notin live)
+    /\ ~e.ok => e.handle = -1
+
+ImportActions == {"Import", "ImportMap", "ImportGrant", "ImportUnmap", "ImportRelease"}
+
+\* The event acts on the object the header's plan names (see the header).
+\* (IF/CASE, not \/: inside an action TLC explores every disjunct.)
+ObjectsMatch(e) ==
+    IF e.action = "Crash" THEN TRUE ELSE
+    /\ e.device = TraceDevice[e.p]
+    /\ CASE e.action \in {"Reserve", "Free"} ->
+             /\ e.ok => e.evVa # -1
+             /\ Named(e.evVa, TraceBase[e.p], e.ok)
+             /\ Named(e.size, TraceResSize[e.p], e.ok)
+        [] e.action = "Create" -> NewHandle(e, OwnLive(e.p))
+        [] e.action \in {"Map", "MapAlias"} ->
+             /\ Named(e.handle, hdl[e.p][e.alloc], e.ok)
+             /\ e.ok => InReservation(e)
+             /\ AtVA(e, 0, IF e.action = "Map" THEN "plane" ELSE "alias")
+        [] e.action \in {"Grant", "Unmap"} -> AtVA(e, 0, e.mapping)
+        [] e.action = "Release" ->
+             /\ Named(e.handle, hdl[e.p][e.alloc], e.ok)
+             /\ e.ok => (e.alloc \notin mapped[e.p] /\ e.alloc \notin aliasMapped[e.p])
+        [] e.action = "Export" ->
+             /\ Named(e.handle, hdl[e.p][e.alloc], e.ok)
+             /\ Named(e.size, TraceLen[e.alloc], e.ok)
+        [] e.action \in ImportActions /\ TraceSlotOf[e.p][e.owner] < 0 -> TRUE
+        [] e.action = "Import" -> NewHandle(e, Live(e.p))
+        [] e.action = "ImportMap" ->
+             /\ Named(e.handle, ihdl[e.p][e.owner][e.alloc], e.ok)
+             /\ e.ok => InReservation(e)
+             /\ AtVA(e, TraceSlotOf[e.p][e.owner], e.mapping)
+        [] e.action \in {"ImportGrant", "ImportUnmap"} ->
+             AtVA(e, TraceSlotOf[e.p][e.owner], e.mapping)
+        [] e.action = "ImportRelease" ->
+             /\ Named(e.handle, ihdl[e.p][e.owner][e.alloc], e.ok)
+             /\ e.ok => \A m \in MappingKinds : <<e.owner, e.alloc, m>> \notin importMapped[e.p]
+        [] OTHER -> TRUE
+
+\* The live handles after e.
+HandlesNext(e) ==
+    /\ hdl' = IF e.ok /\ e.action = "Create" THEN [hdl EXCEPT ![e.p][e.alloc] = e.handle]
+              ELSE IF e.ok /\ e.action = "Release" THEN [hdl EXCEPT ![e.p][e.alloc] = -1]
+              ELSE hdl
+    /\ ihdl' = IF e.ok /\ e.action = "Import"
+                 THEN [ihdl EXCEPT ![e.p][e.owner][e.alloc] = e.handle]
+               ELSE IF e.ok /\ e.action = "ImportRelease"
+                 THEN [ihdl EXCEPT ![e.p][e.owner][e.alloc] = -1]
+               ELSE ihdl
 
 \* The counters recorded with event e equal the model's after it.
 StateMatches(e) ==
@@ -124,8 +213,10 @@ IsEvent(e) ==
 
 TraceNext ==
     /\ l <= Len(Trace)
+    /\ ObjectsMatch(Trace[l])
     /\ IsEvent(Trace[l])
     /\ StateMatches(Trace[l])
+    /\ HandlesNext(Trace[l])
     /\ l' = l + 1
 
 TraceSpec == TraceInit /\ [][TraceNext]_traceVars

@@ -12,13 +12,17 @@ import pytest
 from kvgrant.conformance.group_gen import simulate_group, write_group
 from kvgrant.conformance.group_io import load_group
 from kvgrant.conformance.group_model import constants_from
-from kvgrant.conformance.group_mutants import GROUP_MUTATIONS, group_mutants, parse_texts
+from kvgrant.conformance.group_mutants import (GROUP_MUTATIONS, OBJECT_MUTATIONS, OBJECT_WORDS,
+                                              group_mutants, parse_texts)
 from kvgrant.conformance.group_replay import CRASH, replay_group, replay_group_files
 from kvgrant.errors import TraceError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "group"
-C2 = constants_from(2, 2, [0, 1], [1], {0: [1], 1: []}, {0: [0, 1], 1: [0, 1]})
-C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [2], 2: []},
+# Version-2 traces derive importers from the plan's import groups (symmetric, as in every
+# geometry). C3: ranks 0 and 1 import each other; rank 2 is a declared reader of all
+# and imports nothing (the group's non-importer).
+C2 = constants_from(2, 2, [0, 1], [1], {0: [1], 1: [0]})
+C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [0], 2: []},
                     {r: [0, 1, 2] for r in range(3)})
 
 
@@ -47,9 +51,9 @@ def test_owner_crash_fixture_names_the_dead_rank_missing() -> None:
 
 
 @pytest.mark.parametrize("kw", [
-    {}, {"shutdown": False}, {"fail_at": {0: 0}}, {"fail_at": {1: 3}}, {"fail_at": {2: 20}},
-    {"crash_after": {0: 4}}, {"crash_after": {1: 20}}, {"crash_after": {2: 0}},
-    {"fail_at": {1: 16}, "crash_after": {0: 30}}], ids=str)
+    {}, {"shutdown": False}, {"fail_at": {0: 0}}, {"fail_at": {1: 3}}, {"fail_at": {1: 20}},
+    {"fail_at": {2: 8}}, {"crash_after": {0: 4}}, {"crash_after": {1: 20}},
+    {"crash_after": {2: 0}}, {"fail_at": {1: 16}, "crash_after": {0: 30}}], ids=str)
 def test_generated_groups_are_accepted(tmp_path: Path, kw: dict) -> None:
     v = replay_group_files([_write(tmp_path, simulate_group(C3, **kw))])
     assert v.accepted, v.summary()
@@ -75,7 +79,7 @@ def test_interleaving_puts_every_send_before_its_import(tmp_path: Path) -> None:
 
 
 BASES = {"published": {}, "owner-fails": {"fail_at": {0: 3}},
-         "importer-aborts": {"fail_at": {2: 14}}}
+         "importer-aborts": {"fail_at": {1: 17}}}
 
 
 def _cases():
@@ -97,6 +101,19 @@ def test_every_group_mutant_is_rejected_at_its_event(tmp_path: Path, label: str,
 def test_every_mutation_applies_to_some_base() -> None:
     applied = {m.name for _, m in _cases()}
     assert applied == set(GROUP_MUTATIONS)
+    assert len(OBJECT_MUTATIONS) >= 6 and set(OBJECT_MUTATIONS) <= applied
+
+
+@pytest.mark.parametrize("label, m", [(x, m) for x, m in _cases() if m.name in OBJECT_WORDS],
+                         ids=[x for x, m in _cases() if m.name in OBJECT_WORDS])
+def test_object_mutants_are_rejected_naming_the_object(tmp_path: Path, label: str, m) -> None:
+    """Object-identity mutants keep the order of steps: without the object checks the
+    model would take them. The rejection is at the mutated event and names the object."""
+    v = replay_group_files([_write(tmp_path, m.texts)])
+    assert (v.rank, v.index) == (m.rank, m.seq), (m.description, v.summary())
+    for word in OBJECT_WORDS[m.name]:
+        assert word in v.reason, (word, v.reason)
+    assert f"rank {m.rank}" in v.reason
 
 
 def test_key_order_does_not_matter(tmp_path: Path) -> None:
@@ -138,11 +155,23 @@ def test_reader_names_what_is_malformed(tmp_path: Path) -> None:
         load_group([files[0], files[0]])
     head, *rest = files[1].read_text().splitlines()
     h = json.loads(head)
-    h["allocs"] = 3
+    h["regions"][1][3] = "importers"   # the owner-only region of file 0 made shared
     files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
-    with pytest.raises(TraceError, match="header.allocs differs"):
+    with pytest.raises(TraceError, match="header.owner_only differs"):
         load_group(files)
-    h["allocs"], h["mode"] = 2, "process"
+    h["regions"][1][3] = "owner"
+    h["reservations"]["0"][1] *= 2
+    files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
+    with pytest.raises(TraceError, match=r"header.reservations\[0\].size = 0x2000000: must be "
+                                         r"0x1000000 \(one slot"):
+        load_group(files)
+    h["reservations"]["0"][1] //= 2
+    h["version"] = 1
+    files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
+    with pytest.raises(TraceError, match="header.version = 1: a group trace must be version "
+                                         "2 .*re-record"):
+        load_group(files)
+    h["version"], h["mode"] = 2, "process"
     files[1].write_text("\n".join([json.dumps(h)] + rest) + "\n")
     with pytest.raises(TraceError, match="mode"):
         load_group(files)
@@ -159,6 +188,12 @@ def test_reader_names_what_is_malformed(tmp_path: Path) -> None:
                         + "\n")
     with pytest.raises(TraceError, match="rank = 0"):
         load_group(files)
+    ev["rank"], ev["va"] = 1, -5
+    files[1].write_text("\n".join([json.dumps(h)] + rest[:3] + [json.dumps(ev)] + rest[4:])
+                        + "\n")
+    with pytest.raises(TraceError, match="va = -5: must be an integer >= 0 or null") as err:
+        load_group(files)
+    assert err.value.line == 5
 
 
 def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
@@ -181,8 +216,8 @@ def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
     assert "have no trace file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("mod", ["group_model", "group_io", "group_replay", "group_gen",
-                                 "group_mutants", "group_check", "group_fast"])
+@pytest.mark.parametrize("mod", ["group_model", "group_io", "group_objects", "group_replay",
+                                 "group_gen", "group_mutants", "group_check", "group_fast"])
 def test_group_modules_pin_their_public_names(mod: str) -> None:
     import importlib
 
@@ -195,9 +230,11 @@ def test_generator_fails_and_crashes_where_asked() -> None:
     heads, evs = parse_texts(simulate_group(C3, fail_at={1: 2}, crash_after={2: 5}))
     fails = [e for e in evs[1] if e["result"] not in (None, "CUDA_SUCCESS", "SUCCESS")]
     assert [e["action"] for e in fails] == ["Map"] and fails[0]["seq"] == 2
+    assert fails[0]["va"] == heads[1]["reservations"]["1"][0] and fails[0]["handle"] is None
     assert len(evs[2]) == 5
     decide = next(e for e in evs[0] if e["action"] == "Decide")
-    assert decide["args"] == {"decision": "abort", "failed": [1], "missing": [2]}
+    # rank 0 imports from rank 1, which failed before sending: rank 0's Import gives up
+    assert decide["args"] == {"decision": "abort", "failed": [0, 1], "missing": [2]}
 
 
 def test_fast_steps_give_the_same_verdicts(tmp_path: Path) -> None:
@@ -214,8 +251,8 @@ def test_fast_steps_give_the_same_verdicts(tmp_path: Path) -> None:
 
 # --- the fast path (conformance/group_fast.py) ----------------------------------------------
 
-C4 = constants_from(4, 5, [0, 2, 3], [2], {0: [1, 2, 3], 1: [0], 2: [], 3: [0, 1, 2]})
-C4_NO_ALIAS = constants_from(4, 3, [], [], {0: [1], 1: [2], 2: [3], 3: [0]})
+C4 = constants_from(4, 5, [0, 2, 3], [2], {0: [1, 3], 1: [0, 3], 2: [], 3: [0, 1]})
+C4_NO_ALIAS = constants_from(4, 3, [], [], {0: [1], 1: [0], 2: [3], 3: [2]})
 CLEAN = [(C2, {}), (C2, {"shutdown": False}), (C3, {}), (C3, {"shutdown": False}),
          (C4, {}), (C4, {"shutdown": False}), (C4, {"devices": {0: 0, 1: 0, 2: 0, 3: 0}}),
          (C4_NO_ALIAS, {"devices": {0: 3, 1: 2, 2: 1, 3: 0}})]
@@ -246,15 +283,12 @@ def test_fast_path_in_worker_processes_gives_the_same_verdict(tmp_path: Path) ->
 
 
 def test_fast_path_accepts_the_h200_group_trace(tmp_path: Path) -> None:
-    import tarfile
-
     from kvgrant.conformance.group_fast import fast_accept
+    from tests.conformance.test_h200_group_trace import h200_group_dir
 
-    with tarfile.open(FIXTURES.parent / "h200" / "group-published-dcp8-2proc.tgz") as tf:
-        tf.extractall(tmp_path, filter="data")
-    d = next(p.parent for p in tmp_path.rglob("rank0.ndjson"))
+    d = h200_group_dir(tmp_path)   # skips while the fixture is an old version
     fast = fast_accept([d])
-    assert fast is not None and fast.events == 49870
+    assert fast is not None and fast.events > 40_000
     assert fast.order == replay_group(load_group([d])).order
 
 
@@ -268,8 +302,92 @@ def test_fast_path_leaves_everything_else_to_the_replay(tmp_path: Path) -> None:
     sorted_keys = [json.dumps(heads[r], sort_keys=True) + "\n" + "".join(
         json.dumps(e, sort_keys=True) + "\n" for e in evs[r]) for r in range(3)]
     others = [simulate_group(C3, fail_at={1: 3}), simulate_group(C3, crash_after={2: 9}),
-              sorted_keys, [t.replace('"t": 0.0', '"t": 00.0', 1) for t in texts]]
+              sorted_keys, [t.replace('"t": 0.000000', '"t": 00.000000', 1) for t in texts]]
     others += [m.texts for _, m in _cases()]
     for i, group in enumerate(others):
         assert fast_accept([_write(tmp_path, group, f"o{i}")]) is None, i
     assert fast_accept([tmp_path / "missing"]) is None
+
+
+# --- the format has one owner (kvgrant.traceformat) -----------------------------------------
+
+def _group_cases():
+    """One event of every group action, as runtime/group.py's _GroupRun.ev gets them."""
+    from kvgrant.traceformat import GROUP_SHAPES
+
+    vals = {"owner": 0, "alloc": 1, "mapping": "alias", "devices": [5], "to": 0,
+            "ready": False, "error": "boom", "decision": "abort", "failed": [1],
+            "missing": [2]}
+    for action, shape in GROUP_SHAPES.items():
+        args = {k: vals[k] for k in shape.args}
+        ok = "SUCCESS" if action in ("Send", "Vote") else "CUDA_SUCCESS"
+        yield (action, args, shape.call, None if shape.call is None else ok,
+               (1 << 44) + (6 << 21) if shape.va else None, (2 << 21) if shape.size else None,
+               4242 if shape.handle else None)
+        if shape.call is not None and action not in ("Send", "Vote"):  # a failed call
+            yield (action, args, shape.call, "CUDA_ERROR_OUT_OF_MEMORY", None, None, None)
+
+
+def test_every_group_action_written_is_read_back_field_for_field() -> None:
+    """For every action of kvgrant.traceformat.GROUP_SHAPES, the line runtime/group.py's
+    writing path (_GroupRun.ev -> TraceWriter) writes is format_group_event's line, and
+    both group readers (group_io's regex fast path, the one group_fast uses too, and the
+    detailed reader) give back every field. A change of format is one change there."""
+    import io
+    import re
+    from types import SimpleNamespace
+
+    from kvgrant.conformance.group_gen import group_header
+    from kvgrant.conformance.group_io import parse_proc_trace
+    from kvgrant.runtime.group import _GroupRun, _State
+    from kvgrant.runtime.trace import TraceWriter
+    from kvgrant.traceformat import GROUP_FAST_EVENT, GROUP_ROW, GROUP_VERSION, format_group_event
+
+    head = group_header(C3, 1, devices={0: 4, 1: 5, 2: 6})
+    buf = io.StringIO()
+    tw = TraceWriter(buf)
+    tw.header(version=GROUP_VERSION, **{k: v for k, v in head.items()
+                                        if k not in ("kind", "version")})
+    run = SimpleNamespace(trace=tw, rank=1, device=5, _head=None, _phase="Aborting",
+                          st=_State(va=True, created=2, mapped=1, alias_mapped=1, grants=3,
+                                    ready=False, failed=True, exported=2, sent=1, imported=1,
+                                    import_mapped=2, import_grants=1))
+    run.state = lambda: _GroupRun.state(run)  # type: ignore[attr-defined]
+    cases = list(_group_cases())
+    for action, args, call, result, va, size, handle in cases:
+        _GroupRun.ev(run, action, args, call, result, va, size, handle)  # type: ignore[arg-type]
+    tw.close()
+    text = buf.getvalue()
+    lines = text.splitlines()
+    state = _GroupRun.state(run)  # type: ignore[arg-type]
+    no_t = re.compile(r'"t": [^,]*, ')
+    for k, (action, args, call, result, va, size, handle) in enumerate(cases):
+        ev = {"seq": k, "rank": 1, "action": action, "args": args, "call": call,
+              "result": result, "device": 5, "va": va, "size": size, "handle": handle,
+              "state": state}
+        assert no_t.sub("", lines[k + 1]) == no_t.sub("", format_group_event(ev)), action
+    assert len(GROUP_FAST_EVENT.findall(text)) == len(cases), "the fast reader takes every line"
+    fast = parse_proc_trace(text, "w")
+    heads, evs = parse_texts([text])
+    slow_text = json.dumps(heads[0], sort_keys=True) + "\n" + "".join(
+        json.dumps(e, sort_keys=True) + "\n" for e in evs[0])
+    assert not GROUP_FAST_EVENT.findall(slow_text)   # other key order: the detailed reader
+    slow = parse_proc_trace(slow_text, "s")
+    dev_rank = {4: 0, 5: 1, 6: 2}
+    for k, (action, args, call, result, va, size, handle) in enumerate(cases):
+        m = GROUP_FAST_EVENT.match(lines[k + 1])
+        assert m is not None and m.group(GROUP_ROW["action"] + 1) == action
+        for pt in (fast, slow):
+            r_action, e, r_result, r_state = pt.rows[k]
+            if isinstance(r_state, str):
+                r_state = json.loads("{" + r_state + "}")
+            got = {f: getattr(e, f) for f in e._fields if getattr(e, f) is not None}
+            want = {f: v for f, v in args.items() if f != "error"}
+            if "devices" in want:
+                want["devices"] = frozenset(dev_rank[d] for d in want["devices"])
+            for f in ("failed", "missing"):
+                if f in want:
+                    want[f] = frozenset(want[f])
+            assert (r_action, got, r_result, r_state, pt.objs[k]) == \
+                (action, want, result, state, (5, va, size, handle)), (pt.source, action)
+            assert pt.raw_event(k)["args"] == args and pt.raw_event(k)["call"] == call

@@ -1,6 +1,6 @@
 """The TLC engine on group traces (tlc mark, needs Java): it accepts what the Python
-engine accepts and rejects every group mutant at the same event, with the same state
-and enabled actions."""
+engine accepts and rejects every group mutant, object-identity mutants included, at the
+same event, with the same state and enabled actions."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from kvgrant.conformance.group_gen import simulate_group, write_group
 from kvgrant.conformance.group_io import load_group
 from kvgrant.conformance.group_model import constants_from
-from kvgrant.conformance.group_mutants import group_mutants
+from kvgrant.conformance.group_mutants import OBJECT_MUTATIONS, group_mutants
 from kvgrant.conformance.group_replay import replay_group
 from kvgrant.conformance.tla_trace import check_group_tlc, group_module_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "group"
-C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [2], 2: []},
+C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [0], 2: []},
                     {r: [0, 1, 2] for r in range(3)})
 
 
@@ -43,8 +43,9 @@ def test_tlc_accepts_the_fixtures(java, case: str) -> None:
 @pytest.mark.tlc
 def test_tlc_rejects_every_group_mutant_where_python_does(java, tmp_path: Path) -> None:
     cases = group_mutants(simulate_group(C3)) + group_mutants(
-        simulate_group(C3, fail_at={2: 14}),
+        simulate_group(C3, fail_at={1: 17}),
         ["publish_while_abort", "importer_keeps_mapping", "vote_ready_after_failure"])
+    assert set(OBJECT_MUTATIONS) <= {m.name for m in cases}   # TLC checks objects too
     groups = []
     for i, m in enumerate(cases):
         d = tmp_path / f"m{i}"

@@ -64,7 +64,11 @@ def check_group(paths: list[Path], *, dead: set[int] = frozenset()) -> str:  # t
     decisions = {e["args"]["decision"] for es in evs.values() for e in es
                  if e["action"] == "Decide"}
     assert len(decisions) == 1, f"decisions disagree: {decisions}"
-    importers = {int(k): set(v) for k, v in next(iter(heads.values()))["importers"].items()}
+    # version 2: importers are the other members of each import group (the plan's topology)
+    importers = {r: set() for r in heads}
+    for g in next(iter(heads.values()))["topology"]["import_groups"]:
+        for r in g:
+            importers[r] = set(g) - {r}
     sent = {(r, e["args"]["alloc"], e["args"]["to"]) for r, es in evs.items() for e in es
             if e["action"] == "Send" and e["result"] == "SUCCESS"}
     for r, to_list in ((r, {t for (o, _, t) in sent if o == r}) for r in evs):
