@@ -19,6 +19,8 @@ set -euo pipefail
 OUT=${OUT:-tests/fixtures/h200}
 KV=${KVGRANT:-kvgrant}
 BACKEND=${BACKEND:-cuda}   # BACKEND=sim OUT=/tmp/x: a dry run of this script without GPUs
+ENGINE=${ENGINE:-both}     # ENGINE=python on a GPU host without Java; then run
+                           # `kvgrant conform FILE --engine both` where Java is
 mkdir -p "$OUT"
 export KVGRANT_LEDGER=${KVGRANT_LEDGER:-$(mktemp -d)/ledger.json}  # not the host's ledger
 
@@ -29,7 +31,7 @@ rec() {  # rec NAME GEOMETRY PLAN [extra alloc args...]
     # --fail-at makes alloc exit 1 (the attempt aborts, as intended)
     "$KV" alloc "$geometry" --ranks 2 --plan "$plan" --backend "$BACKEND" \
         --trace "$OUT/$name.ndjson" "$@" || [ "$#" -gt 0 ]
-    "$KV" conform "$OUT/$name.ndjson" --geometry "$geometry" --ranks 2 --engine both
+    "$KV" conform "$OUT/$name.ndjson" --geometry "$geometry" --ranks 2 --engine "$ENGINE"
 }
 
 PARTS=${PARTS:-lifecycle group}
