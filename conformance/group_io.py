@@ -43,8 +43,12 @@ __all__ = [
     "is_group_trace",
     "load_group",
     "parse_proc_trace",
+    "read_group_headers",
 ]
 
+#: The longest header line read (a published-scale plan is about 90 KB; 64 MiB is far
+#: more than any plan, and bounds a file with no newline).
+MAX_HEADER_BYTES = 64 << 20
 #: Keys of an event's ``state`` in the writer's order, with their types.
 STATE_KEYS: tuple[tuple[str, type], ...] = GROUP_STATE_KEYS
 _SUCCESS = frozenset({"CUDA_SUCCESS", "SUCCESS"})
@@ -459,6 +463,22 @@ def _expand(paths: Iterable[str | Path]) -> list[Path]:
             out += files
         else:
             out.append(p)
+    return out
+
+
+def read_group_headers(paths: Iterable[str | Path]) -> list[tuple[str, GroupHeader]]:
+    """Each file's header alone (``kvgrant conform --geometry``), without its events."""
+    out: list[tuple[str, GroupHeader]] = []
+    for f in _expand(paths):
+        try:
+            with open(f, encoding="utf-8") as fh:
+                first = fh.readline(MAX_HEADER_BYTES)
+            obj = json.loads(first)
+        except OSError as err:
+            raise TraceError(f"{f}: cannot read: {err.strerror or err}", line=None) from None
+        except (ValueError, RecursionError):
+            raise _fail(str(f), 1, "line 1 is not a JSON header object") from None
+        out.append((str(f), _parse_group_header(obj, str(f))))
     return out
 
 

@@ -57,7 +57,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--geometry", metavar="FILE", default=None,
                    help="also check that the trace header's plan (allocations, planes, "
                         "regions, reservation sizes, import groups, declared readers) is "
-                        "the one this geometry gives for the header's plan label and pages")
+                        "the one this geometry gives for the header's plan label and pages "
+                        "(for a group: every process's header)")
     p.add_argument("--ranks", type=positive_int, default=None, metavar="N",
                    help="with --geometry: the geometry run on N ranks, as `kvgrant alloc "
                         "--ranks N` did")
@@ -124,10 +125,9 @@ def run(args: argparse.Namespace) -> int:
     with exit_on_signals():
         if is_group_input(args.trace):
             if getattr(args, "geometry", None) is not None:
-                print("kvgrant conform: error: --geometry checks the plan in a one-process "
-                      "trace's header (version 2); group traces (version 1) carry none",
-                      file=sys.stderr)
-                return 2
+                rc = _check_group_geometry(args)
+                if rc is not None:
+                    return rc
             return run_group(args.trace, args.engine, args.json)
         args.trace = args.trace[0]
         return _run(args)
@@ -148,14 +148,7 @@ def _run(args: argparse.Namespace) -> int:
             _error(args, f"--geometry {args.geometry}: {err}", kind="geometry")
             return 2
         if diffs:
-            msg = (f"the trace header does not match {args.geometry}: " + "; ".join(diffs[:5])
-                   + (f"; ... {len(diffs) - 5} more" if len(diffs) > 5 else ""))
-            if args.json:
-                print(json.dumps({"trace": args.trace, "engine": args.engine,
-                                  "accepted": False, "agree": True, "error": "geometry",
-                                  "mismatches": diffs}, indent=2))
-            print(f"kvgrant conform: rejected: {msg}", file=sys.stderr)
-            return 1
+            return _geometry_rejected(args, diffs)
         if not args.json:
             print(f"header matches {args.geometry} (plan {trace.header.extra.get('plan')!r})")
     verdicts = []
@@ -195,32 +188,82 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if verdicts[0].accepted else 1
 
 
+def _geometry_rejected(args: argparse.Namespace, diffs: list[str]) -> int:
+    msg = (f"the trace header does not match {args.geometry}: " + "; ".join(diffs[:5])
+           + (f"; ... {len(diffs) - 5} more" if len(diffs) > 5 else ""))
+    if args.json:
+        print(json.dumps({"trace": args.trace, "engine": args.engine,
+                          "accepted": False, "agree": True, "error": "geometry",
+                          "mismatches": diffs}, indent=2))
+    print(f"kvgrant conform: rejected: {msg}", file=sys.stderr)
+    return 1
+
+
+def _check_group_geometry(args: argparse.Namespace) -> int | None:
+    """``--geometry`` for a group: every file's header must carry the geometry's plan.
+    None when they all do (the check goes on), else the exit status."""
+    try:
+        diffs = group_geometry_mismatches(args.trace, args.geometry, args.ranks)
+    except KVGrantError as err:
+        _error(args, f"--geometry {args.geometry}: {err}", kind="geometry")
+        return 2
+    if diffs:
+        return _geometry_rejected(args, diffs)
+    if not args.json:
+        print(f"every header matches {args.geometry}")
+    return None
+
+
+def _expected_plan(layout: Any, label: Any, geometry: str, ranks: int | None
+                   ) -> dict[str, Any]:
+    """The header fields the runtime derives from ``geometry`` for a plan ``label`` and
+    the header's fitted page count (kvgrant.traceformat.plan_header)."""
+    from kvgrant.layout.geometry import load_geometry, on_ranks
+    from kvgrant.layout.plans import make_plan
+    from kvgrant.runtime.engine import va_layout
+    from kvgrant.traceformat import plan_header
+
+    g = load_geometry(geometry)
+    if ranks is not None:
+        g = on_ranks(g, ranks)
+    if layout.pages is not None and layout.pages != g.pages:
+        g = g.model_copy(update={"pages": layout.pages})  # fitted to free memory
+    plan = make_plan(g, label if isinstance(label, str) else "?")
+    plane_off, region_off, size = va_layout(g)
+    want = plan_header(g, plan.allocations, plane_off, region_off, size,
+                       {r: None for r in range(g.topology.ranks)})
+    want["ranks"] = g.topology.ranks
+    return want
+
+
 def geometry_mismatches(trace: Any, geometry: str, ranks: int | None = None) -> list[str]:
     """Where the trace header's plan differs from the one ``geometry`` gives (its plan
     label, fitted pages and VA layout, as the runtime derives them); [] when equal.
     Raises KVGrantError when the geometry cannot be read or the header's plan label
     is not one the geometry can make."""
     from kvgrant.conformance.trace_plan import compare_plan
-    from kvgrant.layout.geometry import load_geometry, on_ranks
-    from kvgrant.layout.plans import make_plan
-    from kvgrant.runtime.engine import va_layout
-    from kvgrant.traceformat import plan_header
 
     h = trace.header
     if h.layout is None:
         raise TraceError("the trace has no plan in its header (version 1)", line=1)
-    g = load_geometry(geometry)
-    if ranks is not None:
-        g = on_ranks(g, ranks)
-    if h.layout.pages is not None and h.layout.pages != g.pages:
-        g = g.model_copy(update={"pages": h.layout.pages})  # fitted to free memory
-    label = h.extra.get("plan")
-    plan = make_plan(g, label if isinstance(label, str) else "?")
-    plane_off, region_off, size = va_layout(g)
-    want = plan_header(g, plan.allocations, plane_off, region_off, size,
-                       {r: None for r in range(g.topology.ranks)})
-    want["ranks"] = g.topology.ranks
+    want = _expected_plan(h.layout, h.extra.get("plan"), geometry, ranks)
     return compare_plan(h.layout, h.ranks, want)
+
+
+def group_geometry_mismatches(paths: list[str], geometry: str,
+                              ranks: int | None = None) -> list[str]:
+    """:func:`geometry_mismatches` for each file of a group, each line prefixed with the
+    file. Reservation sizes are left to the group reader, which checks them against the
+    plan (one slot per rank the process maps)."""
+    from kvgrant.conformance.group_io import read_group_headers
+    from kvgrant.conformance.trace_plan import compare_plan
+
+    out: list[str] = []
+    for path, h in read_group_headers(paths):
+        want = _expected_plan(h.layout, h.extra.get("plan"), geometry, ranks)
+        want["reservations"] = h.layout.to_json()["reservations"]
+        out += [f"{path}: {d}" for d in compare_plan(h.layout, h.constants.ranks, want)]
+    return out
 
 
 def _check_tlc(trace: Any, args: argparse.Namespace) -> Any:

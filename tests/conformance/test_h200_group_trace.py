@@ -49,3 +49,19 @@ def test_a_cut_group_trace_is_not_accepted_as_a_shutdown(tmp_path: Path) -> None
     r1.write_text("".join(lines[:-100]))
     (verdict,) = check_group(sorted(str(p) for p in d.glob("rank*.ndjson")))
     assert not verdict.accepted or "r1 Shutdown" not in verdict.summary()
+
+
+def test_conform_geometry_checks_every_header_of_the_group(tmp_path: Path, capsys) -> None:
+    """`kvgrant conform DIR --geometry FILE`: each process's header must carry the plan
+    the geometry gives; another geometry is rejected naming the file and the field."""
+    from kvgrant.cli import main
+
+    d = h200_group_dir(tmp_path)
+    root = Path(__file__).resolve().parents[2]
+    assert main(["conform", str(d), "--geometry", str(root / "examples/published-dcp8.json"),
+                 "--ranks", "2"]) == 0
+    assert "every header matches" in capsys.readouterr().out
+    assert main(["conform", str(d), "--geometry", str(root / "examples/small.json"),
+                 "--ranks", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "rank0.ndjson: header.planes" in err and "but the geometry says" in err
