@@ -427,7 +427,8 @@ def _parse_devices(obj: dict[str, Any], ranks: int, lineno: int, source: str) ->
 
 
 def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
-    """A version-1 header (the constants as lists): group traces (conformance.group_io)."""
+    """A version-1 header (the constants as lists, no plan): the model-only traces that
+    tests, mutants and the drift guard build (``parse_trace_lines(model_only=True)``)."""
     if obj.get("kind") != "header":
         raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: line 1 must be the header "
                                     "(kind = 'header')")
