@@ -33,7 +33,9 @@ def check_group(paths: Sequence[str | Path], engine: str = "python") -> list[Gro
     from kvgrant.conformance.group_fast import fast_accept
 
     t = None
-    py = fast_accept(paths)      # a group of clean runs, without a per-event replay
+    # a group of clean runs, without a per-event replay; files over PARALLEL_BYTES in
+    # all are checked one per CPU at once
+    py = fast_accept(paths, jobs=None)
     if py is None:
         t = load_group(paths)
         py = replay_group(t)
