@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from kvgrant.errors import PlanError
 from kvgrant.layout.conflicts import conflict_ranges
@@ -437,6 +437,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                node_limit: int | None = DEFAULT_NODE_LIMIT,
                max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
                max_solves: int = DEFAULT_MAX_SOLVES,
+               options: Mapping[str, object] | None = None,
                progress: Callable[[str], None] | None = None) -> ExactResult:
     """The best plan HiGHS finds within deterministic work limits, with its proof.
 
@@ -458,6 +459,10 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     max_solves
         Solves in all: after a solve whose plan lost a join, the pattern is forbidden
         and the model solved again, up to this many times.
+    options
+        Extra HiGHS options (name -> value), set after the defaults. For measuring
+        (``bench_plan.py --highs``): the planner passes none, and options that make
+        the plan depend on the host (a ``time_limit``) break determinism.
     max_nonzeros
         Models with more matrix nonzeros are not solved (``source`` "start",
         ``status`` says why): see :data:`DEFAULT_MAX_NONZEROS`.
@@ -521,7 +526,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     h.addRows(len(m.rows), lo, hi, len(index), np.array(starts, dtype=np.int32),
               np.array(index, dtype=np.int32), np.array(value, dtype=np.float64))
     for key, v in (("time_limit", SAFETY_SECONDS), ("mip_rel_gap", 0.0),
-                   ("mip_abs_gap", 0.999), ("threads", 1), ("random_seed", 0)):
+                   ("mip_abs_gap", 0.999), ("threads", 1), ("random_seed", 0),
+                   *(options or {}).items()):
         h.setOptionValue(key, v)
     if node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(node_limit))
