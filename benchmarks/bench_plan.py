@@ -22,6 +22,8 @@ Usage::
 
     .venv/bin/python benchmarks/bench_plan.py                      # markdown table
     .venv/bin/python benchmarks/bench_plan.py --family 20 --unseen 10 --random 20 --json
+    # some layouts only, with extra HiGHS options (how solver settings were compared)
+    .venv/bin/python benchmarks/bench_plan.py --only exporter-3,exporter-5 --highs presolve=off
 
 It exits 1 only if a plan breaks the contract, the exact plan needs more allocations
 than the reference rule, or a bound exceeds a valid plan.
