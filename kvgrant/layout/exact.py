@@ -395,14 +395,15 @@ def _extract(g: Geometry, m: _Model, lab: Labels, vals: Sequence[float], label: 
     for l_ in range(nl):
         runs = _runs(owned[l_])
         region, start = lab.region[l_], lab.first[l_]
-        first = last = None
-        for r in runs:
-            p, u, n = r
-            if first is None and placed.get((p, u - 1)) == (region, start - 1):
-                first = r
-            nl_ = lab_at.get((p, u + n))
-            if last is None and nl_ is not None and lab.pred[nl_] == l_ and nl_ != l_:
-                last = r
+        first = next((r for r in runs if placed.get((r[0], r[1] - 1)) == (region, start - 1)),
+                     None)
+        # the run joined to the next label: where several may be, one that is not also
+        # the first (a run cannot be both while the label has more runs), and then one
+        # whose next run is not itself joined onward (so the next label keeps a choice)
+        cands = [r for r in runs if _leads_on(lab, lab_at, r[0], r[1] + r[2], l_)]
+        last = min(cands, key=lambda r: (r == first and len(runs) > 1,
+                                         _chains_on(lab, lab_at, r[0], r[1] + r[2])),
+                   default=None)
         if first is not None and first == last and len(runs) > 1:
             lost.append((class_of[first[0]], l_, first[1], first[2]))
             last = None
@@ -415,6 +416,24 @@ def _extract(g: Geometry, m: _Model, lab: Labels, vals: Sequence[float], label: 
                 out.append(Allocation(names[p], (u + d) * G, G, region, j * G))
                 j += 1
     return finish_plan(g, label, out, notes=("exact model (HiGHS)",)), lost
+
+
+def _leads_on(lab: Labels, lab_at: dict[tuple[int, int], int], p: int, u: int,
+              l_: int) -> bool:
+    """Whether plane granule (p, u) holds the label just after ``l_``."""
+    nxt = lab_at.get((p, u))
+    return nxt is not None and nxt != l_ and lab.pred[nxt] == l_
+
+
+def _chains_on(lab: Labels, lab_at: dict[tuple[int, int], int], p: int, u: int) -> bool:
+    """Whether the run of plane ``p`` starting at granule ``u`` is followed, in the
+    same plane, by the next label's granule (a candidate to join onward)."""
+    l_ = lab_at.get((p, u))
+    if l_ is None:
+        return False
+    while lab_at.get((p, u)) == l_:
+        u += 1
+    return _leads_on(lab, lab_at, p, u, l_)
 
 
 def _runs(units: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
