@@ -332,7 +332,10 @@ def _extract(g: Geometry, m: _Model, lab: Labels, vals: Sequence[float], label: 
     join out of a row interior goes, where there is a choice, to a plane whose run
     was not joined in (one run cannot be both first and last of a row that has more
     runs). Then each label's granules are laid out in region order: the run joined to
-    the previous label first, the run joined to the next label last. Returns the plan
+    the previous label first, the run joined to the next label last, chosen, where
+    several runs are followed by the next label, apart from the first (else the join
+    is lost and the model solved again: exporter-3 took 6 solves before this choice
+    and ended 2.6% above its bound). Returns the plan
     and, per run that was joined at both ends but could not be, (class, label, first
     granule, granules).
     """
