@@ -22,6 +22,8 @@ Usage::
 
     .venv/bin/python benchmarks/bench_plan.py                      # markdown table
     .venv/bin/python benchmarks/bench_plan.py --family 20 --unseen 10 --random 20 --json
+    # some layouts only, with extra HiGHS options (how solver settings were compared)
+    .venv/bin/python benchmarks/bench_plan.py --only exporter-3,exporter-5 --highs presolve=off
 
 It exits 1 only if a plan breaks the contract, the exact plan needs more allocations
 than the reference rule, or a bound exceeds a valid plan.
@@ -61,13 +63,15 @@ def _cpu(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.process_time() - c0
 
 
-def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True) -> dict[str, Any]:
-    """Figures of one geometry (see the module docstring)."""
+def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
+            options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Figures of one geometry (see the module docstring); ``options`` are extra HiGHS
+    options for the exact planner (``--highs``: how solver settings were compared)."""
     row: dict[str, Any] = {"name": g.name, "chunks": len(g.aliases)}
     row["naive"] = len(naive_plan(g).allocations)
     ref, ref_s = _cpu(lambda: reference_plan(g))
     row["reference"] = len(ref.allocations)
-    ex, ex_s = _cpu(lambda: exact_plan(g, start=ref))
+    ex, ex_s = _cpu(lambda: exact_plan(g, start=ref, options=options))
     row["exact"] = ex.cost
     row["solver_bound"] = ex.bound
     row["verdict"] = "optimal" if ex.optimal else f"gap {ex.gap} ({100 * ex.gap / ex.cost:.2f}%)"
@@ -193,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large", action="store_true", help="add the scale cases")
     ap.add_argument("--no-heuristic", action="store_true", help="skip the heuristic packer")
     ap.add_argument("--no-bound", action="store_true", help="skip the combinatorial bound")
+    ap.add_argument("--only", metavar="NAMES",
+                    help="comma-separated layout names to measure (e.g. exporter-3,random-5)")
+    ap.add_argument("--highs", action="append", default=[], metavar="NAME=VALUE",
+                    help="extra HiGHS option for the exact planner (repeatable; for "
+                         "comparing settings, the planner uses none)")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--from-json", metavar="FILE",
                     help="re-render the tables of an earlier --json run, measuring nothing")
@@ -214,13 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.large:
         groups["large"] = _large(gen)
+    if args.only:
+        keep = set(args.only.split(","))
+        groups = {k: [g for g in v if g.name in keep] for k, v in groups.items()}
+    options = dict(_option(o) for o in args.highs)
     results: dict[str, list[dict[str, Any]]] = {}
     for name, gs in groups.items():
         results[name] = []
         for g in gs:
             print(f"bench_plan: {g.name} ({len(g.aliases):,} chunks)", file=sys.stderr, flush=True)
             results[name].append(measure(g, heuristic=not args.no_heuristic,
-                                         bound=not args.no_bound))
+                                         bound=not args.no_bound, options=options))
     bad = {r["name"]: _failures(r) for rows in results.values() for r in rows if _failures(r)}
     if args.json:
         print(json.dumps({"results": results, "summary": {k: _summary(v) for k, v in
@@ -229,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print(results, bad)
     return 1 if bad else 0
+
+
+def _option(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` as a HiGHS option: VALUE as JSON (numbers, true/false), else text."""
+    name, _, value = text.partition("=")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def _print(results: dict[str, list[dict[str, Any]]], bad: dict[str, list[str]]) -> None:

@@ -56,3 +56,20 @@ def test_from_json_renders_an_earlier_run(tmp_path, capsys):
     assert "| x | 10 | 20 | 15 | 12 | 11 | optimal | 9 | 11 | optimal |" in out
     assert "| y |" in out and "gap 3 (25.00%)" in out
     assert "- packed_optimal: 1" in out
+
+
+def test_highs_options_parse_as_json_or_text():
+    opt = _bench()["_option"]
+    assert opt("presolve=off") == ("presolve", "off")
+    assert opt("mip_heuristic_effort=0.0") == ("mip_heuristic_effort", 0.0)
+    assert opt("mip_detect_symmetry=false") == ("mip_detect_symmetry", False)
+
+
+def test_only_measures_the_named_layouts_with_the_given_options(capsys):
+    argv = ["--family", "0", "--unseen", "0", "--random", "0", "--only", "small",
+            "--highs", "presolve=off", "--json"]
+    assert _bench()["main"](argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = [r for v in doc["results"].values() for r in v]
+    assert [r["name"] for r in rows] == ["small"]
+    assert rows[0]["verdict"] == "optimal" and rows[0]["exact_contract"] == 0

@@ -107,3 +107,15 @@ def test_without_a_start_the_solver_still_finds_a_plan():
     res = exact_plan(g)
     assert res.source == "solver" and check_contract(g, res.plan) == []
     assert res.to_json()["optimal"] is res.optimal
+
+
+def test_extraction_keeps_the_joins_of_a_row_chain():
+    # exporter-3 (7 identical planes in one class): every solve's plan used to lose a
+    # join (the run joined from the previous row was also picked as the run joined to
+    # the next), so the model was solved 6 times and stopped at 497 against a bound of
+    # 484; choosing the onward run apart from the first realises the solver's plan
+    g = parse_geometry(gen_layout().exporter_layout(3))
+    res = exact_plan(g, start=reference_plan(g))
+    assert check_contract(g, res.plan) == []
+    assert res.model["rounds"] == 1
+    assert res.optimal and res.cost == res.bound == len(res.plan.allocations)
