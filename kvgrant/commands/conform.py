@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from kvgrant.commands._args import count, positive_int, positive_seconds
 from kvgrant.errors import KVGrantError, ToolError, TraceError
@@ -125,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
     with exit_on_signals():
         if is_group_input(args.trace):
             if getattr(args, "geometry", None) is not None:
-                rc = _check_group_geometry(args)
+                rc = _check_geometry(
+                    args, lambda: group_geometry_mismatches(args.trace, args.geometry,
+                                                            args.ranks),
+                    f"every header matches {args.geometry}")
                 if rc is not None:
                     return rc
             return run_group(args.trace, args.engine, args.json)
@@ -142,15 +145,11 @@ def _run(args: argparse.Namespace) -> int:
         _error(args, f"malformed trace: {err}", kind="malformed", line=err.line)
         return 2
     if getattr(args, "geometry", None) is not None:
-        try:
-            diffs = geometry_mismatches(trace, args.geometry, args.ranks)
-        except KVGrantError as err:
-            _error(args, f"--geometry {args.geometry}: {err}", kind="geometry")
-            return 2
-        if diffs:
-            return _geometry_rejected(args, diffs)
-        if not args.json:
-            print(f"header matches {args.geometry} (plan {trace.header.extra.get('plan')!r})")
+        rc = _check_geometry(
+            args, lambda: geometry_mismatches(trace, args.geometry, args.ranks),
+            f"header matches {args.geometry} (plan {trace.header.extra.get('plan')!r})")
+        if rc is not None:
+            return rc
     verdicts = []
     if args.engine in ("python", "both"):
         verdicts.append(replay(trace))
@@ -199,18 +198,19 @@ def _geometry_rejected(args: argparse.Namespace, diffs: list[str]) -> int:
     return 1
 
 
-def _check_group_geometry(args: argparse.Namespace) -> int | None:
-    """``--geometry`` for a group: every file's header must carry the geometry's plan.
-    None when they all do (the check goes on), else the exit status."""
+def _check_geometry(args: argparse.Namespace, mismatches: Callable[[], list[str]],
+                    matched: str) -> int | None:
+    """``--geometry``: None when the header(s) carry the geometry's plan (the check goes
+    on), else the exit status (1 mismatch, 2 the geometry or plan label is unusable)."""
     try:
-        diffs = group_geometry_mismatches(args.trace, args.geometry, args.ranks)
+        diffs = mismatches()
     except KVGrantError as err:
         _error(args, f"--geometry {args.geometry}: {err}", kind="geometry")
         return 2
     if diffs:
         return _geometry_rejected(args, diffs)
     if not args.json:
-        print(f"every header matches {args.geometry}")
+        print(matched)
     return None
 
 
