@@ -54,8 +54,8 @@ from kvgrant.runtime.engine import traced_shutdown, va_layout
 from kvgrant.runtime.prepare import host_ledger, resolve_plan
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
-from kvgrant.traceformat import GROUP_VERSION, group_plan_header
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
+from kvgrant.traceformat import GROUP_VERSION, group_plan_header
 
 __all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "plan_digests",
            "rank_demand", "take_ledger_lease"]
