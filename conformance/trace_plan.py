@@ -73,7 +73,8 @@ class Layout:
         }
 
 
-def derive_importers(ranks: int, groups: tuple[tuple[int, ...], ...]) -> tuple[frozenset[int], ...]:
+def derive_importers(ranks: int, groups: tuple[tuple[int, ...], ...]
+                     ) -> tuple[frozenset[int], ...]:
     """Importers of each rank: the other members of its import group (as
     ``Geometry.importers``); a rank in no group has none."""
     of: dict[int, frozenset[int]] = {}
@@ -85,6 +86,17 @@ def derive_importers(ranks: int, groups: tuple[tuple[int, ...], ...]) -> tuple[f
 
 def _is_int(v: Any) -> bool:
     return type(v) is int
+
+
+def _first_overlap(spans: list[tuple[int, int, int]]
+                   ) -> tuple[tuple[int, int, int], tuple[int, int]] | None:
+    """The first pair of ``(lo, hi, owner)`` byte ranges that overlap, in address order:
+    ``((lo, hi, owner) of the earlier, (lo, owner) of the later)``; None when none do."""
+    items = sorted(spans)
+    for (lo1, hi1, o1), (lo2, _hi2, o2) in zip(items, items[1:]):
+        if lo2 < hi1:
+            return (lo1, hi1, o1), (lo2, o2)
+    return None
 
 
 def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
@@ -186,11 +198,11 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
             alias_off.append(regions[region][0] + roff)
         plan.append(PlanAlloc(plane, poff, length, region, roff))
     for where, items in used.items():
-        items.sort()
-        for (lo1, hi1, a1), (lo2, _h, a2) in zip(items, items[1:]):
-            if lo2 < hi1:
-                raise fail(f"header.allocations[{a2}]: {where} bytes from {lo2:#x} overlap "
-                           f"allocation {a1}'s [{lo1:#x}, {hi1:#x})")
+        hit = _first_overlap(items)
+        if hit is not None:
+            (lo1, hi1, a1), (lo2, a2) = hit
+            raise fail(f"header.allocations[{a2}]: {where} bytes from {lo2:#x} overlap "
+                       f"allocation {a1}'s [{lo1:#x}, {hi1:#x})")
 
     res_raw = obj.get("reservations")
     if not isinstance(res_raw, dict):
@@ -213,11 +225,12 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
     extra = sorted(set(res_raw) - {str(r) for r in range(ranks)})
     if extra:
         raise fail(f"header.reservations key {extra[0]!r}: must be a rank 0..{ranks - 1}")
-    live = sorted((b, b + s, r) for r, (b, s) in reservations.items() if b is not None)
-    for (lo1, hi1, r1), (lo2, _h, r2) in zip(live, live[1:]):
-        if lo2 < hi1:
-            raise fail(f"header.reservations[{r2}]: base {lo2:#x} overlaps rank {r1}'s "
-                       f"reservation [{lo1:#x}, {hi1:#x})")
+    hit = _first_overlap([(b, b + s, r) for r, (b, s) in reservations.items()
+                          if b is not None])
+    if hit is not None:
+        (lo1, hi1, r1), (lo2, r2) = hit
+        raise fail(f"header.reservations[{r2}]: base {lo2:#x} overlaps rank {r1}'s "
+                   f"reservation [{lo1:#x}, {hi1:#x})")
 
     topo = obj.get("topology")
     if not isinstance(topo, dict):

@@ -179,10 +179,9 @@ class Engine:
         self._header_rest = ""
         if trace.enabled:
             fields = self._header_fields()
-            self._header_rest = encode_json(
-                {k: fields.pop(k) for k in list(fields) if k != "ranks" and k != "allocs"
-                 and k != "reservations"})
-            self._header = fields
+            late = ("ranks", "allocs", "reservations")  # written as dict fields
+            self._header = {k: fields[k] for k in late}
+            self._header_rest = encode_json({k: v for k, v in fields.items() if k not in late})
         self.G = g.granularity
         # CUDA ordinals each mapping is granted to: [rank][region or None]
         self.grant_plane: list[list[int]] = []

@@ -449,6 +449,22 @@ def _runs(units: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return [(p, u, n) for p, u, n in out]
 
 
+def _set_start(h: "highspy.Highs", g: Geometry, m: _Model, lab, plan: PhysicalPlan
+               ) -> bool:
+    """Give the solver ``plan`` as its incumbent; False when the plan has no values in
+    this model (it is then not a start)."""
+    import highspy
+
+    vals = _start_values(g, m, lab, plan)
+    if vals is None:
+        return False
+    sol = highspy.HighsSolution()
+    sol.col_value = vals
+    sol.value_valid = True
+    h.setSolution(sol)
+    return True
+
+
 def _cost(plan: PhysicalPlan, plane_cost: float, region_cost: dict[str, float]) -> float:
     return sum(plane_cost + (region_cost.get(a.region, 0.0) if a.region else 0.0)
                for a in plan.allocations)
@@ -554,14 +570,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     if node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(node_limit))
     start_cost = None
-    if start is not None:
-        vals = _start_values(g, m, lab, start)
-        if vals is not None:
-            sol = highspy.HighsSolution()
-            sol.col_value = vals
-            sol.value_valid = True
-            h.setSolution(sol)
-            start_cost = _cost(start, plane_cost, rc)
+    if start is not None and _set_start(h, g, m, lab, start):
+        start_cost = _cost(start, plane_cost, rc)
     if progress:
         progress(f"exact model: {n:,} columns, {len(m.rows):,} rows, "
                  f"{len(m.classes)} plane classes; solving with HiGHS")
@@ -606,12 +616,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                 h.addRow(-inf, 1.0, 2, np.array([f_in, f_out], dtype=np.int32),
                          np.array([1.0, 1.0]))
         if best is not None:
-            vals = _start_values(g, m, lab, best)
-            if vals is not None:
-                sol = highspy.HighsSolution()
-                sol.col_value = vals
-                sol.value_valid = True
-                h.setSolution(sol)
+            _set_start(h, g, m, lab, best)
     if best is None:
         raise PlanError(f"geometry {g.name!r}: the exact model found no plan within its "
                         f"work limits and no start plan was given ({status})")
