@@ -17,7 +17,7 @@ from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.driver import Driver
 from kvgrant.runtime.published import Counts
-from kvgrant.runtime.trace import TraceWriter, clock
+from kvgrant.runtime.trace import ALLOC_ENTRY, TraceWriter, alloc_spec, clock
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 from kvgrant.traceformat import (ACTIONS, LIFECYCLE_VERSION, args_alloc, args_grant, encode_json,
                                  args_unmap, event_template, plan_header, state_template,
@@ -170,6 +170,8 @@ class Engine:
         self._t0: float | None = None
         self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
         self._phase = "Allocating"
+        # the rank whose driver step an interruption stopped (traced as its Fail)
+        self._interrupted_rank: int | None = None
         # trace-template keys of alias grants, one per region
         self.alias_key = {reg.name: "Grant alias:" + reg.name for reg in g.regions}
         self.plane_off, self.region_off, self.reserve_bytes = va_layout(g)
@@ -288,14 +290,26 @@ class Engine:
             self.trace.event(None, action, args or {}, None, None, {"phase": self.phase})
 
     # ------------------------------------------------------------ failed steps
-    def _fail(self, st: _Rank, err: DriverError, action: str, args: str, call: str,
+    def _fail(self, st: _Rank, err: BaseException, action: str, args: str, call: str,
               target: str, byte_range: tuple[int, int] | None, va: int | None,
-              size: int | None, handle: int | None = None) -> StepFailed:
+              size: int | None, handle: int | None = None) -> StepFailed | None:
+        """Trace step ``action`` of rank ``st`` as failed (the model's ``Fail``) and mark
+        the rank failed. A driver error gives the StepFailed to raise; an interruption
+        (KeyboardInterrupt, a bug) inside the step is traced the same way, with its
+        exception's name as the result, since the step did not happen (the caller then
+        re-raises it and :meth:`interrupted` aborts naming this rank)."""
         st.failed = True
+        driver_err = isinstance(err, DriverError)
         if self.trace.enabled:
             self.header()
-            self._ev(st, action, args, call, err.result_name, va, size, handle)
-        return StepFailed(err, st.rank, st.device, call, target, byte_range, va, size)
+            self._ev(st, action, args, call,
+                     err.result_name if driver_err else type(err).__name__,  # type: ignore[attr-defined]
+                     va, size, handle)
+        if not driver_err:
+            self._interrupted_rank = st.rank
+            return None
+        return StepFailed(err, st.rank, st.device, call, target,  # type: ignore[arg-type]
+                          byte_range, va, size)
 
     def _alloc_target(self, a: Allocation, mapping: str) -> tuple[str, tuple[int, int]]:
         if mapping == "alias":
@@ -323,9 +337,12 @@ class Engine:
         for st in self.ranks:
             try:
                 base = d.reserve(size, self.G, device=st.device)
-            except DriverError as e:
-                raise self._fail(st, e, "Reserve", "{}", "cuMemAddressReserve",
-                                 "reservation", (0, size), None, size) from e
+            except BaseException as e:
+                failed = self._fail(st, e, "Reserve", "{}", "cuMemAddressReserve",
+                                    "reservation", (0, size), None, size)
+                if failed is None:
+                    raise
+                raise failed from e
             st.va = True
             st.base = base
             st.size = size
@@ -336,7 +353,30 @@ class Engine:
             self.header()
             self.trace.ship_if_full()
 
+    def _alloc_spec(self, st: _Rank) -> tuple[Any, ...]:
+        """The trace's allocation spec of this rank as it is now (trace_render.alloc_spec):
+        templates bake in the flags and the phase, which stay fixed through a rank's loop."""
+        tpl = self._tpl_of(st)
+        return alloc_spec(
+            tpl("Create"), tpl("Map"), tpl("MapAlias"), tpl("Grant plane"),  # type: ignore[arg-type]
+            len(self.grant_plane[st.rank]),
+            [(tpl(self.alias_key[reg.name]), len(self.grant_region[st.rank][reg.name]))
+             for reg in self.g.regions])
+
+    def _open_entries(self, st: _Rank, key: Any) -> bytearray:
+        """Define rank ``st``'s allocation spec under ``key`` and open its entries."""
+        self.trace.define_allocs(key, self._alloc_spec(st))
+        return self.trace.alloc_entries(key)
+
     def _build_rank(self, st: _Rank, txn: Transaction) -> None:
+        """Every allocation of one rank, in plan order: Create, Map, MapAlias, Grant
+        (plane), Grant (alias); each undo pushed once its step succeeded.
+
+        Tracing's hot path: one ``ALLOC_ENTRY`` packed per allocation (its handle, VAs,
+        counters and the time of each event) into a bytearray of the record stream; the
+        renderer expands it into the allocation's event lines (docs/allocator.md
+        "Traces"). A step that fails, or an interruption, packs the events that
+        happened first."""
         d = self.driver
         tr = self.trace.enabled
         r = st.rank
@@ -344,85 +384,98 @@ class Engine:
         base = st.base
         plane_va = {n: base + o for n, o in self.plane_off.items()}
         region_va = {n: base + o for n, o in self.region_off.items()}
+        region_code = {reg.name: k + 1 for k, reg in enumerate(self.g.regions)}
         grant_plane = self.grant_plane[r]
         grant_region = self.grant_region[r]
-        # Tracing's hot path, inlined: the rank's flags and the phase stay fixed for the
-        # whole loop, so its line templates are looked up once (each record is then one
-        # tuple; docs/allocator.md has what a traced event costs).
-        rec = self._record
-        ship = self.trace.ship_if_full  # ships a full chunk, between driver calls
-        tpl = self._tpl_of(st)
-        t_create, t_map, t_alias = tpl("Create"), tpl("Map"), tpl("MapAlias")
-        t_grant = tpl("Grant plane")
-        t_grant_alias = {reg: tpl(key) for reg, key in self.alias_key.items()}
+        kp = len(grant_plane)
+        key = r
+        entries = bytearray()
+        limit = 0
+        pack = ALLOC_ENTRY.pack
+        if tr:
+            entries = self._open_entries(st, key)
+            limit = self.trace.entries_limit
+        push = txn.push
+        undo_unmap = self._undo_unmap
         for i, a in enumerate(self.allocs):
             n = a.length
-            # Create
+            region = a.region
+            pva = plane_va[a.plane] + a.plane_offset
+            ava = 0 if region is None else \
+                region_va[region] + a.region_offset  # type: ignore[operator]
+            done = h = 0
+            t1 = t2 = t3 = t4 = t5 = 0.0
             try:
                 h = d.create(n, dev)
-            except DriverError as e:
-                tgt, rng = self._alloc_target(a, "plane")
-                raise self._fail(st, e, "Create", _ALLOC % i, "cuMemCreate", tgt, rng,
-                                 None, n) from e
-            st.created += 1
-            if tr:
-                rec((t_create, clock(), i, n, h,  # type: ignore[misc]
-                     st.created, st.mapped, st.alias_mapped, st.grants))
-            txn.push(self._undo_release, st, i, h)
-            # Map (plane)
-            pva = plane_va[a.plane] + a.plane_offset
-            try:
-                d.map(pva, n, h)
-            except DriverError as e:
-                tgt, rng = self._alloc_target(a, "plane")
-                raise self._fail(st, e, "Map", _ALLOC % i, "cuMemMap", tgt, rng, pva, n,
-                                 h) from e
-            st.mapped += 1
-            if tr:
-                rec((t_map, clock(), i, pva, n, h,  # type: ignore[misc]
-                     st.created, st.mapped, st.alias_mapped, st.grants))
-            txn.push(self._undo_unmap, st, i, "plane", pva, n)
-            # MapAlias
-            ava = 0
-            if a.region is not None:
-                ava = region_va[a.region] + a.region_offset  # type: ignore[operator]
-                try:
-                    d.map(ava, n, h)
-                except DriverError as e:
-                    tgt, rng = self._alloc_target(a, "alias")
-                    raise self._fail(st, e, "MapAlias", _ALLOC % i, "cuMemMap", tgt, rng,
-                                     ava, n, h) from e
-                st.alias_mapped += 1
+                st.created += 1
+                push(self._undo_release, st, i, h)
+                done = 1
                 if tr:
-                    rec((t_alias, clock(), i, ava, n, h,  # type: ignore[misc]
-                         st.created, st.mapped, st.alias_mapped, st.grants))
-                txn.push(self._undo_unmap, st, i, "alias", ava, n)
-            # Grant (plane)
-            self._grant(st, i, a, "plane", pva, n, grant_plane, t_grant)
-            if a.region is not None:
-                self._grant(st, i, a, "alias", ava, n, grant_region[a.region],
-                            t_grant_alias[a.region])
+                    t1 = clock()
+                d.map(pva, n, h)
+                st.mapped += 1
+                push(undo_unmap, st, i, "plane", pva, n)
+                done = 2
+                if tr:
+                    t2 = clock()
+                if region is not None:
+                    d.map(ava, n, h)
+                    st.alias_mapped += 1
+                    push(undo_unmap, st, i, "alias", ava, n)
+                    done = 3
+                    if tr:
+                        t3 = clock()
+                d.set_access(pva, n, grant_plane)
+                st.grants += kp
+                st.plane_grants[i] = kp
+                done += 1
+                if region is not None:
+                    if tr:
+                        t4 = clock()
+                    devs = grant_region[region]
+                    d.set_access(ava, n, devs)
+                    st.grants += len(devs)
+                    st.alias_grants[i] = len(devs)
+                    done = 5
+                    if tr:
+                        t5 = clock()
+                elif tr:
+                    t3 = clock()
+            except BaseException as e:
+                if tr:  # the events that happened, then the failed one
+                    entries += pack(0 if region is None else region_code[region], done, i, h,
+                                    pva, ava, n, st.created, st.mapped, st.alias_mapped,
+                                    st.grants, t1, t2, t3, t4, t5)
+                failed = self._step_failed(st, e, i, a, done, h, pva, ava)
+                if failed is None:
+                    raise
+                raise failed from e
             if tr:
-                ship()
+                entries += pack(0 if region is None else region_code[region], done, i, h,
+                                pva, ava, n, st.created, st.mapped, st.alias_mapped, st.grants,
+                                t1, t2, t3, t4, t5)
+                if len(entries) >= limit:
+                    entries = self.trace.ship_entries(key)
 
-    def _grant(self, st: _Rank, i: int, a: Allocation, mapping: str, va: int, n: int,
-               devs: list[int], template: str | None) -> None:
-        """One cuMemSetAccess; ``template`` is the trace line's (None when untraced)."""
-        try:
-            self.driver.set_access(va, n, devs)
-        except DriverError as e:
-            tgt, rng = self._alloc_target(a, mapping)
-            raise self._fail(st, e, "Grant", args_grant(mapping, devs, i),
-                             "cuMemSetAccess", tgt, rng, va, n) from e
-        k = len(devs)
-        st.grants += k
-        if mapping == "plane":
-            st.plane_grants[i] = k
-        else:
-            st.alias_grants[i] = k
-        if template is not None:
-            self._record((template, clock(), i, va, n,  # type: ignore[misc]
-                          st.created, st.mapped, st.alias_mapped, st.grants))
+    def _step_failed(self, st: _Rank, e: BaseException, i: int, a: Allocation, done: int,
+                     h: int, pva: int, ava: int) -> StepFailed | None:
+        """:meth:`_fail` for allocation ``i``'s step after the ``done`` that succeeded."""
+        steps = ("Create", "Map", "MapAlias", "Grant plane", "Grant alias") \
+            if a.region is not None else ("Create", "Map", "Grant plane")
+        step = steps[done]
+        n = a.length
+        if step == "Create":
+            return self._fail(st, e, "Create", _ALLOC % i, "cuMemCreate",
+                              *self._alloc_target(a, "plane"), None, n)
+        if step in ("Map", "MapAlias"):
+            mapping, va = ("plane", pva) if step == "Map" else ("alias", ava)
+            return self._fail(st, e, step, _ALLOC % i, "cuMemMap",
+                              *self._alloc_target(a, mapping), va, n, h)
+        mapping, va = ("plane", pva) if step == "Grant plane" else ("alias", ava)
+        devs = self.grant_plane[st.rank] if mapping == "plane" else \
+            self.grant_region[st.rank][a.region]  # type: ignore[index]
+        return self._fail(st, e, "Grant", args_grant(mapping, devs, i), "cuMemSetAccess",
+                          *self._alloc_target(a, mapping), va, n)
 
     # --------------------------------------------------------------- undos
     def _undo_free(self, st: _Rank, va: int, size: int) -> None:
@@ -484,11 +537,16 @@ class Engine:
         self._group("Publish")
 
     def interrupted(self, txn: Transaction, err: BaseException) -> None:
-        """Something other than a driver step failed (a bug, ``KeyboardInterrupt``):
-        unwind the same way, traced as ``Abort`` with no failed rank, and let it go on."""
+        """Something other than a driver error stopped the build (``KeyboardInterrupt``,
+        a bug): unwind the same way and let it go on. Inside a driver step it was traced
+        as that step's ``Fail`` and ``Abort`` names the rank; elsewhere (between steps,
+        outside any rank's loop) ``Abort`` names no rank."""
         self.phase = "Aborting"
-        self._group("Abort", {"failed_rank": None})
+        self._group("Abort", {"failed_rank": self._interrupted_rank})
         errors = txn.rollback()
+        if not errors:
+            self.phase = "Aborted"
+            self._group("AbortComplete")
         self.trace.close()
         attach_cleanup_errors(err, errors)
 

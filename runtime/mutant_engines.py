@@ -17,6 +17,7 @@ from kvgrant.runtime.allocator import run_transaction
 from kvgrant.runtime.engine import Engine, _Rank
 from kvgrant.runtime.prepare import prepare
 from kvgrant.runtime.published import Published
+from kvgrant.runtime.trace_render import alloc_records
 from kvgrant.runtime.transaction import Transaction
 
 __all__ = ["MUTANT_ENGINES", "REJECTED_AT", "allocate_mutant"]
@@ -95,29 +96,40 @@ class SkipRelease(Engine):
         super()._undo_release(st, i, handle)
 
 
+class _MapFirst:
+    """Entries of rank 0 whose first allocation is traced Map first, then Create (the
+    Map with one handle fewer created); later entries go on as usual."""
+
+    def __init__(self, engine: Engine, st: _Rank, key: Any) -> None:
+        self.engine, self.st, self.key = engine, st, key
+        self.spec = engine._alloc_spec(st)
+        self.target: bytearray | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.target is None else len(self.target)
+
+    def __iadd__(self, entry: bytes) -> "_MapFirst":
+        if self.target is not None:
+            self.target += entry
+            return self
+        create, map_, *rest = alloc_records(self.spec, entry)
+        record = self.engine._record
+        assert record is not None
+        record(map_[:-4] + (map_[-4] - 1,) + map_[-3:])
+        for rec in (create, *rest):
+            record(rec)
+        self.target = self.engine.trace.alloc_entries(self.key)
+        return self
+
+
 class MapBeforeCreate(Engine):
     """Traces rank 0's first Map before the Create it depends on."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        record = self._record
-        if record is None:
-            return
-        held: list[tuple[Any, ...]] = []
-        state = {"done": False}
-
-        def swapping(rec: tuple[Any, ...]) -> None:
-            if state["done"]:
-                record(rec)
-            elif held:  # the Map of the held Create: emit it first, one handle fewer
-                state["done"] = True
-                record(rec[:6] + (rec[6] - 1,) + rec[7:])  # (tpl, t, a, va, n, h, created..)
-                record(held.pop())
-            elif '"rank": 0, "action": "Create"' in rec[0]:
-                held.append(rec)
-            else:
-                record(rec)
-        self._record = swapping
+    def _open_entries(self, st: _Rank, key: Any) -> bytearray:
+        entries = super()._open_entries(st, key)
+        if st.rank != 0:
+            return entries
+        return _MapFirst(self, st, key)  # type: ignore[return-value]
 
 
 MUTANT_ENGINES: dict[str, type[Engine]] = {

@@ -40,10 +40,11 @@ from typing import IO, Any, Callable, Mapping
 from kvgrant.errors import TraceError
 from kvgrant.runtime import trace_render
 from kvgrant.traceformat import LIFECYCLE_VERSION, encode_json, event_line, event_template
-from kvgrant.runtime.trace_render import FLUSH, HEADER, STOP, Renderer, frame, read_frame
+from kvgrant.runtime.trace_render import (ALLOC_ENTRY, ALLOCS, DEFINE, FLUSH, HEADER, STOP,
+                                          Renderer, alloc_spec, frame, read_frame)
 
-__all__ = ["DEFAULT_CHUNK", "TRACE_ENV", "TRACE_VERSION", "TraceWriter", "clock",
-           "event_template", "open_trace"]
+__all__ = ["ALLOC_ENTRY", "DEFAULT_CHUNK", "TRACE_ENV", "TRACE_VERSION", "TraceWriter",
+           "alloc_spec", "clock", "event_template", "open_trace"]
 
 TRACE_ENV = "KVGRANT_TRACE"
 #: Header version of a lifecycle trace (kvgrant.traceformat owns the format).
@@ -110,7 +111,7 @@ class _InProcess:
             except OSError:
                 self._lost()
         last = items[-1]
-        if last.__class__ is not list or last[0] == HEADER:
+        if last.__class__ is not list or last[0] not in (FLUSH, STOP):
             return False
         if not self.dead:
             try:
@@ -243,6 +244,34 @@ class TraceWriter:
         :meth:`ship_if_full` between driver calls.
         """
         return self._buf.append
+
+    def define_allocs(self, key: Any, spec: tuple[Any, ...]) -> None:
+        """Define the allocation spec ``key`` (:func:`alloc_spec`, one per rank and its
+        flags) for the entries of :meth:`alloc_entries`."""
+        self._buf.append([DEFINE, key, spec])
+
+    def alloc_entries(self, key: Any) -> bytearray:
+        """The hot path of an allocation loop: a bytearray, in place in the record
+        stream, to which the caller appends one :data:`ALLOC_ENTRY` per allocation (spec
+        ``key``). Once it holds :attr:`entries_limit` bytes, call :meth:`ship_entries`."""
+        entries = bytearray()
+        self._buf.append([ALLOCS, key, entries])
+        return entries
+
+    @property
+    def entries_limit(self) -> int:
+        """Bytes of entries to gather before :meth:`ship_entries`: a chunk's worth of
+        events, an allocation counting as its five."""
+        return max(1, self._chunk // 5) * ALLOC_ENTRY.size
+
+    def ship_entries(self, key: Any) -> bytearray:
+        """Ship everything recorded so far (without waiting) and return a new
+        bytearray for the next entries of spec ``key``."""
+        if self._on:
+            self._ship()
+        else:
+            del self._buf[:]  # switched off by a write error: keep nothing
+        return self.alloc_entries(key)
 
     def ship_if_full(self) -> None:
         """Ship the recorded events once a chunk has piled up (a length test otherwise):

@@ -509,3 +509,41 @@ def test_a_caller_that_disabled_gc_keeps_it_disabled() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class InterruptingSim(SimDriver):
+    """SimDriver that raises KeyboardInterrupt (a Ctrl-C) at its ``at``-th driver call,
+    before the call takes effect."""
+
+    def __init__(self, at: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.at = at
+        self.seen = 0
+
+    def _enter(self, call, device, va=None, size=None):  # type: ignore[no-untyped-def]
+        self.seen += 1
+        if self.seen == self.at:
+            raise KeyboardInterrupt
+        super()._enter(call, device, va, size)
+
+
+def test_ctrl_c_at_every_driver_call_unwinds_and_traces_every_event(tmp_path: Path) -> None:
+    """An interruption inside an allocation's steps (not a driver error): the events of
+    the steps that happened are traced before Abort, the unwinding undoes exactly them,
+    and the trace conforms."""
+    g = small_geometry()
+    plan = chunk_plan(g)
+    n, order = _sweep_positions(g, plan)
+    for k in range(1, n + 1):
+        drv = InterruptingSim(k, devices=3)
+        trace = tmp_path / f"int{k}.ndjson"
+        with pytest.raises(KeyboardInterrupt):
+            allocate(g, plan=plan, driver=drv, trace=trace)
+        assert drv.live().is_empty(), (k, drv.live())
+        if not trace.exists() or not trace.read_text():
+            assert order[k - 1] in ("cuMemGetAllocationGranularity", "cuMemGetInfo")
+            continue
+        actions = [e["action"] for e in events(trace)]
+        assert "Publish" not in actions and actions[-1] == "AbortComplete", (k, actions[-3:])
+        v = replay_file(trace)
+        assert v.accepted and v.final_phase == "Aborted", (k, v.summary())
