@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import IO, Callable, Sequence, Unpack
 
 from kvgrant.errors import DriverError, TraceError
 from kvgrant.gc_pause import gc_paused
@@ -37,29 +37,24 @@ from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit
 from kvgrant.runtime.driver import Driver
 from kvgrant.runtime.engine import Engine, StepFailed
+from kvgrant.runtime.options import Backend, HandleBudget, Shorthands, TraceOptions, group_options
 from kvgrant.runtime.prepare import Prepared, prepare
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter
 from kvgrant.runtime.transaction import Transaction
-
-if TYPE_CHECKING:
-    from kvgrant.runtime.ledger import HostLedger
 
 __all__ = ["Capacity", "Counts", "Published", "allocate", "run_transaction"]  # re-exported
 
 
 def allocate(geometry: "Geometry | str | Path", *,
              plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
-             driver: Driver | None = None, backend: str = "auto",
+             backend: "str | Backend | Driver" = "auto",
              devices: Sequence[int] | None = None,
              memory_limit: "str | int | MemoryLimit | None" = None,
-             handle_budget: int | None = None, preflight: bool = True,
-             handle_reserve: int | None = None,
-             ledger: "HostLedger | str | Path | bool | None" = None,
              check_contract: bool = True,
-             trace: "str | Path | IO[str] | TraceWriter | None" = None,
-             driver_options: Mapping[str, Any] | None = None,
-             trace_errors: str = "raise") -> Published:
+             budget: HandleBudget | None = None,
+             trace: "str | Path | IO[str] | TraceWriter | TraceOptions | None" = None,
+             **shorthands: Unpack[Shorthands]) -> Published:
     """Allocate every rank's KV cache in one transaction and publish it, or nothing.
 
     Parameters
@@ -71,38 +66,42 @@ def allocate(geometry: "Geometry | str | Path", *,
         (``naive``, ``reference``, ``packed``: the default) or a planner callable
         ``geometry -> PhysicalPlan``. A label or planner is applied after pages are
         fitted; a given plan must fit as it is.
-    driver, backend, driver_options
-        An open driver (left open on release), or a backend name for
-        :func:`open_driver` (``auto``, ``sim``, ``cuda``; the driver is then closed on
-        release). A ``sim`` driver gets ``devices=ranks`` unless the options say.
+    backend
+        A backend name for :func:`open_driver` (``auto``, ``sim``, ``cuda``), a
+        :class:`Backend` (a name and its driver's options), or an open driver; a driver
+        kvgrant opened is closed on release, one given is left open. A ``sim`` driver
+        gets ``devices=ranks`` unless the options say.
     devices
         CUDA ordinal of each rank (default ``0..ranks-1``).
     memory_limit
         ``None``/``"-0G"``: use what is free; ``"-1G"``: keep 1 GiB free per GPU;
         ``"40G"``: use at most 40 GiB per GPU. Pages are fitted before any create.
-    handle_budget, handle_reserve, preflight
-        Pre-flight refuses a plan whose driver-handle demand + ``handle_reserve``
-        (default ``DEFAULT_HANDLE_RESERVE``, for users kvgrant cannot see) exceeds the
-        host's ``handle_budget`` (default ``DEFAULT_HANDLE_BUDGET``) before any driver
-        call; ``preflight=False`` skips it and the ledger's refusal (to reproduce the
-        field failure), but the lease is still recorded so others see it.
-    ledger
-        The host ledger (:class:`~kvgrant.runtime.ledger.HostLedger` or its path) in
-        which the demand is reserved before the first driver call and released after
-        shutdown or abort. ``None``: the default ledger (``KVGRANT_LEDGER`` or
-        ``/dev/shm/kvgrant-ledger.json``) for the cuda backend; for sim only when
-        ``KVGRANT_LEDGER`` is set (a simulated driver spends no real handles).
-        ``False``: no ledger.
     check_contract
         Refuse a plan that breaks the layout contract before any driver call
         (``False`` only for benchmark floors that deliberately map no regions).
+    budget
+        The host's driver-handle pool (:class:`HandleBudget`; None: the defaults).
+        Pre-flight refuses, before any driver call, a plan whose driver-handle demand
+        plus ``reserve`` (for users kvgrant cannot see) exceeds ``handles``; the demand
+        is then reserved in the host ledger (``ledger``), which refuses it when other
+        holders leave too little, and released after shutdown or abort.
+        ``preflight=False`` skips both refusals (to reproduce the field failure), but
+        the lease is still recorded so others see it.
     trace
-        A path, text stream or :class:`TraceWriter`; ``None`` reads ``KVGRANT_TRACE``.
-    trace_errors
-        ``"raise"`` (default): a trace that could not be written is an error (the cache
-        is released and :class:`~kvgrant.errors.TraceError` raised, since a lost trace
-        was noticed only in ``trace_error``); ``"continue"``: keep the cache and record
-        the error in :attr:`Published.trace_error`.
+        A path, text stream or :class:`TraceWriter` (``None`` reads ``KVGRANT_TRACE``),
+        or :class:`TraceOptions` to say also what a trace that could not be written
+        does: ``errors="raise"`` (the default) releases the cache and raises
+        :class:`~kvgrant.errors.TraceError`, since a lost trace was noticed only in
+        ``trace_error``; ``"continue"`` keeps the cache and records the error in
+        :attr:`Published.trace_error`.
+    **shorthands
+        The flat keywords of earlier versions, still accepted without a warning:
+        ``handle_budget``, ``handle_reserve``, ``preflight`` and ``ledger`` stand for
+        ``budget=HandleBudget(handles=, reserve=, preflight=, ledger=)``;
+        ``trace_errors`` for ``trace=TraceOptions(trace, errors=)``; ``driver`` for
+        ``backend=<the driver>`` (a backend name beside it is ignored, as before);
+        ``driver_options`` for ``backend=Backend(backend, options)``. A shorthand
+        given together with the object that holds it is an ArgumentError.
 
     Returns
     -------
@@ -112,14 +111,16 @@ def allocate(geometry: "Geometry | str | Path", *,
     Raises
     ------
     ArgumentError
-        An argument is not accepted (names the argument, value and accepted forms).
+        An argument is not accepted (names the argument, value and accepted forms), an
+        unknown keyword (the accepted ones listed), or a shorthand given together with
+        its grouped object (both named).
     ContractError, HandleBudgetError, PlanError
         Before any driver object exists (HandleBudgetError from the ledger names the
         other holders).
     LedgerError
         The ledger file cannot be used (garbage, newer version, stuck lock).
     TraceError
-        The trace could not be written (``trace_errors="raise"``); nothing is left.
+        The trace could not be written (``errors="raise"``); nothing is left.
     AllocationError
         A driver step failed; every rank was unwound (LIFO), nothing was published.
         The error names call, rank, device, plane/region, byte range, CUresult, live
@@ -132,17 +133,15 @@ def allocate(geometry: "Geometry | str | Path", *,
     """
     from kvgrant.runtime.arguments import check_allocate_args
 
+    opts = group_options(allocate, shorthands, budget=budget, trace=trace, backend=backend)
     devices, plan = check_allocate_args(
-        geometry, plan=plan, driver=driver, backend=backend, devices=devices,
-        memory_limit=memory_limit, handle_budget=handle_budget, preflight=preflight,
-        handle_reserve=handle_reserve, ledger=ledger, check_contract=check_contract,
-        trace=trace, driver_options=driver_options, trace_errors=trace_errors)
+        geometry, plan=plan, devices=devices, memory_limit=memory_limit,
+        check_contract=check_contract, trace=opts.trace.target)
     pub = run_transaction(prepare(
-        geometry, plan=plan, driver=driver, backend=backend, devices=devices,
-        memory_limit=memory_limit, handle_budget=handle_budget, preflight=preflight,
-        handle_reserve=handle_reserve, ledger=ledger, check_contract=check_contract,
-        trace=trace, driver_options=driver_options))
-    if pub.trace_error is not None and trace_errors == "raise":
+        geometry, plan=plan, backend=opts.backend, devices=devices,
+        memory_limit=memory_limit, budget=opts.budget, check_contract=check_contract,
+        trace=opts.trace.target))
+    if pub.trace_error is not None and opts.trace.errors != "continue":
         _release_for_trace_error(pub)
     return pub
 
@@ -186,5 +185,5 @@ def _release_for_trace_error(pub: Published) -> None:
         raise TraceError(f"writing the trace to {where} failed ({cause}); releasing the cache "
                          f"then failed too: {err}", line=None) from err
     raise TraceError(f"writing the trace to {where} failed: {cause}; the cache was released "
-                     "and nothing is left (pass trace_errors='continue' to keep a cache "
-                     "without its trace)", line=None) from cause
+                     "and nothing is left (pass trace=TraceOptions(..., errors='continue') to "
+                     "keep a cache without its trace)", line=None) from cause

@@ -20,10 +20,20 @@ __all__ = [
     "MAX_DEVICE_ORDINAL",
     "TRACE_ERRORS",
     "check_allocate_args",
+    "check_backend_name",
+    "check_count",
     "check_devices",
+    "check_driver",
+    "check_driver_options",
+    "check_flag",
     "check_index",
+    "check_ledger",
     "check_name",
+    "check_trace_errors",
+    "check_trace_target",
     "checked_planner",
+    "driver_gap",
+    "fail",
     "same_file",
     "show",
 ]
@@ -31,8 +41,8 @@ __all__ = [
 #: Largest CUDA ordinal accepted (the sim builds a table up to the largest one;
 #: ``--devices=0,1,100000000`` was killed at 21.7 GB).
 MAX_DEVICE_ORDINAL = 1023
-#: ``allocate(trace_errors=...)``: a trace that cannot be written raises, unless the
-#: caller asked to continue without it.
+#: ``TraceOptions.errors`` (shorthand ``trace_errors``): a trace that cannot be written
+#: raises, unless the caller asked to continue without it.
 TRACE_ERRORS = ("raise", "continue")
 _BACKENDS = ("auto", "sim", "cuda")
 _DRIVER_METHODS = ("device_count", "granularity", "free_memory", "reserve", "create", "map",
@@ -51,7 +61,8 @@ def show(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
-def _fail(argument: str, value: Any, accepted: str) -> ArgumentError:
+def fail(argument: str, value: Any, accepted: str) -> ArgumentError:
+    """The error for ``argument = value``, saying what is accepted."""
     return ArgumentError(f"{argument} = {show(value)}: {accepted}", argument=argument,
                          value=value)
 
@@ -70,33 +81,86 @@ def check_devices(devices: Any, argument: str = "devices") -> list[int] | None:
     if devices is None:
         return None
     if isinstance(devices, (str, bytes, Mapping)) or not isinstance(devices, Sequence):
-        raise _fail(argument, devices, "must be a list of CUDA ordinals, one per rank "
+        raise fail(argument, devices, "must be a list of CUDA ordinals, one per rank "
                                        "(e.g. [0, 1])")
     out: list[int] = []
     for i, d in enumerate(devices):
         if not _is_int(d) or not 0 <= d <= MAX_DEVICE_ORDINAL:
-            raise _fail(f"{argument}[{i}]", d,
+            raise fail(f"{argument}[{i}]", d,
                         f"must be an integer CUDA ordinal in 0..{MAX_DEVICE_ORDINAL}")
         out.append(d)
     return out
 
 
-def _check_trace(trace: Any) -> None:
+def check_count(argument: str, value: Any) -> None:
+    """``None`` (kvgrant's default) or an integer >= 0 (a handle budget or reserve)."""
+    if value is not None and (not _is_int(value) or value < 0):
+        raise fail(argument, value, "must be None or an integer >= 0")
+
+
+def check_flag(argument: str, value: Any) -> None:
+    """``True`` or ``False`` exactly (``preflight="no"`` was once taken as true)."""
+    if not isinstance(value, bool):
+        raise fail(argument, value, "must be True or False")
+
+
+def check_ledger(argument: str, value: Any) -> None:
+    """``None``, ``True``, ``False``, a HostLedger or the path of a ledger file."""
+    if value is not None and not isinstance(value, bool):
+        from kvgrant.runtime.ledger import HostLedger
+
+        if not isinstance(value, HostLedger) and not _is_path(value):
+            raise fail(argument, value, "must be None, True, False, a HostLedger or the "
+                                        "path of a ledger file")
+
+
+def check_trace_target(argument: str, trace: Any) -> None:
+    """``None``, a file path, a text stream or a TraceWriter (``trace=123`` lost the
+    trace)."""
     from kvgrant.runtime.trace import TraceWriter
 
     if trace is None or isinstance(trace, TraceWriter):
         return
     if _is_path(trace):
         if "\0" in os.fspath(trace):
-            raise _fail("trace", trace, "a file path must not contain a NUL character")
+            raise fail(argument, trace, "a file path must not contain a NUL character")
         if not os.fspath(trace):
-            raise _fail("trace", trace, "must be a file path, not an empty string")
+            raise fail(argument, trace, "must be a file path, not an empty string")
         return
     binary = isinstance(trace, (io.RawIOBase, io.BufferedIOBase)) or \
         "b" in str(getattr(trace, "mode", ""))
     if binary or not callable(getattr(trace, "write", None)):
-        raise _fail("trace", trace, "must be None, a file path, a text stream (opened "
+        raise fail(argument, trace, "must be None, a file path, a text stream (opened "
                                     "with 'w', not 'wb') or a TraceWriter")
+
+
+def check_trace_errors(argument: str, value: Any) -> None:
+    """One of :data:`TRACE_ERRORS`."""
+    if not isinstance(value, str) or value not in TRACE_ERRORS:
+        raise fail(argument, value, "must be 'raise' (a trace that cannot be written is an "
+                                    "error) or 'continue'")
+
+
+def check_backend_name(argument: str, value: Any) -> None:
+    """One of ``auto``, ``sim``, ``cuda``."""
+    if not isinstance(value, str) or value not in _BACKENDS:
+        raise fail(argument, value, f"must be one of {', '.join(_BACKENDS)}")
+
+
+def driver_gap(value: Any) -> str | None:
+    """Why ``value`` is not an open driver (a class, or a VMM method it lacks), or None."""
+    if isinstance(value, type):
+        return "it is a class; pass an open instance"
+    missing = [m for m in _DRIVER_METHODS if not callable(getattr(value, m, None))]
+    return f"it lacks {missing[0]}" if missing else None
+
+
+def check_driver(argument: str, value: Any) -> None:
+    """``None`` or an open driver (every VMM method kvgrant calls)."""
+    gap = None if value is None else driver_gap(value)
+    if gap is not None:
+        raise fail(argument, value, f"must be an open Driver ({gap}); or pass backend= "
+                                    "instead")
 
 
 #: Options each backend's constructor takes (``allocate`` adds ``devices`` for sim).
@@ -107,30 +171,29 @@ _OPTIONS = {"sim": ("devices", "memory_per_device", "granularity", "handle_budge
             "cuda": ("faults", "handle_budget", "host_pool")}
 
 
-def _check_driver_options(options: Any, backend: Any) -> None:
-    """A mapping of known option names; ``faults`` must read as a FaultPlan (a typo in
-    a name reached the user as a TypeError from the constructor)."""
+def check_driver_options(argument: str, options: Any, backend: Any) -> None:
+    """A mapping of option names ``backend``'s driver takes; ``faults`` must read as a
+    FaultPlan (a typo in a name reached the user as a TypeError from the constructor)."""
     if not isinstance(options, Mapping):
-        raise _fail("driver_options", options, "must be None or a mapping of option "
-                                               "name -> value")
+        raise fail(argument, options, "must be None or a mapping of option name -> value")
     known = set(_OPTIONS["sim"]) if backend == "sim" else \
         set(_OPTIONS["cuda"]) if backend == "cuda" else set(_OPTIONS["sim"]) | set(_OPTIONS["cuda"])
     for key in options:
         if not isinstance(key, str) or key not in known:
-            raise _fail("driver_options key", key,
-                        f"must be one of {', '.join(sorted(known))} for backend {backend!r}")
+            raise fail(f"{argument} key", key,
+                       f"must be one of {', '.join(sorted(known))} for backend {backend!r}")
     if options.get("faults") is not None:
         from kvgrant.runtime.faults import Fault, FaultPlan
 
         faults = options["faults"]
         if not isinstance(faults, (Fault, FaultPlan, list, tuple)):
-            raise _fail("driver_options['faults']", faults,
-                        "must be a Fault, a FaultPlan or a list of them")
+            raise fail(f"{argument}['faults']", faults,
+                       "must be a Fault, a FaultPlan or a list of them")
         try:
             FaultPlan.coerce(options["faults"])  # type: ignore[arg-type]
         except (TypeError, ValueError) as err:
-            raise _fail("driver_options['faults']", options["faults"],
-                        f"must be a Fault, a FaultPlan or a list of them ({err})") from None
+            raise fail(f"{argument}['faults']", options["faults"],
+                       f"must be a Fault, a FaultPlan or a list of them ({err})") from None
 
 
 def same_file(a: Any, b: Any) -> bool:
@@ -144,14 +207,12 @@ def same_file(a: Any, b: Any) -> bool:
         return False
 
 
-def check_allocate_args(geometry: Any, *, plan: Any, driver: Any, backend: Any,
-                        devices: Any, memory_limit: Any, handle_budget: Any, preflight: Any,
-                        handle_reserve: Any, ledger: Any, check_contract: Any, trace: Any,
-                        driver_options: Any, trace_errors: Any
-                        ) -> tuple[list[int] | None, Any]:
-    """Check every argument of :func:`~kvgrant.runtime.allocator.allocate` before any
-    work; returns ``devices`` as a list (or None) and ``plan`` (a planner callable
-    wrapped so its result is checked).
+def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit: Any,
+                        check_contract: Any, trace: Any) -> tuple[list[int] | None, Any]:
+    """Check the flat arguments of :func:`~kvgrant.runtime.allocator.allocate` before
+    any work (the grouped ones checked themselves: :mod:`kvgrant.runtime.options`);
+    ``trace`` is the trace target. Returns ``devices`` as a list (or None) and ``plan``
+    (a planner callable wrapped so its result is checked).
 
     Raises
     ------
@@ -163,56 +224,31 @@ def check_allocate_args(geometry: Any, *, plan: Any, driver: Any, backend: Any,
 
     if not isinstance(geometry, Geometry):
         if not _is_path(geometry):
-            raise _fail("geometry", geometry, "must be a Geometry or the path of a geometry "
-                                              "JSON file")
+            raise fail("geometry", geometry, "must be a Geometry or the path of a geometry "
+                                             "JSON file")
         if not os.fspath(geometry) or "\0" in os.fspath(geometry):
-            raise _fail("geometry", geometry, "must be a file path (non-empty, no NUL)")
+            raise fail("geometry", geometry, "must be a file path (non-empty, no NUL)")
     if isinstance(plan, str):
         from kvgrant.layout.plans import PLAN_LABELS
 
         if plan not in PLAN_LABELS:
-            raise _fail("plan", plan, f"must be one of {', '.join(PLAN_LABELS)}, a "
-                                      "PhysicalPlan or a planner callable")
+            raise fail("plan", plan, f"must be one of {', '.join(PLAN_LABELS)}, a "
+                                     "PhysicalPlan or a planner callable")
     elif not isinstance(plan, PhysicalPlan) and not callable(plan):
-        raise _fail("plan", plan, "must be a plan label, a PhysicalPlan or a planner "
-                                  "callable geometry -> PhysicalPlan")
-    if driver is not None:
-        missing = [m for m in _DRIVER_METHODS if not callable(getattr(driver, m, None))]
-        if missing:
-            raise _fail("driver", driver, f"must be an open Driver (it lacks {missing[0]}); "
-                                          "or pass backend= instead")
-    if not isinstance(backend, str) or backend not in _BACKENDS:
-        raise _fail("backend", backend, f"must be one of {', '.join(_BACKENDS)}")
+        raise fail("plan", plan, "must be a plan label, a PhysicalPlan or a planner "
+                                 "callable geometry -> PhysicalPlan")
     devs = check_devices(devices)
     if isinstance(memory_limit, bool) or (
             memory_limit is not None and not isinstance(memory_limit, (str, int))):
         from kvgrant.runtime.capacity import MemoryLimit
 
         if not isinstance(memory_limit, MemoryLimit):
-            raise _fail("memory_limit", memory_limit, "must be None, a size such as '-1G' or "
-                                                      "'40G', a byte count or a MemoryLimit")
-    if handle_budget is not None and (not _is_int(handle_budget) or handle_budget < 0):
-        raise _fail("handle_budget", handle_budget, "must be None or an integer >= 0")
-    if handle_reserve is not None and (not _is_int(handle_reserve) or handle_reserve < 0):
-        raise _fail("handle_reserve", handle_reserve, "must be None or an integer >= 0")
-    if ledger is not None and not isinstance(ledger, bool):
-        from kvgrant.runtime.ledger import HostLedger
-
-        if not isinstance(ledger, HostLedger) and not _is_path(ledger):
-            raise _fail("ledger", ledger, "must be None, True, False, a HostLedger or the "
-                                          "path of a ledger file")
-    for name, value in (("preflight", preflight), ("check_contract", check_contract)):
-        if not isinstance(value, bool):
-            raise _fail(name, value, "must be True or False")
-    _check_trace(trace)
-    if driver_options is not None:
-        _check_driver_options(driver_options, backend)
-    if not isinstance(trace_errors, str) or trace_errors not in TRACE_ERRORS:
-        raise _fail("trace_errors", trace_errors, "must be 'raise' (a trace that cannot be "
-                                                  "written is an error) or 'continue'")
+            raise fail("memory_limit", memory_limit, "must be None, a size such as '-1G' or "
+                                                     "'40G', a byte count or a MemoryLimit")
+    check_flag("check_contract", check_contract)
     if same_file(geometry, trace):
-        raise _fail("trace", trace, f"is the geometry file {show(os.fspath(geometry))}; "
-                                    "writing the trace there would overwrite it")
+        raise fail("trace", trace, f"is the geometry file {show(os.fspath(geometry))}; "
+                                   "writing the trace there would overwrite it")
     if callable(plan) and not isinstance(plan, (str, PhysicalPlan)):
         plan = checked_planner(plan)
     return devs, plan
@@ -226,7 +262,7 @@ def checked_planner(planner: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def run(g: Any) -> Any:
         result = planner(g)
         if not isinstance(result, PhysicalPlan):
-            raise _fail("plan", planner, f"a planner must return a PhysicalPlan; it "
+            raise fail("plan", planner, f"a planner must return a PhysicalPlan; it "
                                          f"returned {show(result)}")
         return result
     return run
@@ -237,12 +273,12 @@ def check_name(argument: str, value: Any, names: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in names:
         shown = ", ".join(repr(n) for n in list(names)[:8])
         more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-        raise _fail(argument, value, f"must be one of {shown}{more}")
+        raise fail(argument, value, f"must be one of {shown}{more}")
     return value
 
 
 def check_index(argument: str, value: Any, size: int, what: str) -> int:
     """``value`` must be an int in ``0..size-1`` (a rank, row or page)."""
     if not _is_int(value) or not 0 <= value < size:
-        raise _fail(argument, value, f"must be an integer {what} in 0..{size - 1}")
+        raise fail(argument, value, f"must be an integer {what} in 0..{size - 1}")
     return value

@@ -40,17 +40,20 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Protocol, Sequence
+from typing import IO, Any, Callable, Mapping, Protocol, Sequence, Unpack
 
 from kvgrant.errors import (DriverError, GroupError, HandleBudgetError,
                             KVGrantError, PlanError)
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.fdpass import FdClient, FdServer
 from kvgrant.runtime.engine import traced_shutdown, va_layout
+from kvgrant.runtime.options import (Backend, HandleBudget, RankShorthands, TraceOptions,
+                                     group_options)
 from kvgrant.runtime.prepare import host_ledger, resolve_plan
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
@@ -129,7 +132,7 @@ def take_ledger_lease(ledger: Any, *, handles: int, geometry: Geometry, label: s
     as the last undo of abort and of shutdown. Each rank reserves its own share, so the
     ledger sums the group's ranks on the host with every other holder; a share that
     does not fit raises HandleBudgetError naming the holders. ``ledger`` as for
-    :func:`~kvgrant.runtime.allocator.allocate` (None: the default ledger for cuda, for
+    :class:`~kvgrant.runtime.options.HandleBudget` (None: the default ledger for cuda, for
     sim only when ``KVGRANT_LEDGER`` is set; False: none).
     """
     book = host_ledger(ledger, backend)
@@ -765,15 +768,14 @@ def _err_text(e: BaseException) -> str:
 
 def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = None, *,
                   plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
-                  driver: Driver | None = None, backend: str = "auto",
+                  backend: "str | Backend | Driver" = "auto",
                   device: int | None = None,
                   memory_limit: "str | int | MemoryLimit | None" = None,
-                  handle_budget: int | None = None, preflight: bool = True,
-                  handle_reserve: int | None = None, check_contract: bool = True,
-                  trace: "str | Path | IO[str] | TraceWriter | None" = None,
-                  driver_options: Mapping[str, Any] | None = None,
+                  check_contract: bool = True,
+                  budget: HandleBudget | None = None,
+                  trace: "str | Path | IO[str] | TraceWriter | TraceOptions | None" = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S, store: Any = None,
-                  ledger: Any = None) -> GroupPublished:
+                  **shorthands: Unpack[RankShorthands]) -> GroupPublished:
     """Allocate ``rank``'s KV cache in this process, as one member of ``group``.
 
     Every process of the group calls it (once per attempt, with the same geometry and
@@ -781,8 +783,8 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
 
     Parameters
     ----------
-    geometry, plan, memory_limit, check_contract, trace, driver, backend, driver_options
-        As for :func:`kvgrant.runtime.allocate` (``trace``: this process's own file).
+    geometry, plan, backend, memory_limit, check_contract
+        As for :func:`kvgrant.runtime.allocate`.
     rank
         The rank this process owns (0..topology.ranks-1); the group has one process
         per rank.
@@ -792,19 +794,25 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         messages.
     device
         This rank's CUDA ordinal (default: ``LOCAL_RANK`` when set, else ``rank``).
-    handle_budget, handle_reserve, preflight
-        The host's driver-handle budget and the reserve kept for users kvgrant cannot
-        see; the demand of every rank on a host is summed before any driver call and
-        refused when it and the reserve overdraw the budget (``preflight=False`` skips
-        that and the ledger's refusal; the lease is still recorded).
+    budget
+        The host's driver-handle pool (:class:`HandleBudget`): the demand of every rank
+        on a host is summed before any driver call and refused when it and ``reserve``
+        overdraw ``handles``; then this process reserves its own share in ``ledger``
+        (see :func:`take_ledger_lease`), which sums it with every other holder.
+        ``preflight=False`` skips both refusals; the lease is still recorded.
+    trace
+        This process's own trace, as for :func:`~kvgrant.runtime.allocate`. A trace
+        that could not be written leaves the rank published, the error in
+        ``trace_error`` (the group published together; one rank is not released for
+        its trace), so ``TraceOptions(errors="raise")`` is refused.
     timeout_s
         How long any group step waits for the others; a rank that has not answered by
         then (or whose process is gone) is named missing and the group aborts.
     store
         A ``torch.distributed.Store`` to use instead of the group's (tests).
-    ledger
-        The host ledger this process reserves its own share in before its first VMM call
-        (see :func:`take_ledger_lease`); the ledger sums it with every other holder.
+    **shorthands
+        As for :func:`~kvgrant.runtime.allocate` (``handle_budget``, ``handle_reserve``,
+        ``preflight``, ``ledger``, ``driver``, ``driver_options``), without a warning.
 
     Returns
     -------
@@ -824,6 +832,12 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
     -----
     One attempt: no retries, no smaller second attempt.
     """
+    opts = group_options(allocate_rank, shorthands, budget=budget, trace=trace,
+                         backend=backend, accepted=frozenset(RankShorthands.__annotations__))
+    if opts.trace.errors == "raise":
+        raise refuse("TraceOptions.errors", "raise", "allocate_rank keeps a rank of a "
+                     "published group whose trace was lost, the error in trace_error (the "
+                     "group published together); pass 'continue' or None")
     g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
     n = g.topology.ranks
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < n:
@@ -843,10 +857,10 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         device = int(os.environ.get("LOCAL_RANK", rank))
     host = socket.gethostname()
     chan = _Channel(store, index, world, timeout_s)
-    from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET, DEFAULT_HANDLE_RESERVE
-
-    budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
-    reserve = DEFAULT_HANDLE_RESERVE if handle_reserve is None else handle_reserve
+    handles, reserve = opts.budget.limits()
+    preflight = opts.budget.preflight
+    driver = None if isinstance(opts.backend, Backend) else opts.backend
+    name = getattr(opts.backend, "name", "?")
 
     def checked(gg: Geometry) -> PhysicalPlan:
         p = resolve_plan(gg, plan)
@@ -881,7 +895,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         hosts = [recs[r]["host"] for r in range(n)]
         devices = [int(recs[r]["device"]) for r in range(n)]
         if preflight:
-            _check_host_budget(g, the_plan, hosts, budget, reserve)
+            _check_host_budget(g, the_plan, hosts, handles, reserve)
     except BaseException:
         if server is not None:
             server.close()
@@ -894,23 +908,24 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
     setup_error: BaseException | None = None
     free: int | None = None
     try:
-        if driver is None and backend == "auto":
+        if driver is None and name == "auto":
             from kvgrant.runtime.cuda import usable_device_count
 
-            backend = "cuda" if usable_device_count() > max(devices) else "sim"
+            name = "cuda" if usable_device_count() > max(devices) else "sim"
         lease = take_ledger_lease(
-            ledger, handles=rank_demand(g, the_plan, rank), geometry=g,
-            label=f"{the_plan.label}, rank {rank} of {n}", budget=budget, reserve=reserve,
-            backend=getattr(driver, "name", None) or backend, check=preflight, device=device)
-        tw = open_trace(trace)
+            opts.budget.ledger, handles=rank_demand(g, the_plan, rank), geometry=g,
+            label=f"{the_plan.label}, rank {rank} of {n}", budget=handles, reserve=reserve,
+            backend=name, check=preflight, device=device)
+        tw = open_trace(opts.trace.target)
         try:
             if driver is None:
-                opts = dict(driver_options or {})
-                if backend == "sim":
-                    opts.setdefault("devices", max(devices) + 1)
+                assert isinstance(opts.backend, Backend)
+                options = dict(opts.backend.options)
+                if name == "sim":
+                    options.setdefault("devices", max(devices) + 1)
                 else:
-                    opts.pop("handle_budget", None)
-                driver = open_driver(backend, **opts)
+                    options.pop("handle_budget", None)
+                driver = open_driver(name, **options)
             if driver.device_count() <= device:
                 raise PlanError(f"rank {rank}: device {device} does not exist (the "
                                 f"{driver.name} backend has {driver.device_count()})")

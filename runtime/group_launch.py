@@ -38,6 +38,7 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
     from kvgrant.layout.geometry import parse_geometry
     from kvgrant.runtime.faults import Fault
     from kvgrant.runtime.group import allocate_rank
+    from kvgrant.runtime.options import Backend, HandleBudget
 
     g = parse_geometry(spec["geometry"])
     opts: dict[str, Any] = dict(spec.get("driver_options") or {})
@@ -50,14 +51,13 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
     device = spec.get("devices", {}).get(str(rank)) if spec.get("devices") else None
     out: dict[str, Any] = {"rank": rank, "pid": os.getpid()}
     try:
+        budget = HandleBudget(handles=spec.get("handle_budget"),
+                              reserve=spec.get("handle_reserve"),
+                              preflight=spec.get("preflight", True), ledger=spec.get("ledger"))
         pub = allocate_rank(g, rank, group, plan=spec.get("plan", "packed"),
-                            backend=spec.get("backend", "auto"), device=device,
-                            memory_limit=spec.get("memory_limit"),
-                            handle_budget=spec.get("handle_budget"),
-                            handle_reserve=spec.get("handle_reserve"),
-                            ledger=spec.get("ledger"),
-                            preflight=spec.get("preflight", True), trace=trace,
-                            driver_options=opts, timeout_s=spec.get("timeout_s", 120.0))
+                            backend=Backend(spec.get("backend", "auto"), opts), device=device,
+                            memory_limit=spec.get("memory_limit"), budget=budget, trace=trace,
+                            timeout_s=spec.get("timeout_s", 120.0))
     except KVGrantError as err:
         out.update(ok=False, kind=type(err).__name__, error=str(err),
                    failed=sorted(getattr(err, "failed", {}) or {}),

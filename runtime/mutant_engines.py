@@ -10,11 +10,13 @@ by :func:`~kvgrant.runtime.allocator.allocate`; tests and benchmarks reach them 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, Unpack
 
 from kvgrant.layout.geometry import Geometry
+from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.allocator import run_transaction
 from kvgrant.runtime.engine import Engine, _Rank
+from kvgrant.runtime.options import HandleBudget, RankShorthands, group_options
 from kvgrant.runtime.prepare import prepare
 from kvgrant.runtime.published import Published
 from kvgrant.runtime.trace_render import alloc_records
@@ -146,11 +148,22 @@ REJECTED_AT = {"grant_declared_readers": "Grant", "map_before_create": "Map",
                "unmap_backing_first": "Unmap"}
 
 
-def allocate_mutant(bug: str, geometry: "Geometry | str | Path", **kw: Any) -> Published:
-    """:func:`allocate` with the engine of mutant ``bug`` (one of :data:`MUTANT_ENGINES`)."""
+def allocate_mutant(bug: str, geometry: "Geometry | str | Path", *,
+                    plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
+                    backend: Any = "auto", devices: Sequence[int] | None = None,
+                    memory_limit: Any = None, check_contract: bool = True,
+                    budget: HandleBudget | None = None, trace: Any = None,
+                    **shorthands: Unpack[RankShorthands]) -> Published:
+    """:func:`allocate` with the engine of mutant ``bug`` (one of :data:`MUTANT_ENGINES`);
+    a trace that could not be written stays in ``trace_error`` (no ``trace_errors``)."""
     try:
         engine = MUTANT_ENGINES[bug]
     except KeyError:
         raise ValueError(f"bug = {bug!r}: must be one of {sorted(MUTANT_ENGINES)}") from None
-    prep = prepare(geometry, declared=engine is GrantDeclaredReaders, **kw)
+    opts = group_options(allocate_mutant, shorthands, budget=budget, trace=trace,
+                         backend=backend, accepted=frozenset(RankShorthands.__annotations__))
+    prep = prepare(geometry, plan=plan, backend=opts.backend, devices=devices,
+                   memory_limit=memory_limit, budget=opts.budget,
+                   check_contract=check_contract, trace=opts.trace.target,
+                   declared=engine is GrantDeclaredReaders)
     return run_transaction(prep, engine)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Sequence
 
 from kvgrant.errors import AllocationError, DriverError, PlanError
 from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
+from kvgrant.runtime.options import Backend, HandleBudget
 from kvgrant.runtime.published import Capacity
 from kvgrant.runtime.trace import TraceWriter, open_trace
 from kvgrant.runtime.transaction import attach_cleanup_errors
@@ -56,17 +57,15 @@ class Prepared:
 
 def prepare(geometry: "Geometry | str | Path", *,
             plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
-            driver: Driver | None = None, backend: str = "auto",
+            backend: "Backend | Driver" = Backend(),
             devices: Sequence[int] | None = None,
             memory_limit: "str | int | MemoryLimit | None" = None,
-            handle_budget: int | None = None, preflight: bool = True,
-            handle_reserve: int | None = None,
-            ledger: "HostLedger | str | Path | bool | None" = None,
+            budget: HandleBudget = HandleBudget(),
             check_contract: bool = True,
             trace: "str | Path | IO[str] | TraceWriter | None" = None,
-            driver_options: Mapping[str, Any] | None = None,
             declared: bool = False) -> Prepared:
-    """Plan, check and size an attempt (the arguments are :func:`allocate`'s).
+    """Plan, check and size an attempt (the arguments are :func:`allocate`'s, grouped:
+    ``backend`` a Backend to open or an open driver, ``trace`` the target).
 
     ``declared`` sizes the pre-flight demand for grants to every declared reader (the
     field behaviour the conformance self-test reproduces).
@@ -86,15 +85,10 @@ def prepare(geometry: "Geometry | str | Path", *,
         g = fixed_plan.geometry
 
     # -- pre-flight, before any driver call ------------------------------------
-    from kvgrant.layout.preflight import (
-        DEFAULT_HANDLE_BUDGET,
-        DEFAULT_HANDLE_RESERVE,
-        check_handle_budget,
-        handle_demand,
-    )
+    from kvgrant.layout.preflight import check_handle_budget, handle_demand
 
-    budget = DEFAULT_HANDLE_BUDGET if handle_budget is None else handle_budget
-    reserve = DEFAULT_HANDLE_RESERVE if handle_reserve is None else handle_reserve
+    handles, reserve = budget.limits()
+    preflight = budget.preflight
     demand = 0  # of the plan last checked: what the ledger reserves
 
     def checked(gg: Geometry) -> PhysicalPlan:
@@ -105,7 +99,7 @@ def prepare(geometry: "Geometry | str | Path", *,
 
             require_contract(gg, p)
         if preflight:
-            demand = check_handle_budget(gg, p, budget, declared=declared, reserve=reserve)
+            demand = check_handle_budget(gg, p, handles, declared=declared, reserve=reserve)
         else:
             demand = handle_demand(gg, p, declared=declared)
         return p
@@ -117,24 +111,30 @@ def prepare(geometry: "Geometry | str | Path", *,
     tw = open_trace(trace)  # a bad trace path fails here, before any driver exists
 
     # -- driver and capacity ------------------------------------------------------
+    driver: Driver | None = None
+    if isinstance(backend, Backend):
+        name = backend.name
+    else:
+        driver, name = backend, getattr(backend, "name", "?")
     owns = driver is None
-    backend_reason = "given" if driver is not None else f"asked for {backend!r}"
+    backend_reason = "given" if driver is not None else f"asked for {name!r}"
     lease: Lease | None = None
     try:
-        if driver is None and backend == "auto":
-            backend, backend_reason = _auto_backend(max(devs) + 1)
-        book = host_ledger(ledger, getattr(driver, "name", None) or backend)
+        if driver is None and name == "auto":
+            name, backend_reason = _auto_backend(max(devs) + 1)
+        book = host_ledger(budget.ledger, name)
         if book is not None:  # this process's share of the host's pool, before any driver call
             lease = book.reserve(demand, geometry=g.name, label=the_plan.label,
-                                 budget=budget, reserve=reserve, check=preflight, devices=devs)
+                                 budget=handles, reserve=reserve, check=preflight, devices=devs)
         if driver is None:
-            opts = dict(driver_options or {})
-            if backend == "sim":
+            assert isinstance(backend, Backend)
+            opts = dict(backend.options)
+            if name == "sim":
                 opts.setdefault("devices", max(devs) + 1)
             else:
                 opts.pop("handle_budget", None)  # a real driver's budget is the driver's own
                 opts.pop("host_pool", None)      # and its pool is the real host's
-            driver = open_driver(backend, **opts)
+            driver = open_driver(name, **opts)
     except BaseException as e:
         tw.close()
         _drop_lease(lease, e)

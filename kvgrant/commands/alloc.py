@@ -16,11 +16,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvgrant.errors import AllocationError, ArgumentError, HandleBudgetError, KVGrantError
 
 from kvgrant.commands._args import count, device_list, exit_status, positive_int, positive_seconds
+
+if TYPE_CHECKING:
+    from kvgrant.runtime.options import HandleBudget
 
 __all__ = ["add_parser", "run"]
 
@@ -93,6 +96,13 @@ def add_parser(subparsers: Any) -> None:
                         "names them missing and the group aborts (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
+
+
+def _budget(args: argparse.Namespace) -> "HandleBudget":
+    from kvgrant.runtime.options import HandleBudget
+
+    return HandleBudget(handles=args.handle_budget, reserve=args.handle_reserve,
+                        preflight=not args.no_preflight, ledger=args.ledger)
 
 
 def _driver_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -218,6 +228,7 @@ def _check_trace_target(geometry: str, trace: str | None, force: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
+    from kvgrant.runtime.options import Backend
     from kvgrant.runtime.trace import TRACE_ENV
 
     devices = args.devices
@@ -238,11 +249,10 @@ def run(args: argparse.Namespace) -> int:
             from kvgrant.layout.planfile import read_plan_file
 
             plan = read_plan_file(plan, geometry)
-        pub = allocate(geometry, plan=plan, backend=args.backend, devices=devices,
-                       memory_limit=args.memory_limit, handle_budget=args.handle_budget,
-                       preflight=not args.no_preflight, trace=args.trace,
-                       handle_reserve=args.handle_reserve, ledger=args.ledger,
-                       driver_options=_driver_options(args))
+        pub = allocate(geometry, plan=plan,
+                       backend=Backend(args.backend, _driver_options(args)),
+                       devices=devices, memory_limit=args.memory_limit,
+                       budget=_budget(args), trace=args.trace)
     except KVGrantError as err:
         if args.json:
             out: dict[str, object] = {"ok": False, "kind": type(err).__name__,
