@@ -10,19 +10,22 @@ the abstract ``state`` after the event. JSON only, no ad-hoc format.
 Why this shape: tracing must be cheap when on (a few percent of a start-up whose driver
 calls take 30-60 us each) and free when off (callers test :attr:`TraceWriter.enabled`
 before building an event). Formatting a line costs about 2.4 us wherever it runs, so it
-must not run in the allocating process: the allocating thread only appends one tuple
-per event to a list (:meth:`TraceWriter.recorder`), and ships the list (a ``marshal``
-and one pipe write) to a renderer process (:mod:`kvgrant.runtime.trace_render`) that
-numbers, formats and writes the lines on another core. It ships at group events
-(Publish, Abort, ...), every :data:`DEFAULT_CHUNK` records (:meth:`ship_if_full`,
-called between driver calls), and on flush and close. Only :meth:`flush`, :meth:`close`
-and the ``Abort`` event wait until the file has every line. There is no writer thread:
-another Python thread waking while cuda-python has released the GIL made the allocating
-thread wait for the GIL after its driver calls (measured; docs/allocator.md).
+must not run in the allocating process: the allocating thread only records, and ships
+the records (a ``marshal`` and one pipe write) to a renderer process
+(:mod:`kvgrant.runtime.trace_render`) that numbers, formats and writes the lines on
+another core. Its hot path is one packed binary entry per allocation
+(:meth:`TraceWriter.alloc_entries`), which the renderer expands into the allocation's
+Create, Map, MapAlias and Grant lines; other events are one tuple each
+(:meth:`TraceWriter.recorder`). It ships at group events (Publish, Abort, ...), every
+:data:`DEFAULT_CHUNK` events' worth (:meth:`ship_if_full`, :meth:`ship_entries`, called
+between driver calls), and on flush and close. Only :meth:`flush`, :meth:`close` and the
+``Abort`` event wait until the file has every line. There is no writer thread: another
+Python thread waking while cuda-python has released the GIL made the allocating thread
+wait for the GIL after its driver calls (measured; docs/allocator.md).
 
 What a crash loses: the renderer runs in its own session and writes everything it was
 sent, so a SIGKILL of the allocating process loses only the records not yet shipped (at
-most one chunk plus the events of the allocation in progress). Streams (and hosts where
+most one chunk's worth plus the events of the allocation in progress). Streams (and hosts where
 no process can start) are formatted in the shipping thread. Tracing is switched on by a
 path, an open text stream, or ``KVGRANT_TRACE``.
 """

@@ -423,3 +423,77 @@ def test_every_action_written_is_read_back_field_for_field() -> None:
         assert row[ROW["action"]] == action and row[ROW["seq"]] == str(k)
         assert row[ROW["handle"]] == ("null" if handle is None else str(handle))
         assert row[ROW["va"]] == ("null" if va is None else str(va))
+
+
+def _alloc_templates(rank: int) -> tuple[object, ...]:
+    """A rank's allocation spec with the engine's line shapes (no alias regions)."""
+    from kvgrant.runtime.trace import alloc_spec
+    from kvgrant.traceformat import args_grant, state_template
+
+    state = state_template("Allocating", True, False, False)
+    create = event_template(rank, "Create", '{"alloc": %d}', "cuMemCreate", "CUDA_SUCCESS",
+                            rank, "null", "%d", "%d", state)
+    map_ = event_template(rank, "Map", '{"alloc": %d}', "cuMemMap", "CUDA_SUCCESS", rank,
+                          "%d", "%d", "%d", state)
+    grant = event_template(rank, "Grant", args_grant("plane", [rank]), "cuMemSetAccess",
+                           "CUDA_SUCCESS", rank, "%d", "%d", "null", state)
+    return alloc_spec(create, map_, "", grant, 1, [])
+
+
+def test_allocation_entries_expand_to_their_events_with_each_events_counters(
+        tmp_path: Path) -> None:
+    """One entry per allocation stands for Create, Map and Grant; a partial entry (a step
+    failed after ``done`` events) for its first ``done``; counters are each event's own."""
+    from kvgrant.runtime.trace import ALLOC_ENTRY
+
+    path = tmp_path / "e.ndjson"
+    tw = TraceWriter(path, renderer="thread")
+    tw.header(ranks=1)
+    tw.define_allocs(0, _alloc_templates(0))
+    entries = tw.alloc_entries(0)
+    t = clock()
+    entries += ALLOC_ENTRY.pack(0, 3, 0, 11, 4096, 0, 2048, 1, 1, 0, 1, t, t, t, 0.0, 0.0)
+    entries += ALLOC_ENTRY.pack(0, 2, 1, 12, 8192, 0, 2048, 2, 2, 0, 1, t, t, 0.0, 0.0, 0.0)
+    tw.close()
+    objs = [json.loads(x) for x in path.read_text().splitlines()[1:]]
+    got = [(o["seq"], o["action"], o["args"]["alloc"], o["va"], o["handle"],
+            [o["state"][k] for k in ("created", "mapped", "alias_mapped", "grants")])
+           for o in objs]
+    assert got == [(0, "Create", 0, None, 11, [1, 0, 0, 0]), (1, "Map", 0, 4096, 11, [1, 1, 0, 0]),
+                   (2, "Grant", 0, 4096, None, [1, 1, 0, 1]),
+                   (3, "Create", 1, None, 12, [2, 1, 0, 1]), (4, "Map", 1, 8192, 12, [2, 2, 0, 1])]
+    assert objs[2]["args"]["devices"] == [0]
+
+
+def test_a_sigkill_loses_only_allocation_entries_not_yet_shipped(tmp_path: Path) -> None:
+    """``ship_entries`` every ``entries_limit`` bytes: what was shipped is on file after
+    the allocating process is killed, complete allocation by allocation."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "killed-entries.ndjson"
+    code = f"""
+import os
+from kvgrant.runtime.trace import ALLOC_ENTRY, TraceWriter, clock
+from tests.runtime.test_trace_writer import _alloc_templates
+tw = TraceWriter({str(path)!r}, chunk=16)   # 3 allocations' entries per ship
+tw.header(ranks=1)
+tw.define_allocs(0, _alloc_templates(0))
+entries = tw.alloc_entries(0)
+for k in range(10):
+    t = clock()
+    entries += ALLOC_ENTRY.pack(0, 3, k, 100 + k, 4096 * k, 0, 4096, k + 1, k + 1, 0, k + 1,
+                                t, t, t, 0.0, 0.0)
+    if len(entries) >= tw.entries_limit:
+        entries = tw.ship_entries(0)
+os._exit(9)  # like a segfault in the driver: no close, no atexit
+"""
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60)
+    assert r.returncode == 9
+    deadline = time.monotonic() + 10
+    while path.read_text().count("\n") < 28 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    objs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [o.get("seq") for o in objs] == [None, *range(27)]  # 9 of 10 allocations
+    assert [o["args"]["alloc"] for o in objs[1:]] == [k for k in range(9) for _ in range(3)]
