@@ -154,7 +154,7 @@ def run_transaction(prep: Prepared, engine_type: type[Engine] = Engine) -> Publi
     """
     engine = engine_type(prep.geometry, prep.plan, prep.driver, prep.devices, prep.trace,
                          declared=prep.declared)
-    with gc_paused():
+    with gc_paused(), engine.interrupt:  # a Ctrl-C waits for an allocation boundary
         t0 = time.perf_counter()
         txn = Transaction()
         if prep.lease is not None:
@@ -171,8 +171,12 @@ def run_transaction(prep: Prepared, engine_type: type[Engine] = Engine) -> Publi
         engine.publish()
         teardown = txn.commit()
         startup = time.perf_counter() - t0
-    return Published(engine, teardown, prep.capacity, prep.fit, startup, prep.owns_driver,
-                     engine.counts(), prep.backend_reason)
+    pub = Published(engine, teardown, prep.capacity, prep.fit, startup, prep.owns_driver,
+                    engine.counts(), prep.backend_reason)
+    if engine.interrupt.pending:  # Ctrl-C after the last allocation began: shut down
+        pub.release()
+        raise KeyboardInterrupt
+    return pub
 
 
 def _release_for_trace_error(pub: Published) -> None:

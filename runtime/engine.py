@@ -16,6 +16,7 @@ from kvgrant.errors import AllocationError, DriverError
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.driver import Driver
+from kvgrant.runtime.interrupts import DeferredInterrupt
 from kvgrant.runtime.published import Counts
 from kvgrant.runtime.trace import ALLOC_ENTRY, TraceWriter, alloc_spec, clock
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
@@ -172,6 +173,8 @@ class Engine:
         self._phase = "Allocating"
         # the rank whose driver step an interruption stopped (traced as its Fail)
         self._interrupted_rank: int | None = None
+        # a Ctrl-C held back until the next allocation boundary (run_transaction arms it)
+        self.interrupt = DeferredInterrupt()
         # trace-template keys of alias grants, one per region
         self.alias_key = {reg.name: "Grant alias:" + reg.name for reg in g.regions}
         self.plane_off, self.region_off, self.reserve_bytes = va_layout(g)
@@ -397,6 +400,7 @@ class Engine:
             limit = self.trace.entries_limit
         push = txn.push
         undo_unmap = self._undo_unmap
+        interrupt = self.interrupt
         for i, a in enumerate(self.allocs):
             n = a.length
             region = a.region
@@ -406,6 +410,8 @@ class Engine:
             done = h = 0
             t1 = t2 = t3 = t4 = t5 = 0.0
             try:
+                if interrupt.pending:  # a held-back Ctrl-C: this Create does not happen
+                    raise KeyboardInterrupt
                 h = d.create(n, dev)
                 st.created += 1
                 push(self._undo_release, st, i, h)
