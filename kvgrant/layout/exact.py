@@ -44,18 +44,32 @@ from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
-__all__ = ["DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES", "DEFAULT_NODE_LIMIT", "ExactResult",
-           "SAFETY_SECONDS", "exact_plan"]
+__all__ = ["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES",
+           "DEFAULT_NODE_LIMIT", "ExactResult", "SAFETY_SECONDS", "exact_plan"]
 
 DEFAULT_NODE_LIMIT = 300
 """Branch-and-bound nodes per solve: a deterministic work limit (a count, not a clock,
 so every rank of a group computes the same plan on any host and under any load)."""
-DEFAULT_MAX_NONZEROS = 100_000
-"""Largest model (matrix nonzeros) the solver is given. HiGHS has no deterministic
-limit on the work at the root node (its ``simplex_iteration_limit`` does not apply to
-a MIP), and the root of a model this size took over a minute on random-0 (126,533
-nonzeros) without closing its gap. The size is a function of the geometry only, so
-skipping larger models keeps the plan a pure function of the geometry."""
+DEFAULT_MAX_NONZEROS = 200_000
+"""Largest model (matrix nonzeros) the solver is given; a larger one is not solved
+(the plan is then the start's or the heuristic's). The size is a function of the
+geometry only. Until the check limit below existed this was 100,000, because HiGHS
+has no deterministic limit of its own on the work at the root node (its
+``simplex_iteration_limit`` does not apply to a MIP); exporter-8 (170,181 nonzeros)
+and random-0 (126,533) were then not solved at all."""
+DEFAULT_MAX_CHECKS = 50
+"""HiGHS limit checks per solve: a deterministic work limit on the whole solve, the
+root node included. HiGHS checks its limits (``HighsMipSolverData::checkLimits``)
+at fixed points of its search: after presolve, after each round of root cut
+separation, around the root heuristics and at nodes; a callback on those checks
+(``kCallbackMipInterrupt``) counts them and stops the solve past this many, keeping
+its best plan and its dual bound. The count depends on the model and the options
+only (one thread, fixed seed), never on the clock, so it bounds the root work that
+``mip_max_nodes`` does not. Measured: every solved layout of the benchmark's tuning
+sets (examples, exporter-0..9, random-0..9) proves optimality within 34 checks, except
+exporter-8 (371 checks to the proof, about 43 s CPU; at 50 checks, about 36 s, it
+stands at 412 against a bound of 410) and random-0 (about 1 s of root separation per
+check, no proof in sight)."""
 SAFETY_SECONDS = 900.0
 """Wall-clock net for one solve. It never decides the plan: when it fires, planning
 fails with :class:`~kvgrant.errors.PlanError` instead of returning a plan that depends
@@ -268,6 +282,24 @@ def _pass_through_cuts(m: _Model, lab: Labels) -> None:
                 m.row([(k, v_) for k, v_ in coef.items() if v_], -float("inf"), 1.0)
 
 
+def _count_checks(h: "highspy.Highs", limit: int | None) -> list[int]:
+    """Count HiGHS's limit checks (see :data:`DEFAULT_MAX_CHECKS`) and interrupt the
+    solve after ``limit`` of them; returns the counter (a one-element list), which
+    the caller resets before each solve."""
+    import highspy
+
+    count = [0]
+
+    def on_check(kind: int, message: str, out: object, into: object, user: object) -> None:
+        count[0] += 1
+        if limit is not None and count[0] > limit:
+            into.user_interrupt = True  # type: ignore[attr-defined]
+
+    h.setCallback(on_check, None)
+    h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+    return count
+
+
 def _highs():
     """A silent HiGHS instance (its first construction prints a banner on fd 1)."""
     import highspy
@@ -475,6 +507,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                node_limit: int | None = DEFAULT_NODE_LIMIT,
                max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
                max_solves: int = DEFAULT_MAX_SOLVES,
+               max_checks: int | None = DEFAULT_MAX_CHECKS,
                options: Mapping[str, object] | None = None,
                progress: Callable[[str], None] | None = None) -> ExactResult:
     """The best plan HiGHS finds within deterministic work limits, with its proof.
@@ -497,6 +530,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     max_solves
         Solves in all: after a solve whose plan lost a join, the pattern is forbidden
         and the model solved again, up to this many times.
+    max_checks
+        HiGHS limit checks per solve (None: no limit), see :data:`DEFAULT_MAX_CHECKS`:
+        the solve stops there with its best plan and its dual bound so far.
     options
         Extra HiGHS options (name -> value), set after the defaults. For measuring
         (``bench_plan.py --highs``): the planner passes none, and options that make
@@ -569,6 +605,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         h.setOptionValue(key, v)
     if node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(node_limit))
+    checks = _count_checks(h, max_checks)
     start_cost = None
     if start is not None and _set_start(h, g, m, lab, start):
         start_cost = _cost(start, plane_cost, rc)
@@ -581,7 +618,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     rounds = 0
     while True:
         rounds += 1
+        checks[0] = 0
         h.run()
+        size["checks"] = size.get("checks", 0) + checks[0]
         if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
             raise PlanError(f"geometry {g.name!r}: one exact solve ran past the "
                             f"{SAFETY_SECONDS:g} s safety net ({nnz:,} nonzeros); planning "
@@ -599,8 +638,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
         if not lost or best_cost is None or best_cost <= _ceil(dual) \
-                or rounds >= max_solves:
-            break
+                or rounds >= max_solves or checks[0] > (max_checks or checks[0]):
+            break  # (an interrupted solve is not repeated: its work limit is spent)
         # a run joined at both ends of a row that has more runs: forbid that pattern
         for c, l_, u, k in lost:
             mult = len(m.classes[c][2])
