@@ -300,6 +300,65 @@ def _count_checks(h: "highspy.Highs", limit: int | None) -> list[int]:
     return count
 
 
+def _one_run_cuts(m: _Model, lab: Labels,
+                  only: set[tuple[int, int, int, int]] | None = None) -> list[list[tuple[int, float]]]:
+    """Rows that say: a run joined in at u and out at v (v - u + 1 < need) is not one
+    plane's run, so either a run of the label ends (or starts) unjoined inside the
+    window, or a second plane holds the label where the other join is.
+
+    With ``F_in`` = F[c,u-1,(pred,l)], ``F_out`` = F[c,v,(l,succ)] (each at most 1),
+    every plan has ``F_in + 2 F_out <= 1 + sum_{t=u}^{v-1} E_t + X[c,v,l]`` and, the
+    mirror image, ``2 F_in + F_out <= 1 + sum_{t=u+1}^{v} S_t + X[c,u,l]`` (proof in
+    docs/layout.md, "Exact planner"). Returns the rows as (column, coefficient) lists,
+    each with upper bound 1; ``only`` restricts them to the given (class, label, u, v).
+    """
+    succ = lab.succ
+    ins: dict[tuple[int, int], list[int]] = {}
+    outs: dict[tuple[int, int], list[int]] = {}
+    for (c, u, a, b) in m.f:
+        if a == _FREE or a == b:
+            continue
+        ins.setdefault((c, b), []).append(u + 1)
+        outs.setdefault((c, a), []).append(u)
+    rows: list[list[tuple[int, float]]] = []
+    for (c, l_), us in ins.items():
+        n = lab.need[l_]
+        p, s_ = lab.pred[l_], succ[l_]
+        if n < 2 or s_ < 0 or lab.parts[l_][0][2] != 0:
+            continue
+        for u in us:
+            for v in outs.get((c, l_), ()):
+                if not u <= v < u + n - 1:
+                    continue
+                if only is not None and (c, l_, u, v) not in only:
+                    continue
+                if any((c, t, l_) not in m.x for t in range(u, v + 1)):
+                    continue
+                f_in, f_out = m.f[(c, u - 1, p, l_)], m.f[(c, v, l_, s_)]
+                for mirror in (False, True):
+                    coef: dict[int, float] = {}
+
+                    def add(col: int | None, k: float) -> None:
+                        if col is not None:
+                            coef[col] = coef.get(col, 0.0) + k
+
+                    add(f_in, 2.0 if mirror else 1.0)
+                    add(f_out, 1.0 if mirror else 2.0)
+                    add(m.x[(c, u if mirror else v, l_)], -1.0)
+                    if mirror:
+                        for t in range(u + 1, v + 1):  # unjoined starts
+                            add(m.x[(c, t, l_)], -1.0)
+                            add(m.f.get((c, t - 1, l_, l_)), 1.0)
+                            add(m.f.get((c, t - 1, p, l_)), 1.0)
+                    else:
+                        for t in range(u, v):  # unjoined ends
+                            add(m.x[(c, t, l_)], -1.0)
+                            add(m.f.get((c, t, l_, l_)), 1.0)
+                            add(m.f.get((c, t, l_, s_)), 1.0)
+                    rows.append([(k, v_) for k, v_ in coef.items() if v_])
+    return rows
+
+
 def _highs():
     """A silent HiGHS instance (its first construction prints a banner on fd 1)."""
     import highspy
@@ -645,11 +704,16 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             mult = len(m.classes[c][2])
             f_in = m.f[(c, u - 1, lab.pred[l_], l_)]
             f_out = m.f[(c, u + k - 1, l_, lab.succ[l_])]
+            cuts = [] if mult == 1 else _one_run_cuts(m, lab, {(c, l_, u, u + k - 1)})
             if mult == 1:  # valid for every plan: the one plane holds the whole pattern
                 ents = [(f_in, 1.0), (f_out, 1.0)] + [(m.x[(c, t, l_)], 1.0)
                                                       for t in range(u, u + k)]
                 h.addRow(-inf, float(k + 1), len(ents), np.array([e[0] for e in ents],
                          dtype=np.int32), np.array([e[1] for e in ents]))
+            elif cuts:  # valid for every plan (the one-run cuts of this window)
+                for ents in cuts:
+                    h.addRow(-inf, 1.0, len(ents), np.array([e[0] for e in ents],
+                             dtype=np.int32), np.array([e[1] for e in ents]))
             else:  # a restriction: later bounds no longer hold for every plan
                 bound_valid = False
                 h.addRow(-inf, 1.0, 2, np.array([f_in, f_out], dtype=np.int32),
