@@ -282,10 +282,12 @@ def _pass_through_cuts(m: _Model, lab: Labels) -> None:
                 m.row([(k, v_) for k, v_ in coef.items() if v_], -float("inf"), 1.0)
 
 
-def _count_checks(h: "highspy.Highs", limit: int | None) -> list[int]:
+def _count_checks(h: "highspy.Highs", limit: int | None,
+                  progress: Callable[[str], None] | None = None) -> list[int]:
     """Count HiGHS's limit checks (see :data:`DEFAULT_MAX_CHECKS`) and interrupt the
     solve after ``limit`` of them; returns the counter (a one-element list), which
-    the caller resets before each solve."""
+    the caller resets before each solve. Every 10th check reports the solver's best
+    plan and bound to ``progress`` (a message only: it never changes the solve)."""
     import highspy
 
     count = [0]
@@ -294,6 +296,15 @@ def _count_checks(h: "highspy.Highs", limit: int | None) -> list[int]:
         count[0] += 1
         if limit is not None and count[0] > limit:
             into.user_interrupt = True  # type: ignore[attr-defined]
+        elif progress is not None and count[0] % 10 == 0:
+            best = getattr(out, "mip_primal_bound", float("inf"))
+            try:  # an exception here would abort the solve (HiGHS sees a failed callback)
+                progress(f"solver: {count[0]}{'' if limit is None else f' of {limit:,}'} "
+                         f"checks, best plan "
+                         f"{'-' if best == float('inf') else f'{best:,.0f}'}, "
+                         f"bound {_ceil(getattr(out, 'mip_dual_bound', 0.0)):,}")
+            except Exception:  # noqa: BLE001 - a message only; the solve goes on
+                pass
 
     h.setCallback(on_check, None)
     h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
@@ -664,7 +675,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         h.setOptionValue(key, v)
     if node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(node_limit))
-    checks = _count_checks(h, max_checks)
+    checks = _count_checks(h, max_checks, progress)
     start_cost = None
     if start is not None and _set_start(h, g, m, lab, start):
         start_cost = _cost(start, plane_cost, rc)
