@@ -67,9 +67,9 @@ its best plan and its dual bound. The count depends on the model and the options
 only (one thread, fixed seed), never on the clock, so it bounds the root work that
 ``mip_max_nodes`` does not. Measured: every solved layout of the benchmark's tuning
 sets (examples, exporter-0..9, random-0..9) proves optimality within 34 checks, except
-exporter-8 (371 checks to the proof, about 43 s CPU; at 50 checks, about 36 s, it
-stands at 412 against a bound of 410) and random-0 (about 1 s of root separation per
-check, no proof in sight)."""
+exporter-8 (371 checks to the proof, about 43 s CPU; stopped at 50, after about
+39 s, its plan is 411 against a bound of 410) and random-0 (about 1 s of root cut
+separation per check, its gap above 25%)."""
 SAFETY_SECONDS = 900.0
 """Wall-clock net for one solve. It never decides the plan: when it fires, planning
 fails with :class:`~kvgrant.errors.PlanError` instead of returning a plan that depends
@@ -598,8 +598,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     node_limit
         Branch-and-bound nodes HiGHS may explore per solve (None: no limit).
     max_solves
-        Solves in all: after a solve whose plan lost a join, the pattern is forbidden
-        and the model solved again, up to this many times.
+        Solves in all: after a solve whose plan lost a join, the pattern is cut off
+        (by valid cuts where there are any, else forbidden) and the model solved
+        again, up to this many times.
     max_checks
         HiGHS limit checks per solve (None: no limit), see :data:`DEFAULT_MAX_CHECKS`:
         the solve stops there with its best plan and its dual bound so far.
@@ -707,10 +708,11 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             c = _cost(cand, plane_cost, rc)
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
+        interrupted = max_checks is not None and checks[0] > max_checks
         if not lost or best_cost is None or best_cost <= _ceil(dual) \
-                or rounds >= max_solves or checks[0] > (max_checks or checks[0]):
+                or rounds >= max_solves or interrupted:
             break  # (an interrupted solve is not repeated: its work limit is spent)
-        # a run joined at both ends of a row that has more runs: forbid that pattern
+        # a run joined at both ends of a row that has more runs: cut that pattern off
         for c, l_, u, k in lost:
             mult = len(m.classes[c][2])
             f_in = m.f[(c, u - 1, lab.pred[l_], l_)]
