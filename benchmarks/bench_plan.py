@@ -16,7 +16,8 @@ Layouts: every ``examples/*.json``; the seeded exporter family
 (``tools/gen_layout.py exporter``; seeds 0..N-1, of which only 0-2 were looked at
 while the exact model was built, and seeds 1000.. that nobody looked at before the
 figures were taken); and random layouts (``random``). ``--large`` adds the scale
-cases (one plane, 2-page chunks: about 5,000, 10,000 and 66,560 aliases).
+cases (one plane, 2-page chunks: about 5,000, 10,000, 66,560 and 100,000 aliases;
+and the published exporter at 5 times its scale).
 
 Usage::
 
@@ -167,7 +168,7 @@ def _large(gen: Any) -> list[Geometry]:
     """Scale cases: one plane of 1,179,648-byte pages, every chunk one page group of
     2 pages (1-2 granules), 16 groups per row, all chunks aliased."""
     out = []
-    for chunks, ranks in ((5_000, 16), (10_000, 16), (66_560, 2)):
+    for chunks, ranks in ((5_000, 16), (10_000, 16), (66_560, 2), (100_000, 2)):
         rows = chunks // 16
         doc = gen.generate(name=f"large-{chunks}", planes=[("kv", 1_179_648)],
                            regions=[gen.RegionSpec("snapshot", rows, 16.0)],

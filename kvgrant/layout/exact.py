@@ -44,18 +44,32 @@ from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
-__all__ = ["DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES", "DEFAULT_NODE_LIMIT", "ExactResult",
-           "SAFETY_SECONDS", "exact_plan"]
+__all__ = ["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES",
+           "DEFAULT_NODE_LIMIT", "ExactResult", "SAFETY_SECONDS", "exact_plan"]
 
 DEFAULT_NODE_LIMIT = 300
 """Branch-and-bound nodes per solve: a deterministic work limit (a count, not a clock,
 so every rank of a group computes the same plan on any host and under any load)."""
-DEFAULT_MAX_NONZEROS = 100_000
-"""Largest model (matrix nonzeros) the solver is given. HiGHS has no deterministic
-limit on the work at the root node (its ``simplex_iteration_limit`` does not apply to
-a MIP), and the root of a model this size took over a minute on random-0 (126,533
-nonzeros) without closing its gap. The size is a function of the geometry only, so
-skipping larger models keeps the plan a pure function of the geometry."""
+DEFAULT_MAX_NONZEROS = 200_000
+"""Largest model (matrix nonzeros) the solver is given; a larger one is not solved
+(the plan is then the start's or the heuristic's). The size is a function of the
+geometry only. Until the check limit below existed this was 100,000, because HiGHS
+has no deterministic limit of its own on the work at the root node (its
+``simplex_iteration_limit`` does not apply to a MIP); exporter-8 (170,181 nonzeros)
+and random-0 (126,533) were then not solved at all."""
+DEFAULT_MAX_CHECKS = 50
+"""HiGHS limit checks per solve: a deterministic work limit on the whole solve, the
+root node included. HiGHS checks its limits (``HighsMipSolverData::checkLimits``)
+at fixed points of its search: after presolve, after each round of root cut
+separation, around the root heuristics and at nodes; a callback on those checks
+(``kCallbackMipInterrupt``) counts them and stops the solve past this many, keeping
+its best plan and its dual bound. The count depends on the model and the options
+only (one thread, fixed seed), never on the clock, so it bounds the root work that
+``mip_max_nodes`` does not. Measured: every solved layout of the benchmark's tuning
+sets (examples, exporter-0..9, random-0..9) proves optimality within 34 checks, except
+exporter-8 (371 checks to the proof, about 43 s CPU; stopped at 50, after about
+39 s, its plan is 411 against a bound of 410) and random-0 (about 1 s of root cut
+separation per check, its gap above 25%)."""
 SAFETY_SECONDS = 900.0
 """Wall-clock net for one solve. It never decides the plan: when it fires, planning
 fails with :class:`~kvgrant.errors.PlanError` instead of returning a plan that depends
@@ -268,6 +282,94 @@ def _pass_through_cuts(m: _Model, lab: Labels) -> None:
                 m.row([(k, v_) for k, v_ in coef.items() if v_], -float("inf"), 1.0)
 
 
+def _count_checks(h: "highspy.Highs", limit: int | None,
+                  progress: Callable[[str], None] | None = None) -> list[int]:
+    """Count HiGHS's limit checks (see :data:`DEFAULT_MAX_CHECKS`) and interrupt the
+    solve after ``limit`` of them; returns the counter (a one-element list), which
+    the caller resets before each solve. Every 10th check reports the solver's best
+    plan and bound to ``progress`` (a message only: it never changes the solve)."""
+    import highspy
+
+    count = [0]
+
+    def on_check(kind: int, message: str, out: object, into: object, user: object) -> None:
+        count[0] += 1
+        if limit is not None and count[0] > limit:
+            into.user_interrupt = True  # type: ignore[attr-defined]
+        elif progress is not None and count[0] % 10 == 0:
+            best = getattr(out, "mip_primal_bound", float("inf"))
+            try:  # an exception here would abort the solve (HiGHS sees a failed callback)
+                progress(f"solver: {count[0]}{'' if limit is None else f' of {limit:,}'} "
+                         f"checks, best plan "
+                         f"{'-' if best == float('inf') else f'{best:,.0f}'}, "
+                         f"bound {_ceil(getattr(out, 'mip_dual_bound', 0.0)):,}")
+            except Exception:  # noqa: BLE001 - a message only; the solve goes on
+                pass
+
+    h.setCallback(on_check, None)
+    h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+    return count
+
+
+def _one_run_cuts(m: _Model, lab: Labels,
+                  only: set[tuple[int, int, int, int]] | None = None) -> list[list[tuple[int, float]]]:
+    """Rows that say: a run joined in at u and out at v (v - u + 1 < need) is not one
+    plane's run, so either a run of the label ends (or starts) unjoined inside the
+    window, or a second plane holds the label where the other join is.
+
+    With ``F_in`` = F[c,u-1,(pred,l)], ``F_out`` = F[c,v,(l,succ)] (each at most 1),
+    every plan has ``F_in + 2 F_out <= 1 + sum_{t=u}^{v-1} E_t + X[c,v,l]`` and, the
+    mirror image, ``2 F_in + F_out <= 1 + sum_{t=u+1}^{v} S_t + X[c,u,l]`` (proof in
+    docs/layout.md, "Exact planner"). Returns the rows as (column, coefficient) lists,
+    each with upper bound 1; ``only`` restricts them to the given (class, label, u, v).
+    """
+    succ = lab.succ
+    ins: dict[tuple[int, int], list[int]] = {}
+    outs: dict[tuple[int, int], list[int]] = {}
+    for (c, u, a, b) in m.f:
+        if a == _FREE or a == b:
+            continue
+        ins.setdefault((c, b), []).append(u + 1)
+        outs.setdefault((c, a), []).append(u)
+    rows: list[list[tuple[int, float]]] = []
+    for (c, l_), us in ins.items():
+        n = lab.need[l_]
+        p, s_ = lab.pred[l_], succ[l_]
+        if n < 2 or s_ < 0 or lab.parts[l_][0][2] != 0:
+            continue
+        for u in us:
+            for v in outs.get((c, l_), ()):
+                if not u <= v < u + n - 1:
+                    continue
+                if only is not None and (c, l_, u, v) not in only:
+                    continue
+                if any((c, t, l_) not in m.x for t in range(u, v + 1)):
+                    continue
+                f_in, f_out = m.f[(c, u - 1, p, l_)], m.f[(c, v, l_, s_)]
+                for mirror in (False, True):
+                    coef: dict[int, float] = {}
+
+                    def add(col: int | None, k: float) -> None:
+                        if col is not None:
+                            coef[col] = coef.get(col, 0.0) + k
+
+                    add(f_in, 2.0 if mirror else 1.0)
+                    add(f_out, 1.0 if mirror else 2.0)
+                    add(m.x[(c, u if mirror else v, l_)], -1.0)
+                    if mirror:
+                        for t in range(u + 1, v + 1):  # unjoined starts
+                            add(m.x[(c, t, l_)], -1.0)
+                            add(m.f.get((c, t - 1, l_, l_)), 1.0)
+                            add(m.f.get((c, t - 1, p, l_)), 1.0)
+                    else:
+                        for t in range(u, v):  # unjoined ends
+                            add(m.x[(c, t, l_)], -1.0)
+                            add(m.f.get((c, t, l_, l_)), 1.0)
+                            add(m.f.get((c, t, l_, s_)), 1.0)
+                    rows.append([(k, v_) for k, v_ in coef.items() if v_])
+    return rows
+
+
 def _highs():
     """A silent HiGHS instance (its first construction prints a banner on fd 1)."""
     import highspy
@@ -475,6 +577,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                node_limit: int | None = DEFAULT_NODE_LIMIT,
                max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
                max_solves: int = DEFAULT_MAX_SOLVES,
+               max_checks: int | None = DEFAULT_MAX_CHECKS,
                options: Mapping[str, object] | None = None,
                progress: Callable[[str], None] | None = None) -> ExactResult:
     """The best plan HiGHS finds within deterministic work limits, with its proof.
@@ -495,8 +598,12 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     node_limit
         Branch-and-bound nodes HiGHS may explore per solve (None: no limit).
     max_solves
-        Solves in all: after a solve whose plan lost a join, the pattern is forbidden
-        and the model solved again, up to this many times.
+        Solves in all: after a solve whose plan lost a join, the pattern is cut off
+        (by valid cuts where there are any, else forbidden) and the model solved
+        again, up to this many times.
+    max_checks
+        HiGHS limit checks per solve (None: no limit), see :data:`DEFAULT_MAX_CHECKS`:
+        the solve stops there with its best plan and its dual bound so far.
     options
         Extra HiGHS options (name -> value), set after the defaults. For measuring
         (``bench_plan.py --highs``): the planner passes none, and options that make
@@ -569,6 +676,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         h.setOptionValue(key, v)
     if node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(node_limit))
+    checks = _count_checks(h, max_checks, progress)
     start_cost = None
     if start is not None and _set_start(h, g, m, lab, start):
         start_cost = _cost(start, plane_cost, rc)
@@ -581,7 +689,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     rounds = 0
     while True:
         rounds += 1
+        checks[0] = 0
         h.run()
+        size["checks"] = size.get("checks", 0) + checks[0]
         if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
             raise PlanError(f"geometry {g.name!r}: one exact solve ran past the "
                             f"{SAFETY_SECONDS:g} s safety net ({nnz:,} nonzeros); planning "
@@ -598,19 +708,25 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             c = _cost(cand, plane_cost, rc)
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
+        interrupted = max_checks is not None and checks[0] > max_checks
         if not lost or best_cost is None or best_cost <= _ceil(dual) \
-                or rounds >= max_solves:
-            break
-        # a run joined at both ends of a row that has more runs: forbid that pattern
+                or rounds >= max_solves or interrupted:
+            break  # (an interrupted solve is not repeated: its work limit is spent)
+        # a run joined at both ends of a row that has more runs: cut that pattern off
         for c, l_, u, k in lost:
             mult = len(m.classes[c][2])
             f_in = m.f[(c, u - 1, lab.pred[l_], l_)]
             f_out = m.f[(c, u + k - 1, l_, lab.succ[l_])]
+            cuts = [] if mult == 1 else _one_run_cuts(m, lab, {(c, l_, u, u + k - 1)})
             if mult == 1:  # valid for every plan: the one plane holds the whole pattern
                 ents = [(f_in, 1.0), (f_out, 1.0)] + [(m.x[(c, t, l_)], 1.0)
                                                       for t in range(u, u + k)]
                 h.addRow(-inf, float(k + 1), len(ents), np.array([e[0] for e in ents],
                          dtype=np.int32), np.array([e[1] for e in ents]))
+            elif cuts:  # valid for every plan (the one-run cuts of this window)
+                for ents in cuts:
+                    h.addRow(-inf, 1.0, len(ents), np.array([e[0] for e in ents],
+                             dtype=np.int32), np.array([e[1] for e in ents]))
             else:  # a restriction: later bounds no longer hold for every plan
                 bound_valid = False
                 h.addRow(-inf, 1.0, 2, np.array([f_in, f_out], dtype=np.int32),

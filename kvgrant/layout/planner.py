@@ -26,8 +26,8 @@ from typing import Callable
 
 from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.contract import check_contract
-from kvgrant.layout.exact import (DEFAULT_MAX_NONZEROS, DEFAULT_MAX_SOLVES, DEFAULT_NODE_LIMIT,
-                                  ExactResult, exact_plan)
+from kvgrant.layout.exact import (DEFAULT_MAX_CHECKS, DEFAULT_MAX_NONZEROS, DEFAULT_MAX_SOLVES,
+                                  DEFAULT_NODE_LIMIT, ExactResult, exact_plan)
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.packer import pack
 from kvgrant.layout.plan import PhysicalPlan
@@ -80,16 +80,17 @@ class PackedResult:
 def plan_packed(g: Geometry, *, progress: Progress | None = None,
                 node_limit: int | None = DEFAULT_NODE_LIMIT,
                 max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
-                max_solves: int = DEFAULT_MAX_SOLVES) -> PackedResult:
+                max_solves: int = DEFAULT_MAX_SOLVES,
+                max_checks: int | None = DEFAULT_MAX_CHECKS) -> PackedResult:
     """The packed plan of ``g`` with its optimality verdict (cached per layout).
 
-    The plan depends on the geometry and the three work limits only (see the module
+    The plan depends on the geometry and the four work limits only (see the module
     docstring and :func:`kvgrant.layout.exact.exact_plan`); ``progress`` only
     receives messages. Every rank must use the same limits: the defaults, unless a
     test wants a cheaper (and equally deterministic) plan.
     """
     res = _cached(_Keyed(geometry_hash(g), g, progress), node_limit, max_nonzeros,
-                  max_solves)
+                  max_solves, max_checks)
     if res.plan.geometry is g:
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
@@ -115,13 +116,14 @@ class _Keyed:
 
 @functools.lru_cache(maxsize=8)
 def _cached(k: _Keyed, node_limit: int | None, max_nonzeros: int | None,
-            max_solves: int) -> PackedResult:
+            max_solves: int, max_checks: int | None) -> PackedResult:
     """Memo of :func:`_solve` by geometry hash and limits."""
-    return _solve(k.g, k.progress, node_limit, max_nonzeros, max_solves)
+    return _solve(k.g, k.progress, node_limit, max_nonzeros, max_solves, max_checks)
 
 
 def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
-           max_nonzeros: int | None, max_solves: int = DEFAULT_MAX_SOLVES) -> PackedResult:
+           max_nonzeros: int | None, max_solves: int = DEFAULT_MAX_SOLVES,
+           max_checks: int | None = DEFAULT_MAX_CHECKS) -> PackedResult:
     t0 = time.perf_counter()
     ref = reference_plan(g)
     start = ref
@@ -129,7 +131,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
     try:
         exact = exact_plan(g, start=ref, label="packed", progress=progress,
                            node_limit=node_limit, max_nonzeros=max_nonzeros,
-                           max_solves=max_solves)
+                           max_solves=max_solves, max_checks=max_checks)
     except ImportError:  # pragma: no cover - highspy is a dependency
         exact = None
     if exact is not None and exact.optimal:

@@ -229,7 +229,7 @@ def gen_layout():
     return mod
 
 
-CHEAP = {"node_limit": 20, "max_nonzeros": 1_500, "max_solves": 2}
+CHEAP = {"node_limit": 20, "max_nonzeros": 1_500, "max_solves": 2, "max_checks": 10}
 """Work limits for property tests whose assertions hold for ANY plan the planner
 returns (contract kept, never above the reference rule, never below a bound): larger
 models go to the heuristic, so a test of hundreds of examples stays quick. The limits

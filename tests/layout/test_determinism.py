@@ -128,3 +128,41 @@ def test_the_work_limit_changes_the_plan_only_through_its_count():
         assert _digest(a.plan) == _digest(b.plan)
         assert check_contract(g, a.plan) == []
         assert a.bound <= len(a.plan.allocations) <= ref
+
+
+_CHECKS_CHILD = """
+import hashlib, json, sys
+sys.path.insert(0, {tests!r})
+from layout_builders import gen_layout
+from kvgrant.layout.exact import exact_plan
+from kvgrant.layout.geometry import parse_geometry
+from kvgrant.layout.rules import reference_plan
+g = parse_geometry(gen_layout().random_layout(1))
+r = exact_plan(g, start=reference_plan(g), max_checks={checks})
+print(hashlib.sha256(json.dumps([a.to_json() for a in r.plan.allocations]).encode()).hexdigest(),
+      r.bound, r.model["checks"], r.status)
+"""
+
+
+def test_the_check_limit_stops_every_process_at_the_same_point():
+    # the HiGHS limit-check count (exact.DEFAULT_MAX_CHECKS) is the limit that bounds
+    # the root node; random-1 needs 13 checks to its proof, so 2 interrupt it inside
+    # the root (plan 53, bound 51): the same plan, bound and count with and without load
+    code = _CHECKS_CHILD.format(tests=str(Path(__file__).parent), checks=2)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    outs = []
+    for load in (0, 1):
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(load)]
+        try:
+            outs.append(subprocess.run([sys.executable, "-c", code], env=env,
+                                       capture_output=True, text=True, check=True,
+                                       timeout=300,
+                                       preexec_fn=(lambda: os.nice(5)) if load else None
+                                       ).stdout.split())
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+    assert outs[0] == outs[1]
+    assert outs[0][2] == "3" and outs[0][3] == "Interrupted"  # stopped by the count
