@@ -1,4 +1,4 @@
-"""Suite-wide test configuration: Hypothesis profiles.
+"""Suite-wide test configuration: Hypothesis profiles, and Ctrl-C as Python sets it.
 
 Why: a property test that draws fresh examples on every CI run can fail on one run
 and pass on the next, so CI runs are derandomized (the same examples every time, no
@@ -6,11 +6,18 @@ example database). Exploration happens on developer machines with the ``dev``
 profile, whose example database lives outside the checkout so nothing found there is
 committed by accident. ``CI`` set (as every CI service sets it) selects ``ci``;
 ``KVGRANT_HYPOTHESIS_PROFILE`` picks one explicitly.
+
+Ctrl-C: a suite started as a background job of a non-interactive shell (``make test &``,
+some CI runners) inherits SIGINT ignored, and so would every process it starts; the
+tests that send SIGINT (to the allocator, to ``kvgrant conform`` running TLC) would then
+see nothing happen. The suite restores Python's own handler, which a child process
+gets back as the default action when it starts.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from hypothesis import settings
@@ -24,3 +31,6 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("KVGRANT_HYPOTHESIS_PROFILE")
                       or ("ci" if os.environ.get("CI") else "dev"))
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)

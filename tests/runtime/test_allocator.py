@@ -586,18 +586,6 @@ def test_a_real_ctrl_c_after_any_driver_call_leaves_nothing_and_a_conforming_tra
     """Python raises KeyboardInterrupt where it next can, often just after a driver call
     returned and before its undo was pushed; allocate holds the first Ctrl-C back to the
     next allocation boundary, so nothing leaks and the trace shows every object."""
-    import signal
-
-    # Python's own Ctrl-C handler, also where this suite was started with SIGINT ignored
-    # (a background job of a non-interactive shell)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        _sigint_sweep(tmp_path)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _sigint_sweep(tmp_path: Path) -> None:
     g = small_geometry()
     plan = chunk_plan(g)
     calls = SigintSim(0, devices=3)

@@ -314,8 +314,6 @@ def test_the_renderer_process_survives_a_ctrl_c_aimed_at_the_allocation(tmp_path
     code = f"""
 import os, signal, sys, time
 from kvgrant.runtime.trace import TraceWriter
-# Python's own Ctrl-C handler, also where the suite was started with SIGINT ignored
-signal.signal(signal.SIGINT, signal.default_int_handler)
 tw = TraceWriter({str(path)!r})
 tw.header(ranks=1)
 try:
