@@ -23,9 +23,12 @@ demo: $(STAMP)
 	$(BIN)/kvgrant alloc $(GEOMETRY) --trace $(OUTDIR)/alloc-trace.ndjson
 	$(BIN)/kvgrant conform $(OUTDIR)/alloc-trace.ndjson --engine python
 
-## The test suite without the TLC-heavy tests (GPU tests skip themselves without a GPU).
+## The test suite without the TLC-heavy tests: the CPU tests in worker processes (one per
+## CPU, at most 8; pytest-xdist), then the GPU tests one at a time (they skip themselves
+## without a GPU; run at once they would see each other's memory).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not tlc"
+	$(BIN)/python -m pytest -q -m "not tlc and not gpu and not gpu2" -n auto --maxprocesses 8
+	$(BIN)/python -m pytest -q -m "(gpu or gpu2) and not tlc"
 
 ## The issue #16 fuzz at full volume: KVGRANT_FUZZ_SCALE=8 runs 8x the default examples
 ## (over 10,000 generated bad inputs: geometries, traces, flags, argument types), in

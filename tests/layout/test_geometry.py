@@ -196,7 +196,8 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
     for path in (tmp_path / "absent.json", tmp_path):
         with pytest.raises(GeometryError) as info:
             load_geometry(path)
-        assert info.value.field == "<file>" and str(path) in str(info.value)
+        # the message shortens a long path; its start names it
+        assert info.value.field == "<file>" and str(path)[:50] in str(info.value)
 
 
 def test_published_like_geometry_is_valid() -> None:
