@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from kvgrant.errors import PlanError
 from kvgrant.layout.conflicts import conflict_ranges
@@ -243,7 +243,18 @@ def _pass_through_cuts(m: _Model, lab: Labels) -> None:
     ``F_in + F_out <= 1 + X[u-1] + sum E_t + sum S_t`` holds for every plan, and
     cuts off the pass-through (proof in docs/layout.md, "Exact planner").
     """
-    succ = lab.succ
+    for c, l_, p, s_, u, v in _short_windows(m, lab):
+        m.row(_row([(m.f[(c, u - 1, p, l_)], 1.0), (m.f[(c, v, l_, s_)], 1.0),
+                    (m.x.get((c, u - 1, l_)), -1.0),
+                    *_unjoined_ends(m, c, l_, s_, range(u, v)),
+                    *_unjoined_starts(m, c, l_, p, range(u, v + 1))]),
+              -float("inf"), 1.0)
+
+
+def _short_windows(m: _Model, lab: Labels) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(class, label, pred, succ, u, v) of every in-join (pred -> label) into granule u
+    and out-join (label -> succ) out of granule v of one class, v - u + 1 < the label's
+    need, whose granules all have a column: the windows the run cuts are about."""
     ins: dict[tuple[int, int], list[int]] = {}  # (class, label) -> u of in-joins
     outs: dict[tuple[int, int], list[int]] = {}
     for (c, u, a, b) in m.f:
@@ -253,33 +264,41 @@ def _pass_through_cuts(m: _Model, lab: Labels) -> None:
         outs.setdefault((c, a), []).append(u)
     for (c, l_), us in ins.items():
         n = lab.need[l_]
-        p, s_ = lab.pred[l_], succ[l_]
+        p, s_ = lab.pred[l_], lab.succ[l_]
         if n < 2 or s_ < 0 or lab.parts[l_][0][2] != 0:
             continue
         for u in us:
             for v in outs.get((c, l_), ()):
-                if not u <= v < u + n - 1:
-                    continue
-                if any((c, t, l_) not in m.x for t in range(u, v + 1)):
-                    continue
-                coef: dict[int, float] = {}
+                if u <= v < u + n - 1 and all((c, t, l_) in m.x for t in range(u, v + 1)):
+                    yield c, l_, p, s_, u, v
 
-                def add(col: int | None, k: float) -> None:
-                    if col is not None:
-                        coef[col] = coef.get(col, 0.0) + k
 
-                add(m.f[(c, u - 1, p, l_)], 1.0)
-                add(m.f[(c, v, l_, s_)], 1.0)
-                add(m.x.get((c, u - 1, l_)), -1.0)
-                for t in range(u, v):  # unjoined ends
-                    add(m.x[(c, t, l_)], -1.0)
-                    add(m.f.get((c, t, l_, l_)), 1.0)
-                    add(m.f.get((c, t, l_, s_)), 1.0)
-                for t in range(u, v + 1):  # unjoined starts
-                    add(m.x[(c, t, l_)], -1.0)
-                    add(m.f.get((c, t - 1, l_, l_)), 1.0)
-                    add(m.f.get((c, t - 1, p, l_)), 1.0)
-                m.row([(k, v_) for k, v_ in coef.items() if v_], -float("inf"), 1.0)
+def _unjoined_ends(m: _Model, c: int, l_: int, s_: int,
+                   ts: range) -> Iterator[tuple[int | None, float]]:
+    """Terms of ``sum E_t``: a run of label l_ ends at t, joined to neither l_ nor s_."""
+    for t in ts:
+        yield m.x[(c, t, l_)], -1.0
+        yield m.f.get((c, t, l_, l_)), 1.0
+        yield m.f.get((c, t, l_, s_)), 1.0
+
+
+def _unjoined_starts(m: _Model, c: int, l_: int, p: int,
+                     ts: range) -> Iterator[tuple[int | None, float]]:
+    """Terms of ``sum S_t``: a run of label l_ starts at t, joined from neither l_ nor p."""
+    for t in ts:
+        yield m.x[(c, t, l_)], -1.0
+        yield m.f.get((c, t - 1, l_, l_)), 1.0
+        yield m.f.get((c, t - 1, p, l_)), 1.0
+
+
+def _row(terms: Iterable[tuple[int | None, float]]) -> list[tuple[int, float]]:
+    """(column, coefficient) pairs of a row: terms of one column summed (in first-seen
+    order), absent columns (None) and zero sums left out."""
+    coef: dict[int, float] = {}
+    for col, k in terms:
+        if col is not None:
+            coef[col] = coef.get(col, 0.0) + k
+    return [(col, k) for col, k in coef.items() if k]
 
 
 def _count_checks(h: "highspy.Highs", limit: int | None,
@@ -323,50 +342,15 @@ def _one_run_cuts(m: _Model, lab: Labels,
     docs/layout.md, "Exact planner"). Returns the rows as (column, coefficient) lists,
     each with upper bound 1; ``only`` restricts them to the given (class, label, u, v).
     """
-    succ = lab.succ
-    ins: dict[tuple[int, int], list[int]] = {}
-    outs: dict[tuple[int, int], list[int]] = {}
-    for (c, u, a, b) in m.f:
-        if a == _FREE or a == b:
-            continue
-        ins.setdefault((c, b), []).append(u + 1)
-        outs.setdefault((c, a), []).append(u)
     rows: list[list[tuple[int, float]]] = []
-    for (c, l_), us in ins.items():
-        n = lab.need[l_]
-        p, s_ = lab.pred[l_], succ[l_]
-        if n < 2 or s_ < 0 or lab.parts[l_][0][2] != 0:
+    for c, l_, p, s_, u, v in _short_windows(m, lab):
+        if only is not None and (c, l_, u, v) not in only:
             continue
-        for u in us:
-            for v in outs.get((c, l_), ()):
-                if not u <= v < u + n - 1:
-                    continue
-                if only is not None and (c, l_, u, v) not in only:
-                    continue
-                if any((c, t, l_) not in m.x for t in range(u, v + 1)):
-                    continue
-                f_in, f_out = m.f[(c, u - 1, p, l_)], m.f[(c, v, l_, s_)]
-                for mirror in (False, True):
-                    coef: dict[int, float] = {}
-
-                    def add(col: int | None, k: float) -> None:
-                        if col is not None:
-                            coef[col] = coef.get(col, 0.0) + k
-
-                    add(f_in, 2.0 if mirror else 1.0)
-                    add(f_out, 1.0 if mirror else 2.0)
-                    add(m.x[(c, u if mirror else v, l_)], -1.0)
-                    if mirror:
-                        for t in range(u + 1, v + 1):  # unjoined starts
-                            add(m.x[(c, t, l_)], -1.0)
-                            add(m.f.get((c, t - 1, l_, l_)), 1.0)
-                            add(m.f.get((c, t - 1, p, l_)), 1.0)
-                    else:
-                        for t in range(u, v):  # unjoined ends
-                            add(m.x[(c, t, l_)], -1.0)
-                            add(m.f.get((c, t, l_, l_)), 1.0)
-                            add(m.f.get((c, t, l_, s_)), 1.0)
-                    rows.append([(k, v_) for k, v_ in coef.items() if v_])
+        f_in, f_out = m.f[(c, u - 1, p, l_)], m.f[(c, v, l_, s_)]
+        rows.append(_row([(f_in, 1.0), (f_out, 2.0), (m.x[(c, v, l_)], -1.0),
+                          *_unjoined_ends(m, c, l_, s_, range(u, v))]))
+        rows.append(_row([(f_in, 2.0), (f_out, 1.0), (m.x[(c, u, l_)], -1.0),
+                          *_unjoined_starts(m, c, l_, p, range(u + 1, v + 1))]))
     return rows
 
 
