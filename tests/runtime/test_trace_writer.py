@@ -272,13 +272,27 @@ def test_a_full_disk_is_reported_by_the_renderer_process() -> None:
     tw.close()
 
 
+def _lines_after_a_kill(code: str, path: Path, lines: int) -> list[dict]:
+    """Run ``code`` (which writes a trace to ``path``) in a process, then end it with
+    ``os._exit(9)``, like a segfault in the driver: no close, no atexit. Returns the
+    trace's lines once the renderer process has written ``lines`` of them (or given
+    up waiting)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code + "os._exit(9)\n"], cwd=root, timeout=60)
+    assert r.returncode == 9
+    deadline = time.monotonic() + 10
+    while path.read_text().count("\n") < lines and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
 def test_lines_shipped_before_the_process_dies_are_kept(tmp_path: Path) -> None:
     """A process killed mid-allocation (no close, no flush) still leaves its trace up
     to the last shipped chunk: the renderer process writes what it got and exits. What
     the kill loses is what was not shipped yet (here 8 of 40 records)."""
-    import subprocess
-    import sys
-
     path = tmp_path / "killed.ndjson"
     code = f"""
 import os, time
@@ -291,15 +305,8 @@ rec = tw.recorder()
 for k in range(40):
     rec((TPL, clock(), k, 0, 4096, k + 1, k + 1, 0, 0))
     tw.ship_if_full()
-os._exit(9)  # like a segfault in the driver: no close, no atexit
 """
-    root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60)
-    assert r.returncode == 9
-    deadline = time.monotonic() + 10
-    while path.read_text().count("\n") < 33 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    objs = [json.loads(x) for x in path.read_text().splitlines()]
+    objs = _lines_after_a_kill(code, path, 33)
     assert [o.get("seq") for o in objs] == [None, *range(32)]
     assert [o["state"]["created"] for o in objs[1:]] == list(range(1, 33))
 
@@ -468,9 +475,6 @@ def test_allocation_entries_expand_to_their_events_with_each_events_counters(
 def test_a_sigkill_loses_only_allocation_entries_not_yet_shipped(tmp_path: Path) -> None:
     """``ship_entries`` every ``entries_limit`` bytes: what was shipped is on file after
     the allocating process is killed, complete allocation by allocation."""
-    import subprocess
-    import sys
-
     path = tmp_path / "killed-entries.ndjson"
     code = f"""
 import os
@@ -486,14 +490,7 @@ for k in range(10):
                                 t, t, t, 0.0, 0.0)
     if len(entries) >= tw.entries_limit:
         entries = tw.ship_entries(0)
-os._exit(9)  # like a segfault in the driver: no close, no atexit
 """
-    root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60)
-    assert r.returncode == 9
-    deadline = time.monotonic() + 10
-    while path.read_text().count("\n") < 28 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    objs = [json.loads(x) for x in path.read_text().splitlines()]
+    objs = _lines_after_a_kill(code, path, 28)
     assert [o.get("seq") for o in objs] == [None, *range(27)]  # 9 of 10 allocations
     assert [o["args"]["alloc"] for o in objs[1:]] == [k for k in range(9) for _ in range(3)]
