@@ -24,10 +24,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 _gen = gen_layout  # tools/gen_layout.py as a module
 
 
-def brute_min(g, limit: int = 3000, cost=None) -> int | None:
-    """Fewest allocations of ANY contract-keeping plan, by trying every assignment of
-    plane granules to region granules (None when there are more than ``limit``).
-    With ``cost`` (a function of the plan), the least cost instead."""
+def brute_plans(g, limit: int = 3000):
+    """Every contract-keeping plan, by trying every assignment of plane granules to
+    region granules (an iterator; None when there are more than ``limit``)."""
     G = g.granularity
     runits = [(r.name, j) for r in g.regions
               for j in range(round_up(r.rows * r.row_bytes, G) // G)]
@@ -38,12 +37,24 @@ def brute_min(g, limit: int = 3000, cost=None) -> int | None:
         if n > limit:
             return None
     want = conflict_ranges(g, g.aliases)
+
+    def plans():
+        for perm in itertools.permutations(punits, len(runits)):
+            allocs = [Allocation(p, u * G, G, r, j * G) for (r, j), (p, u) in zip(runits, perm)]
+            if conflict_ranges(g, allocs) == want:
+                yield finish_plan(g, "brute", allocs)
+    return plans()
+
+
+def brute_min(g, limit: int = 3000, cost=None) -> int | None:
+    """Fewest allocations of ANY contract-keeping plan (:func:`brute_plans`; None when
+    there are more than ``limit`` assignments). With ``cost`` (a function of the plan),
+    the least cost instead."""
+    plans = brute_plans(g, limit)
+    if plans is None:
+        return None
     best = None
-    for perm in itertools.permutations(punits, len(runits)):
-        allocs = [Allocation(p, u * G, G, r, j * G) for (r, j), (p, u) in zip(runits, perm)]
-        if conflict_ranges(g, allocs) != want:
-            continue
-        plan = finish_plan(g, "brute", allocs)
+    for plan in plans:
         count = len(plan.allocations) if cost is None else cost(plan)
         best = count if best is None else min(best, count)
     return best
