@@ -3,14 +3,14 @@
 Why apart from :mod:`kvgrant.runtime.allocator`: preparing an attempt (plan, pre-flight,
 ledger, capacity) is decided before any driver object exists; this module is what runs
 between the first ``Reserve`` and ``Publish`` (or the last undo of ``Abort``), and on
-shutdown. Its loop is tracing's hot path: successful events are one tuple appended to the
-trace's list, from templates made once per (rank, action, phase, flags) (docs/allocator.md
-"Traces").
+shutdown. Its loop is tracing's hot path: one packed entry per allocation, which the
+renderer expands with line templates made once per (rank, action, phase, flags)
+(docs/allocator.md "Traces").
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from kvgrant.errors import AllocationError, DriverError
 from kvgrant.layout.geometry import Geometry
@@ -64,57 +64,25 @@ _GIB = float(1 << 30)
 
 
 class _Rank:
-    """Per-rank abstract state (the model's counters) plus what unwinding needs.
+    """Per-rank abstract state (the model's counters) plus what unwinding needs."""
 
-    ``tpls`` caches trace-line templates; they bake in the flags and the phase, so
-    changing a flag (or the phase, see ``Engine.phase``) empties the cache.
-    """
-
-    __slots__ = ("rank", "device", "_va", "created", "mapped", "alias_mapped", "grants",
-                 "_ready", "_failed", "plane_grants", "alias_grants", "base", "size", "tpls")
+    __slots__ = ("rank", "device", "va", "created", "mapped", "alias_mapped", "grants",
+                 "ready", "failed", "plane_grants", "alias_grants", "base", "size")
 
     def __init__(self, rank: int, device: int, allocs: int) -> None:
         self.rank = rank
         self.device = device
-        self._va = False
+        self.va = False
         self.created = 0
         self.mapped = 0
         self.alias_mapped = 0
         self.grants = 0
-        self._ready = False
-        self._failed = False
+        self.ready = False
+        self.failed = False
         self.plane_grants = [0] * allocs   # devices granted on each plane mapping
         self.alias_grants = [0] * allocs
         self.base = 0
         self.size = 0
-        self.tpls: dict[str, str] = {}
-
-    @property
-    def va(self) -> bool:
-        return self._va
-
-    @va.setter
-    def va(self, value: bool) -> None:
-        self._va = value
-        self.tpls.clear()
-
-    @property
-    def ready(self) -> bool:
-        return self._ready
-
-    @ready.setter
-    def ready(self, value: bool) -> None:
-        self._ready = value
-        self.tpls.clear()
-
-    @property
-    def failed(self) -> bool:
-        return self._failed
-
-    @failed.setter
-    def failed(self, value: bool) -> None:
-        self._failed = value
-        self.tpls.clear()
 
     def state(self, phase: str) -> str:
         """The model's counters after an event, JSON-encoded."""
@@ -170,7 +138,9 @@ class Engine:
         self._pending: list[tuple[Any, ...]] = []
         self._t0: float | None = None
         self.ranks = [_Rank(r, d, len(self.allocs)) for r, d in enumerate(self.devices)]
-        self._phase = "Allocating"
+        self.phase = "Allocating"
+        # trace-line templates by (rank, key, phase, va, ready, failed): see _tpl
+        self._tpls: dict[tuple[Any, ...], str] = {}
         # the rank whose driver step an interruption stopped (traced as its Fail)
         self._interrupted_rank: int | None = None
         # a Ctrl-C held back until the next allocation boundary (run_transaction arms it)
@@ -233,22 +203,17 @@ class Engine:
         self.trace.event_json(st.rank, action, args, call, result, st.state(self.phase),
                               device=st.device, va=va, size=size, handle=handle)
 
-    @property
-    def phase(self) -> str:
-        return self._phase
-
-    @phase.setter
-    def phase(self, value: str) -> None:
-        self._phase = value
-        for st in self.ranks:  # templates bake the phase in
-            st.tpls.clear()
-
     def _tpl(self, st: _Rank, key: str) -> str:
-        """Build the line template of a successful rank event (see event_template).
+        """The line template of a successful rank event (see event_template), for the
+        rank's flags and the phase as they are now (cached under them).
 
         ``key`` is ``"Action"`` or ``"Action sub"`` (``Grant plane``, ``Grant
         alias:REGION``, ``Unmap plane``, ``Unmap alias``).
         """
+        ck = (st.rank, key, self.phase, st.va, st.ready, st.failed)
+        tpl = self._tpls.get(ck)
+        if tpl is not None:
+            return tpl
         action, _, sub = key.partition(" ")
         shape = ACTIONS[action]
         if action == "Grant":
@@ -264,23 +229,15 @@ class Engine:
                              None if shape.call is None else _OK, st.device,
                              "%d" if shape.va else "null", "%d" if shape.size else "null",
                              "%d" if shape.handle else "null",
-                             state_template(self._phase, st.va, st.ready, st.failed))
-        st.tpls[key] = tpl
+                             state_template(self.phase, st.va, st.ready, st.failed))
+        self._tpls[ck] = tpl
         return tpl
-
-    def _tpl_of(self, st: _Rank) -> Callable[[str], str | None]:
-        """``key -> template`` for this rank as it is now; None for every key when
-        tracing is off (the templates bake in flags and phase: look up again after
-        either changes)."""
-        if not self.trace.enabled:
-            return lambda key: None
-        return lambda key: st.tpls.get(key) or self._tpl(st, key)
 
     def _rec(self, st: _Rank, key: str, *values: int) -> tuple[Any, ...]:
         """The record of a successful rank event: ``values`` are its alloc, va, size,
         handle (as shaped by kvgrant.traceformat.ACTIONS)."""
-        tpl = st.tpls.get(key) or self._tpl(st, key)
-        return (tpl, clock(), *values, st.created, st.mapped, st.alias_mapped, st.grants)
+        return (self._tpl(st, key), clock(), *values, st.created, st.mapped,
+                st.alias_mapped, st.grants)
 
     def _ok(self, st: _Rank, key: str, *values: int) -> None:
         """Trace a successful rank event (see :meth:`_rec`)."""
@@ -359,9 +316,11 @@ class Engine:
     def _alloc_spec(self, st: _Rank) -> tuple[Any, ...]:
         """The trace's allocation spec of this rank as it is now (trace_render.alloc_spec):
         templates bake in the flags and the phase, which stay fixed through a rank's loop."""
-        tpl = self._tpl_of(st)
+        def tpl(key: str) -> str:
+            return self._tpl(st, key)
+
         return alloc_spec(
-            tpl("Create"), tpl("Map"), tpl("MapAlias"), tpl("Grant plane"),  # type: ignore[arg-type]
+            tpl("Create"), tpl("Map"), tpl("MapAlias"), tpl("Grant plane"),
             len(self.grant_plane[st.rank]),
             [(tpl(self.alias_key[reg.name]), len(self.grant_region[st.rank][reg.name]))
              for reg in self.g.regions])

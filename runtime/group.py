@@ -382,7 +382,7 @@ class _GroupRun:
         self.device = self.devices[rank]
         self.trace = trace
         self.st = _State()
-        self._phase = "Allocating"
+        self.phase = "Allocating"
         self.G = g.granularity
         self.plane_off, self.region_off, self.slot_bytes = va_layout(g)
         n = g.topology.ranks
@@ -391,14 +391,6 @@ class _GroupRun:
         self.ranks: list[_Slot] = []   # filled by Reserve: own slot, then owners'
         self.base = 0
         self._head: dict[str, Any] | None = None   # the header, written at the first event
-
-    @property
-    def phase(self) -> str:
-        return self._phase
-
-    @phase.setter
-    def phase(self, value: str) -> None:
-        self._phase = value
 
     # ------------------------------------------- what Published asks of an engine
     def plane_vas(self) -> list[dict[str, int]]:
@@ -416,7 +408,7 @@ class _GroupRun:
     # ------------------------------------------------------------------ tracing
     def state(self) -> dict[str, Any]:
         s = self.st
-        return {"phase": self._phase, "va": s.va, "created": s.created, "mapped": s.mapped,
+        return {"phase": self.phase, "va": s.va, "created": s.created, "mapped": s.mapped,
                 "alias_mapped": s.alias_mapped, "grants": s.grants, "ready": s.ready,
                 "failed": s.failed, "exported": s.exported, "sent": s.sent,
                 "imported": s.imported, "import_mapped": s.import_mapped,

@@ -348,7 +348,7 @@ def test_every_group_action_written_is_read_back_field_for_field() -> None:
     tw = TraceWriter(buf)
     tw.header(version=GROUP_VERSION, **{k: v for k, v in head.items()
                                         if k not in ("kind", "version")})
-    run = SimpleNamespace(trace=tw, rank=1, device=5, _head=None, _phase="Aborting",
+    run = SimpleNamespace(trace=tw, rank=1, device=5, _head=None, phase="Aborting",
                           st=_State(va=True, created=2, mapped=1, alias_mapped=1, grants=3,
                                     ready=False, failed=True, exported=2, sent=1, imported=1,
                                     import_mapped=2, import_grants=1))
