@@ -239,7 +239,8 @@ class TraceWriter:
         return self._sink.seq if self._sink is not None else 0
 
     def recorder(self) -> Callable[[tuple[Any, ...]], None]:
-        """The hot path: a callable taking ``(template, clock(), *values)`` for one event.
+        """A callable taking ``(template, clock(), *values)`` for one event (events that
+        are not part of an allocation's entry, see :meth:`alloc_entries`).
 
         ``template`` comes from :func:`event_template` (or is any %-template whose first
         two placeholders are ``seq`` and ``t``); ``values`` fill the rest; ``seq`` is
