@@ -45,6 +45,7 @@ from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
 __all__ = ["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES",
+           "DEFAULT_MAX_WINDOWED_NONZEROS",
            "DEFAULT_NODE_LIMIT", "ExactResult", "SAFETY_SECONDS", "exact_plan"]
 
 DEFAULT_NODE_LIMIT = 300
@@ -70,6 +71,10 @@ sets (examples, exporter-0..9, random-0..9) proves optimality within 34 checks, 
 exporter-8 (371 checks to the proof, about 43 s CPU; stopped at 50, after about
 39 s, its plan is 411 against a bound of 410) and random-0 (about 1 s of root cut
 separation per check, its gap above 25%)."""
+DEFAULT_MAX_WINDOWED_NONZEROS = 2_000_000
+"""Largest model solved window by window when it is over :data:`DEFAULT_MAX_NONZEROS`
+(about 230,000 declared chunks of the published kind; the model is built in memory
+whole, about 1 KB per nonzero in Python). A larger one is not solved."""
 SAFETY_SECONDS = 900.0
 """Wall-clock net for one solve. It never decides the plan: when it fires, planning
 fails with :class:`~kvgrant.errors.PlanError` instead of returning a plan that depends
@@ -125,6 +130,7 @@ class _Model:
     rows_lo: list[float] = field(default_factory=list)
     rows_hi: list[float] = field(default_factory=list)
     rows: list[list[tuple[int, float]]] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # per row, see _Model.row
     offset: float = 0.0
 
     def col(self, lo: float, hi: float, cost: float = 0.0) -> int:
@@ -133,7 +139,11 @@ class _Model:
         self.cost.append(cost)
         return len(self.lower) - 1
 
-    def row(self, entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+    def row(self, entries: list[tuple[int, float]], lo: float, hi: float,
+            kind: str = "cut") -> None:
+        """Add a row; ``kind`` is "assign" (one granule's labels), "join" (a join
+        against its granule), "need", "in" (joins into a label), "cover" or "cut"."""
+        self.kinds.append(kind)
         self.rows.append(entries)
         self.rows_lo.append(lo)
         self.rows_hi.append(hi)
@@ -187,7 +197,7 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
                     p1 = min((u * G + o2 - 1) // bpp + 1, g.pages)
                     for q in range(p0, p1):
                         cover.setdefault((region, row, q), []).append(xc)
-            m.row(entries, mult, mult)
+            m.row(entries, mult, mult, "assign")
         # joins between granules u and u+1 of the same planes
         for u in range(units - 1):
             here = [_FREE] + per_unit[u]
@@ -209,18 +219,18 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
                         joins_in[b].append(fc)
             for a, ents in out_of.items():
                 src = m.z[(c, u)] if a == _FREE else m.x[(c, u, a)]
-                m.row(ents + [(src, -1.0)], -float("inf"), 0)
+                m.row(ents + [(src, -1.0)], -float("inf"), 0, "join")
             for b, ents in into.items():
                 dst = m.z[(c, u + 1)] if b == _FREE else m.x[(c, u + 1, b)]
-                m.row(ents + [(dst, -1.0)], -float("inf"), 0)
+                m.row(ents + [(dst, -1.0)], -float("inf"), 0, "join")
     _pass_through_cuts(m, lab)
     for l_ in range(nl):
         if not by_label[l_]:
             raise PlanError(f"label {l_} of region {lab.region[l_]!r}: no plane granule may "
                             "back it (the declared layout breaks its own conflict sets)")
-        m.row([(xc, 1.0) for xc in by_label[l_]], lab.need[l_], lab.need[l_])
+        m.row([(xc, 1.0) for xc in by_label[l_]], lab.need[l_], lab.need[l_], "need")
         if len(joins_in[l_]) > 1:
-            m.row([(fc, 1.0) for fc in joins_in[l_]], 0, 1)
+            m.row([(fc, 1.0) for fc in joins_in[l_]], 0, 1, "in")
     for (region, row), ranges in conflicts.items():
         for a, b in ranges:
             for q in range(a, b):
@@ -228,7 +238,7 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
                 if not ents:
                     raise PlanError(f"region {region!r} row {row}: page {q} can be touched by "
                                     "no eligible granule")
-                m.row([(xc, 1.0) for xc in ents], 1, float("inf"))
+                m.row([(xc, 1.0) for xc in ents], 1, float("inf"), "cover")
     return m, lab
 
 
@@ -562,6 +572,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
                max_solves: int = DEFAULT_MAX_SOLVES,
                max_checks: int | None = DEFAULT_MAX_CHECKS,
+               max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS,
                options: Mapping[str, object] | None = None,
                progress: Callable[[str], None] | None = None) -> ExactResult:
     """The best plan HiGHS finds within deterministic work limits, with its proof.
@@ -593,8 +604,10 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         (``bench_plan.py --highs``): the planner passes none, and options that make
         the plan depend on the host (a ``time_limit``) break determinism.
     max_nonzeros
-        Models with more matrix nonzeros are not solved (``source`` "start",
-        ``status`` says why): see :data:`DEFAULT_MAX_NONZEROS`.
+        Models with more matrix nonzeros are not solved at once: they are solved in
+        windows (:mod:`kvgrant.layout.windows`; ``source`` "windows", no proof) up to
+        ``max_windowed_nonzeros`` (None: any size), else not at all (``source``
+        "start", ``status`` says why): see :data:`DEFAULT_MAX_NONZEROS`.
 
     Returns
     -------
@@ -625,6 +638,19 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     size = {"columns": n, "rows": len(m.rows), "nonzeros": nnz, "classes": len(m.classes),
             "labels": len(lab.need), "rounds": 0}
     if max_nonzeros is not None and nnz > max_nonzeros:
+        if max_windowed_nonzeros is None or nnz <= max_windowed_nonzeros:
+            if progress:
+                progress(f"exact model: {nnz:,} nonzeros, over the {max_nonzeros:,} limit "
+                         "for one solve; solving it in windows")
+            won = _windowed(g, m, lab, label, start, plane_cost, rc, node_limit, progress)
+            if won is not None:
+                plan, cost, note = won
+                floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
+                size.update(note)
+                return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
+                                   time.perf_counter() - t0,
+                                   f"Solved in windows (model over {max_nonzeros:,} "
+                                   "nonzeros); no proof", "windows", size)
         if start is None:
             raise PlanError(f"geometry {g.name!r}: the exact model has {nnz:,} nonzeros "
                             f"(limit {max_nonzeros:,}) and no start plan was given")
@@ -726,6 +752,29 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     size["rounds"] = rounds
     return ExactResult(best, int(best_cost), bound, int(best_cost) <= bound,
                        time.perf_counter() - t0, status, source, size)
+
+
+def _windowed(g: Geometry, m: _Model, lab: Labels, label: str, start: PhysicalPlan | None,
+              plane_cost: int, rc: dict[str, float], node_limit: int | None,
+              progress: Callable[[str], None] | None
+              ) -> tuple[PhysicalPlan, float, dict[str, int]] | None:
+    """The model solved window by window: (plan, cost, window counts) when that gives
+    a contract-keeping plan cheaper than ``start``, else None."""
+    from kvgrant.layout.windows import solve_windows
+
+    res = solve_windows(m, lab.need, g.granularity, node_limit=node_limit, progress=progress)
+    if res.values is None:
+        if progress:
+            progress(f"windows: {res.status}")
+        return None
+    plan, _lost = _extract(g, m, lab, res.values, label)
+    if check_contract(g, plan):  # pragma: no cover - every window keeps the model's rows
+        return None
+    cost = _cost(plan, plane_cost, rc)
+    if start is not None and _cost(start, plane_cost, rc) <= cost:
+        return None
+    return plan, cost, {"windows": res.windows, "window_merges": res.merges,
+                        "largest_window_nonzeros": max(res.sizes, default=0)}
 
 
 def _floor(g: Geometry) -> int:

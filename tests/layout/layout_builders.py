@@ -229,9 +229,11 @@ def gen_layout():
     return mod
 
 
-CHEAP = {"node_limit": 20, "max_nonzeros": 1_500, "max_solves": 2, "max_checks": 10}
+CHEAP = {"node_limit": 20, "max_nonzeros": 1_500, "max_solves": 2, "max_checks": 10,
+         "max_windowed_nonzeros": 0}
 """Work limits for property tests whose assertions hold for ANY plan the planner
 returns (contract kept, never above the reference rule, never below a bound): larger
-models go to the heuristic, so a test of hundreds of examples stays quick. The limits
+models go to the heuristic (not to the windows: test_windows.py covers those), so a
+test of hundreds of examples stays quick. The limits
 are counts, so the tests stay deterministic. The full limits run in
 benchmarks/bench_plan.py (which fails on a broken contract or a bound above a plan)."""

@@ -25,7 +25,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 def test_all_is_pinned():
     assert exact.__all__ == sorted(["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_NONZEROS",
-                                    "DEFAULT_MAX_SOLVES", "DEFAULT_NODE_LIMIT",
+                                    "DEFAULT_MAX_SOLVES", "DEFAULT_MAX_WINDOWED_NONZEROS",
+                                    "DEFAULT_NODE_LIMIT",
                                     "SAFETY_SECONDS", "ExactResult", "exact_plan"])
 
 
