@@ -52,6 +52,7 @@ from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memo
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.fdpass import FdClient, FdServer
 from kvgrant.runtime.engine import traced_shutdown, va_layout
+from kvgrant.runtime.interrupts import DeferredInterrupt
 from kvgrant.runtime.options import (Backend, HandleBudget, RankShorthands, TraceOptions,
                                      group_options)
 from kvgrant.runtime.prepare import host_ledger, resolve_plan
@@ -66,6 +67,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "plan_digests
 #: How long any one group step waits for the others (seconds) before naming them missing.
 DEFAULT_TIMEOUT_S = 120.0
 _OK = "CUDA_SUCCESS"
+#: The result of a step that a held-back Ctrl-C stopped before its driver call.
+_INTERRUPTED = "KeyboardInterrupt"
 _POLL_S = (0.002, 0.05)   # first and longest pause between looks at the store
 
 
@@ -372,7 +375,8 @@ class _GroupRun:
     unwinding need (the same names as the one-process allocator's run)."""
 
     def __init__(self, g: Geometry, plan: PhysicalPlan, driver: Driver, rank: int,
-                 devices: Sequence[int], trace: TraceWriter) -> None:
+                 devices: Sequence[int], trace: TraceWriter,
+                 interrupt: DeferredInterrupt | None = None) -> None:
         self.g = g
         self.plan = plan
         self.allocs: tuple[Allocation, ...] = plan.allocations
@@ -391,6 +395,8 @@ class _GroupRun:
         self.ranks: list[_Slot] = []   # filled by Reserve: own slot, then owners'
         self.base = 0
         self._head: dict[str, Any] | None = None   # the header, written at the first event
+        # a Ctrl-C held back until the next allocation boundary (see boundary())
+        self.interrupt = interrupt if interrupt is not None else DeferredInterrupt()
 
     # ------------------------------------------- what Published asks of an engine
     def plane_vas(self) -> list[dict[str, int]]:
@@ -472,6 +478,20 @@ class _GroupRun:
                 f"{target}{where}; cause: {cause}")
         raise _StepFailed(text, cause, call=call, result=result)
 
+    def boundary(self, action: str, args: Mapping[str, Any], call: str, target: str,
+                 size: int | None = None) -> None:
+        """Stop here if a Ctrl-C was held back: an allocation boundary, where nothing is
+        half made. The step that does not happen is traced as failed (result
+        ``KeyboardInterrupt``, as the one-process engine does) and the rank votes
+        failed, so the group unwinds as after any failed step."""
+        if not self.interrupt.pending:
+            return
+        self.st.failed = True
+        self.ev(action, args, call, _INTERRUPTED, None, size)
+        text = (f"rank {self.rank} (device {self.device}) was interrupted (Ctrl-C) before "
+                f"{call} of {target}")
+        raise _StepFailed(text, KeyboardInterrupt(), call=call, result=_INTERRUPTED)
+
     def target(self, a: Allocation, mapping: str, owner: int | None = None) -> str:
         who = "" if owner is None else f"imported from rank {owner}, "
         if mapping == "alias":
@@ -542,6 +562,8 @@ class _GroupRun:
         """Reserve, then per allocation Create, Map, MapAlias, Grant (own device only)."""
         d, s, dev = self.driver, self.st, self.device
         size = self.slot_bytes * (1 + len(self.owners))
+        self.boundary("Reserve", {}, "cuMemAddressReserve", f"reservation of {size:#x} bytes",
+                      size)
         base = self.step("Reserve", {}, "cuMemAddressReserve",
                          lambda: d.reserve(size, self.G, device=dev),
                          f"reservation of {size:#x} bytes", None, size)
@@ -554,6 +576,7 @@ class _GroupRun:
         self.handles: list[int] = []
         for i, a in enumerate(self.allocs):
             n = a.length
+            self.boundary("Create", {"alloc": i}, "cuMemCreate", self.target(a, "plane"), n)
             h = self.step("Create", {"alloc": i}, "cuMemCreate", lambda: d.create(n, dev),
                           self.target(a, "plane"), None, n)
             s.created += 1
@@ -601,6 +624,8 @@ class _GroupRun:
             if not self.importers:
                 break
             h = self.handles[i]
+            self.boundary("Export", {"alloc": i}, "cuMemExportToShareableHandle",
+                          self.target(a, "plane"), a.length)
             fd = self.step("Export", {"alloc": i}, "cuMemExportToShareableHandle",
                            lambda: d.export_handle(h), self.target(a, "plane"), None, a.length)
             try:
@@ -626,8 +651,18 @@ class _GroupRun:
             for i, a in enumerate(self.allocs):
                 n = a.length
                 iargs = {"owner": o, "alloc": i}
+                target = self.target(a, "plane", o)
+
+                def stop(iargs: dict[str, Any] = iargs, target: str = target, n: int = n,
+                         o: int = o) -> None:
+                    # before the import, and while its fd is awaited (nothing made yet)
+                    self.boundary("Import", iargs, "cuMemImportFromShareableHandle",
+                                  target, n)
+                    check(o)
+
+                self.boundary("Import", iargs, "cuMemImportFromShareableHandle", target, n)
                 try:
-                    got = server.take(o, i, deadline, lambda: check(o))
+                    got = server.take(o, i, deadline, stop)
                 except GroupError as e:
                     # the model's failed Import: the fd never came (the owner failed,
                     # died or did not answer by the deadline)
@@ -819,11 +854,52 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
     GroupError
         The group did not publish: every process unwound what it made and imported;
         the error names each failed rank with its first error and each missing rank.
+    KeyboardInterrupt
+        Ctrl-C (SIGINT) during the start-up: this process unwound everything it made
+        and imported (the group's error is the ``__cause__``), and the other ranks
+        raise GroupError naming this one. After this rank's last import began: the
+        group publishes, then this process releases its cache and raises.
 
     Notes
     -----
     One attempt: no retries, no smaller second attempt.
+
+    While it runs (main thread, Python's own SIGINT handler in place), the first SIGINT
+    is held back to the next allocation boundary of this rank's build (before Reserve,
+    each Create, each Export, each Import, or while an owner's fd is awaited): the step
+    that does not happen is traced as failed (``KeyboardInterrupt``), the rank votes
+    failed and the group aborts as after any failed step, so nothing leaks and the
+    group's traces conform. A second SIGINT raises at once. A handler the program
+    installed itself is left alone (then nothing is held back).
     """
+    interrupt = DeferredInterrupt()
+    with interrupt:  # a Ctrl-C waits for an allocation boundary (runtime/interrupts.py)
+        try:
+            pub = _allocate_rank(
+                geometry, rank, group, interrupt, plan=plan, backend=backend, device=device,
+                memory_limit=memory_limit, check_contract=check_contract, budget=budget,
+                trace=trace, timeout_s=timeout_s, store=store, **shorthands)
+        except Exception as err:
+            if interrupt.pending:  # unwound already; the Ctrl-C is what the caller asked for
+                raise KeyboardInterrupt from err
+            raise
+    if interrupt.pending:  # Ctrl-C after the last import began: published, now shut down
+        pub.release()
+        raise KeyboardInterrupt
+    return pub
+
+
+def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
+                   interrupt: DeferredInterrupt, *,
+                   plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]",
+                   backend: "str | Backend | Driver", device: int | None,
+                   memory_limit: "str | int | MemoryLimit | None", check_contract: bool,
+                   budget: HandleBudget | None,
+                   trace: "str | Path | IO[str] | TraceWriter | TraceOptions | None",
+                   timeout_s: float, store: Any,
+                   **shorthands: Unpack[RankShorthands]) -> GroupPublished:
+    """:func:`allocate_rank` with ``interrupt`` armed: its build stops at the first
+    allocation boundary after a held-back Ctrl-C (see :meth:`_GroupRun.boundary`)."""
     opts = group_options(allocate_rank, shorthands, budget=budget, trace=trace,
                          backend=backend, accepted=frozenset(RankShorthands.__annotations__))
     if opts.trace.errors == "raise":
@@ -876,6 +952,8 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         server = FdServer(rank, f"{chan.attempt}")
     except (KVGrantError, OSError) as e:
         local_error = e
+    if local_error is None and interrupt.pending:  # Ctrl-C before the hello: nobody starts
+        local_error = KeyboardInterrupt("interrupted (Ctrl-C) before the group started")
     hello = {"rank": rank, "pid": os.getpid(), "uid": os.getuid(), "host": host,
              "pidns": _pidns(), "addr": server.address if server else None, "device": device,
              "demand": rank_demand(g, the_plan, rank) if the_plan is not None else None,
@@ -888,7 +966,9 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         devices = [int(recs[r]["device"]) for r in range(n)]
         if preflight:
             _check_host_budget(g, the_plan, hosts, handles, reserve)
-    except BaseException:
+    except BaseException as e:
+        if not isinstance(e, KVGrantError):  # not a refusal every rank makes alike
+            _decide_abort(chan, rank, f"rank {rank} stopped in the hello: {_err_text(e)}", e)
         if server is not None:
             server.close()
         raise
@@ -929,11 +1009,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         except (KVGrantError, OSError) as e:
             setup_error = e
     except BaseException as e:
-        try:  # nobody else may wait for this rank until the deadline
-            chan.decide(_abort_decision(f"rank {rank} failed before start-up: {_err_text(e)}",
-                                        {rank: _err_text(e)}, []))
-        except Exception:  # noqa: BLE001 - the store may be gone too
-            pass
+        _decide_abort(chan, rank, f"rank {rank} failed before start-up: {_err_text(e)}", e)
         if server is not None:
             server.close()
         if lease is not None:
@@ -993,7 +1069,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
                 if fit is not None and fit.reduced and not isinstance(plan, PhysicalPlan):
                     fail = _agree_on_replan(chan, g, the_plan, rank, fail)
             assert driver is not None
-            run = _GroupRun(g, the_plan, driver, rank, devices, tw)
+            run = _GroupRun(g, the_plan, driver, rank, devices, tw, interrupt)
             run.header(n, host)
             if fail is not None:
                 # stopped before its first step (its own set-up failed, or another
@@ -1068,11 +1144,7 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
         if run is not None:
             _tell_importers(run, recs, clients, _err_text(e))
         server.close()
-        try:
-            chan.decide(_abort_decision(f"rank {rank} raised {_err_text(e)}",
-                                        {rank: _err_text(e)}, []))
-        except Exception:  # noqa: BLE001 - the store may be gone too
-            pass
+        _decide_abort(chan, rank, f"rank {rank} raised {_err_text(e)}", e)
         if run is not None:
             run.phase = "Aborting"
             run._group("Abort")
@@ -1085,6 +1157,15 @@ def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = Non
             driver.close()
         attach_cleanup_errors(e, errors)
         raise
+
+
+def _decide_abort(chan: _Channel, rank: int, reason: str, e: BaseException) -> None:
+    """Write the abort decision naming this rank, so nobody else waits for it until the
+    deadline. Best effort: the store may be gone too."""
+    try:
+        chan.decide(_abort_decision(reason, {rank: _err_text(e)}, []))
+    except Exception:  # noqa: BLE001 - the store may be gone too
+        pass
 
 
 def _vote(chan: _Channel, rank: int, fail: _StepFailed | None, timeout_s: float

@@ -6,7 +6,9 @@ the call made would leak, and the trace would not show it. While the allocator b
 the first SIGINT only sets :attr:`DeferredInterrupt.pending`; the engine checks it before
 each allocation's first driver call (where nothing is half made) and raises
 ``KeyboardInterrupt`` there, traced as that step's ``Fail``, so the attempt unwinds as
-after any failure. A second SIGINT raises at once (a driver call that hangs must stay
+after any failure. The group runtime (runtime/group.py) checks it at the same kind of
+boundary of its rank's build and votes failed, so the whole group aborts (docs/group.md
+"Ctrl-C during the start-up"). A second SIGINT raises at once (a driver call that hangs must stay
 interruptible). Only the main thread can take signals, and a handler the program
 installed itself is left alone: then nothing is held back.
 """

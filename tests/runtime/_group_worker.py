@@ -9,6 +9,9 @@ alone). Scenarios:
   ``hold``: once published, wait until that file exists before releasing.
 * ``sweep``: for k in 1..calls, one attempt where rank ``fault_rank`` fails its k-th
   driver call; after each, this process's live counts, open fds and sim pool are recorded.
+* ``sigint``: for each set of ranks in ``sigint_sets`` and k in 1..calls (the fewest of
+  the set's clean calls), one attempt where each rank of the set sends itself a SIGINT
+  after its k-th driver call (tests/runtime/_sigint.py); recorded as for ``sweep``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,12 @@ def _killing(base: type, sig: int) -> type:
 
 
 def _driver(spec: dict[str, Any], n: int, faults: list[Fault] | None,
-            kill_at: int | None, sig: int = signal.SIGKILL) -> Any:
+            kill_at: int | None, sig: int = signal.SIGKILL, sigint_at: int | None = None
+            ) -> Any:
+    if spec.get("scenario") == "sigint":
+        from tests.runtime._sigint import SigintSim
+
+        return SigintSim(sigint_at, devices=n, faults=faults)
     if spec.get("backend") == "cuda":
         from kvgrant.runtime.cuda import CudaDriver
 
@@ -75,12 +83,13 @@ def _mappings(pub: Any, g: Any) -> list[tuple[str, int]]:
 
 
 def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace: str | None,
-             faults: list[Fault] | None, kill_at: int | None) -> dict[str, Any]:
+             faults: list[Fault] | None, kill_at: int | None,
+             sigint_at: int | None = None) -> dict[str, Any]:
     n = g.topology.ranks
     sig = signal.SIGKILL
     if kill_at is None and spec.get("stop_rank") == rank:
         kill_at, sig = spec["stop_at"], signal.SIGSTOP
-    drv = _driver(spec, n, faults, kill_at, sig)
+    drv = _driver(spec, n, faults, kill_at, sig, sigint_at)
     cuda = drv.name == "cuda"
     res: dict[str, Any] = {}
     probe = None
@@ -102,7 +111,7 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
                             device=rank, ledger=spec.get("ledger"),
                             handle_budget=spec.get("handle_budget"),
                             handle_reserve=spec.get("handle_reserve"))
-    except Exception as e:  # noqa: BLE001 - recorded for the test
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - recorded for the test
         res.update(ok=False, kind=type(e).__name__, error=str(e),
                    calls=sum(drv.calls.values()), failed=sorted(getattr(e, "failed", {})),
                    missing=list(getattr(e, "missing", [])))
@@ -195,6 +204,27 @@ def _attempt(spec: dict[str, Any], rank: int, g: Any, out: dict[str, Any], trace
     return res
 
 
+def _sigint_sweep(spec: dict[str, Any], rank: int, g: Any, record: dict[str, Any]
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``sigint`` scenario: a clean attempt (its driver calls counted), then one
+    attempt per set of ranks and k where those ranks get a SIGINT after their k-th call."""
+    out = Path(spec["out"])
+    clean = _attempt(spec, rank, g, record, None, None, None)
+    (out / f"calls{rank}").write_text(str(clean.get("calls", 0)))
+    _sync(spec, rank, "clean")
+    calls = {r: int((out / f"calls{r}").read_text()) for r in range(spec["world"])}
+    attempts = []
+    for who in spec["sigint_sets"]:
+        name = "".join(map(str, who))
+        for k in range(1, min(calls[r] for r in who) + 1):
+            trace = f"{spec['trace_dir']}/s{name}-k{k}-rank{rank}.ndjson"
+            res = _attempt(spec, rank, g, record, trace, None, None,
+                           k if rank in who else None)
+            res.update(k=k, sigint=who)
+            attempts.append(res)
+    return clean, attempts
+
+
 def _fdlist() -> dict[str, str]:
     """Open fds and what they are, minus gloo's TCP sockets (gloo opens and closes
     those on its own schedule; kvgrant never opens a TCP socket)."""
@@ -247,6 +277,8 @@ def main() -> None:
             kill_at = spec.get("kill_at") if spec.get("kill_rank") == rank else None
             trace = f"{trace_dir}/rank{rank}.ndjson" if trace_dir else None
             record["attempts"] = [_attempt(spec, rank, g, record, trace, faults, kill_at)]
+        elif spec["scenario"] == "sigint":
+            record["clean"], record["attempts"] = _sigint_sweep(spec, rank, g, record)
         else:
             clean = _attempt(spec, rank, g, record, None, None, None)
             record["clean"] = clean
