@@ -10,7 +10,10 @@ does the part of one worker when ``torchrun`` started the processes (``RANK``,
 
 Each worker writes its report to ``rank<R>.json`` in the launcher's folder; the parent
 waits for every worker with a deadline and kills any that is left, so no worker
-outlives the command.
+outlives the command. On Ctrl-C the parent waits :data:`INTERRUPT_GRACE_S` more before
+it kills: a terminal's Ctrl-C reaches the workers too, and each unwinds at its next
+allocation boundary (docs/group.md, "Ctrl-C during the start-up") if it is given the
+time; a second Ctrl-C ends the wait.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from typing import Any, Mapping
 
 from kvgrant.errors import KVGrantError
 
-__all__ = ["in_torchrun", "launch", "run_under_torchrun", "worker_report"]
+__all__ = ["INTERRUPT_GRACE_S", "in_torchrun", "launch", "run_under_torchrun",
+           "worker_report"]
+
+INTERRUPT_GRACE_S = 15.0
+"""After a Ctrl-C, how long the launcher waits for its workers to unwind before it kills
+them. The parent passes no signal on: a worker that got none finishes its start-up and
+releases, which a healthy group does well within this time."""
 
 
 def in_torchrun(env: Mapping[str, str] | None = None) -> bool:
@@ -117,12 +126,12 @@ def launch(spec: Mapping[str, Any], *, wall_s: float | None = None) -> list[dict
         full = dict(spec, store=str(Path(tmp) / "store"), out=tmp)
         ctx = mp.start_processes(_worker, args=(full,), nprocs=procs, join=False,
                                  start_method="spawn")
-        deadline = time.monotonic() + wall
         try:
-            while time.monotonic() < deadline:
-                if all(not p.is_alive() for p in ctx.processes):
-                    break
-                time.sleep(0.05)
+            try:
+                _wait(ctx.processes, time.monotonic() + wall)
+            except KeyboardInterrupt:
+                _wait(ctx.processes, time.monotonic() + INTERRUPT_GRACE_S)
+                raise
         finally:
             for p in ctx.processes:
                 if p.is_alive():
@@ -139,6 +148,12 @@ def launch(spec: Mapping[str, Any], *, wall_s: float | None = None) -> list[dict
                                 "error": f"worker of rank {r} ended with exit code {code} "
                                          "before it reported"})
         return reports
+
+
+def _wait(processes: list[Any], deadline: float) -> None:
+    """Until every process has ended or the monotonic ``deadline`` has passed."""
+    while time.monotonic() < deadline and any(p.is_alive() for p in processes):
+        time.sleep(0.05)
 
 
 def run_under_torchrun(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -475,3 +475,52 @@ def test_a_re_plan_that_differs_fails_every_rank_before_its_first_object() -> No
     assert failed[1] is own
     assert isinstance(failed[0], _StepFailed) and "ranks [1] failed to re-plan" in \
         failed[0].text
+
+
+class _FakeProcess:
+    """A worker that ends ``after`` looks at it (never, for None), or when killed."""
+
+    def __init__(self, after: int | None) -> None:
+        self.after, self.looks, self.killed, self.joined = after, 0, False, False
+        self.exitcode: int | None = None
+
+    def is_alive(self) -> bool:
+        self.looks += 1
+        return not self.killed and (self.after is None or self.looks <= self.after)
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def join(self) -> None:
+        self.joined = True
+
+
+def test_launcher_gives_workers_time_to_unwind_after_ctrl_c(monkeypatch) -> None:
+    """A Ctrl-C in the launcher's wait: the workers (which a terminal's Ctrl-C reaches
+    too) get INTERRUPT_GRACE_S to unwind before any is killed, then it raises."""
+    import torch.multiprocessing as mp
+
+    from kvgrant.runtime import group_launch
+
+    finishing, stuck = _FakeProcess(after=3), _FakeProcess(after=None)
+    ctx = type("Ctx", (), {"processes": [finishing, stuck]})()
+    monkeypatch.setattr(mp, "start_processes", lambda *a, **k: ctx)
+    waits: list[float] = []
+    real_wait = group_launch._wait
+    now = [0.0]
+    monkeypatch.setattr(group_launch.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(group_launch.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+
+    def wait(processes, deadline):
+        waits.append(deadline - now[0])
+        if len(waits) == 1:
+            raise KeyboardInterrupt
+        real_wait(processes, deadline)
+
+    monkeypatch.setattr(group_launch, "_wait", wait)
+    with pytest.raises(KeyboardInterrupt):
+        group_launch.launch({"procs": 2, "geometry": {}, "timeout_s": 5})
+    assert waits[1] == group_launch.INTERRUPT_GRACE_S
+    assert not finishing.killed and finishing.joined   # it ended within the grace
+    assert stuck.killed and stuck.joined                # the grace ran out: killed
+    assert now[0] >= group_launch.INTERRUPT_GRACE_S
