@@ -46,6 +46,14 @@ def test_without_proof_the_better_plan_meets_the_larger_bound():
     assert (r["packed"], r["packed_bound"], r["packed_verdict"]) == (10, 10, "optimal")
 
 
+def test_a_windowed_plan_is_kept_as_plan_packed_keeps_it():
+    # plan_packed runs no heuristic after windows, so the view keeps the windowed plan
+    r = _bench()["planner_view"](_row(exact=15, heuristic=12, solver_bound=4, bound=9,
+                                      verdict="gap 11 (73.33%)", exact_source="windows"))
+    assert (r["packed"], r["packed_bound"]) == (15, 9)
+    assert r["packed_verdict"] == "gap 6 (40.00%)"
+
+
 def test_from_json_renders_an_earlier_run(tmp_path, capsys):
     doc = {"results": {"examples": [_row(), _row(name="y", exact=14, solver_bound=3,
                                                    verdict="gap 11 (78.57%)")]}}
