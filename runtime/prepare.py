@@ -201,6 +201,10 @@ def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], P
         return plan
     if callable(plan):
         return plan(g)
+    if plan == "packed":  # planned once per host (runtime/plancache.py)
+        from kvgrant.runtime.plancache import packed_plan
+
+        return packed_plan(g)
     from kvgrant.layout.plans import make_plan
 
     return make_plan(g, plan)

@@ -12,6 +12,11 @@ some CI runners) inherits SIGINT ignored, and so would every process it starts; 
 tests that send SIGINT (to the allocator, to ``kvgrant conform`` running TLC) would then
 see nothing happen. The suite restores Python's own handler, which a child process
 gets back as the default action when it starts.
+
+The host's plan cache (runtime/plancache.py) is off for the whole suite and every
+process it starts: a test that plans in fresh processes (determinism) must plan there,
+not read what an earlier test or run left. tests/runtime/test_plancache.py turns it
+on in folders of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("KVGRANT_HYPOTHESIS_PROFILE")
                       or ("ci" if os.environ.get("CI") else "dev"))
+
+os.environ["KVGRANT_PLAN_CACHE"] = "off"
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
