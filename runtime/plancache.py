@@ -98,7 +98,10 @@ def _write(path: Path, plan: PhysicalPlan, key: str) -> None:
     """Write atomically (a reader sees the old file or the new one, never a part)."""
     doc = dict(plan_document(plan), cache_key=key, cache_format=_FORMAT)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o644 & ~umask)  # mkstemp's 0600 would hide it from other users
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f, separators=(",", ":"))
         os.replace(tmp, path)
