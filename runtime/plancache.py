@@ -98,16 +98,27 @@ def _write(path: Path, plan: PhysicalPlan, key: str) -> None:
     """Write atomically (a reader sees the old file or the new one, never a part)."""
     doc = dict(plan_document(plan), cache_key=key, cache_format=_FORMAT)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.fchmod(fd, 0o644 & ~umask)  # mkstemp's 0600 would hide it from other users
+        os.fchmod(fd, 0o644 & ~_umask())  # mkstemp's 0600 would hide it from other users
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f, separators=(",", ":"))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for a
+    moment under every other thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def cached_packed_plan(g: Geometry, plan: Callable[[Geometry], PhysicalPlan],
