@@ -762,7 +762,8 @@ def _windowed(g: Geometry, m: _Model, lab: Labels, label: str, start: PhysicalPl
     a contract-keeping plan cheaper than ``start``, else None."""
     from kvgrant.layout.windows import solve_windows
 
-    res = solve_windows(m, lab.need, g.granularity, node_limit=node_limit, progress=progress)
+    res = solve_windows(m, lab.need, g.granularity, node_limit=node_limit,
+                        max_window_nonzeros=DEFAULT_MAX_NONZEROS, progress=progress)
     if res.values is None:
         if progress:
             progress(f"windows: {res.status}")

@@ -199,12 +199,13 @@ def _solve(m: _Model, cols: list[int], lo: list[float], hi: list[float], starts:
 
 def solve_windows(m: _Model, need: Sequence[int], granularity: int, *, core: int = 80,
                   margin: int = 20, horizon: int = 100, node_limit: int | None = 300,
-                  max_checks: int | None = 20,
+                  max_checks: int | None = 20, max_window_nonzeros: int | None = None,
                   progress: Callable[[str], None] | None = None) -> WindowResult:
     """Column values for the whole model ``m``, window by window (module docstring).
 
     Deterministic: every limit is a count (labels per window, nodes and limit checks
-    per window solve, merges), never a clock.
+    per window solve, merges), never a clock. A window over ``max_window_nonzeros``
+    (labels whose granules span most of the planes) ends the attempt: no plan.
     """
     nl = len(need)
     ch = _chain(m, nl, granularity)
@@ -219,6 +220,11 @@ def solve_windows(m: _Model, need: Sequence[int], granularity: int, *, core: int
         cols, lo, hi, starts, index, coefs = _window_rows(m, ch, value, a, e, end)
         windows += 1
         sizes.append(len(index))
+        if max_window_nonzeros is not None and len(index) > max_window_nonzeros:
+            return WindowResult(None, windows, merges,
+                                f"window {windows} (labels {a:,}-{e - 1:,}) has "
+                                f"{len(index):,} nonzeros, over {max_window_nonzeros:,}",
+                                sizes)
         sol = _solve(m, cols, lo, hi, starts, index, coefs, node_limit, max_checks)
         if sol is None:
             if not starts_done or merges >= MAX_MERGES:

@@ -62,6 +62,13 @@ def test_a_window_without_a_plan_is_merged_with_the_one_before(published):
     assert not check_contract(g, plan)
 
 
+def test_a_window_over_its_size_limit_ends_the_windows(published):
+    g = published
+    m, lab = _build(g, 1.0, {})
+    res = solve_windows(m, lab.need, g.granularity, max_window_nonzeros=100)
+    assert res.values is None and "over 100" in res.status and res.windows == 1
+
+
 def test_the_planner_skips_the_heuristic_after_windows(published, monkeypatch):
     def no_heuristic(g):
         raise AssertionError("the heuristic packer ran")
