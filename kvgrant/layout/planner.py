@@ -89,7 +89,7 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
                 ) -> PackedResult:
     """The packed plan of ``g`` with its optimality verdict (cached per layout).
 
-    The plan depends on the geometry and the four work limits only (see the module
+    The plan depends on the geometry and the five work limits only (see the module
     docstring and :func:`kvgrant.layout.exact.exact_plan`); ``progress`` only
     receives messages. Every rank must use the same limits: the defaults, unless a
     test wants a cheaper (and equally deterministic) plan.
