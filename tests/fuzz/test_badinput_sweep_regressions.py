@@ -1,0 +1,89 @@
+"""Regression tests of the bad-input sweep after issue #16: plan files (``kvgrant alloc
+--plan FILE``), the host ledger and the sim pool given odd paths or contents, and the
+layout functions given something that is not a geometry. Each runs the CLI in-process
+under a memory cap and a hang limit (``_fuzz_support``), so an unbounded read or a
+hang fails here instead of taking the machine down."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _fuzz_support import SMALL, assert_clean, run_cli
+
+SIM = ["--backend", "sim"]
+
+
+@pytest.fixture(scope="module")
+def plan_doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The plan document ``kvgrant plan --json`` writes for examples/small.json."""
+    res = run_cli(["plan", str(SMALL), "--json", "--no-bound"])
+    assert res.rc == 0, res.err
+    return json.loads(res.out)["packed_plan"]
+
+
+def _alloc_with_plan(tmp_path: Path, data: str | bytes) -> Any:
+    path = tmp_path / "plan.json"
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data)
+    argv = ["alloc", str(SMALL), *SIM, "--plan", str(path)]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    return res
+
+
+# ------------------------------------------------------------------ plan files
+
+def test_a_deeply_nested_plan_file_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    # was: RecursionError from json.loads, a traceback
+    res = _alloc_with_plan(tmp_path, "[" * 100_000 + "]" * 100_000)
+    assert "nested too deeply" in res.err, res.err
+
+
+def test_an_endless_plan_file_is_refused_by_size() -> None:
+    # was: read_text() of /dev/zero read without bound (killed by the memory cap)
+    argv = ["alloc", str(SMALL), *SIM, "--plan", "/dev/zero"]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    assert "larger than" in res.err, res.err
+
+
+def test_a_plan_with_more_allocations_than_granules_is_refused_up_front(
+        tmp_path: Path, plan_doc: dict[str, Any]) -> None:
+    # was: 1.4 million allocations ran the contract check for minutes (a hang)
+    doc = dict(plan_doc, allocations=plan_doc["allocations"] * 20_000)
+    res = _alloc_with_plan(tmp_path, json.dumps(doc))
+    assert "allocations" in res.err and "at most 23" in res.err, res.err
+
+
+@pytest.mark.parametrize("label", ["\x1b[31mred\u202e", "x" * 100, 5, None, "fastest"])
+def test_a_plan_label_that_is_not_a_plan_name_is_refused(
+        tmp_path: Path, plan_doc: dict[str, Any], label: Any) -> None:
+    # was: printed as it is ("small (\x1b[31m... plan)") and written into the trace
+    # header, whose `kvgrant conform --geometry` then failed on the unknown label
+    res = _alloc_with_plan(tmp_path, json.dumps(dict(plan_doc, label=label)))
+    assert "label" in res.err and "naive, reference, packed" in res.err, res.err
+    assert "\x1b" not in res.err and "\u202e" not in res.err
+
+
+@pytest.mark.parametrize("version", [True, 1.0])
+def test_a_plan_version_that_only_compares_equal_to_1_is_refused(
+        tmp_path: Path, plan_doc: dict[str, Any], version: Any) -> None:
+    # was: accepted (True == 1 == 1.0 in Python)
+    res = _alloc_with_plan(tmp_path, json.dumps(dict(plan_doc, version=version)))
+    assert "version" in res.err and "must be 1" in res.err, res.err
+
+
+def test_a_plan_label_from_the_file_is_kept(tmp_path: Path,
+                                            plan_doc: dict[str, Any]) -> None:
+    """The check does not refuse the labels kvgrant writes."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(dict(plan_doc, label="packed")))
+    res = run_cli(["alloc", str(SMALL), *SIM, "--plan", str(path), "--json"])
+    assert res.rc == 0, res.err
+    assert json.loads(res.out)["plan"] == "packed"
