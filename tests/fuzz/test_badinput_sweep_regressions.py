@@ -87,3 +87,48 @@ def test_a_plan_label_from_the_file_is_kept(tmp_path: Path,
     res = run_cli(["alloc", str(SMALL), *SIM, "--plan", str(path), "--json"])
     assert res.rc == 0, res.err
     assert json.loads(res.out)["plan"] == "packed"
+
+
+# ------------------------------------------------------- host ledger and sim pool
+
+@pytest.mark.parametrize("command", [["budget"], ["budget", "--json"],
+                                     ["alloc", str(SMALL), *SIM]])
+def test_a_deeply_nested_ledger_is_an_unreadable_ledger(tmp_path: Path,
+                                                        command: list[str]) -> None:
+    # was: RecursionError from json.loads, a traceback
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text("[" * 100_000 + "]" * 100_000)
+    argv = [*command, "--ledger", str(ledger)]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    assert "not a kvgrant ledger" in res.err and "nested too deeply" in res.err, res.err
+
+
+@pytest.mark.parametrize("command", [["budget"], ["alloc", str(SMALL), *SIM]])
+def test_an_endless_ledger_is_refused_by_size(command: list[str]) -> None:
+    # was: /dev/zero read without bound (killed by the memory cap, or by the OS)
+    argv = [*command, "--ledger", "/dev/zero"]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    assert "larger than" in res.err, res.err
+
+
+def test_repair_keeps_a_deeply_nested_ledger_aside(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.json"
+    bad = "[" * 100_000 + "]" * 100_000
+    ledger.write_text(bad)
+    res = run_cli(["budget", "--repair", "--ledger", str(ledger)])
+    assert res.rc == 0, res.err
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("ledger.json.bad-")]
+    assert len(kept) == 1 and kept[0].read_text() == bad
+    assert run_cli(["budget", "--ledger", str(ledger)]).rc == 0
+
+
+def test_a_sim_pool_in_a_missing_folder_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    # was: FileNotFoundError from tempfile.mkstemp, a traceback
+    pool = tmp_path / "no" / "such" / "pool"
+    argv = ["alloc", str(SMALL), *SIM, "--sim-pool", str(pool)]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    assert f"sim host pool {pool}: cannot create it in {pool.parent}" in res.err, res.err
+    assert not pool.parent.exists()
