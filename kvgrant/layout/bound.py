@@ -31,7 +31,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from kvgrant.layout.conflicts import conflict_ranges
-from kvgrant.layout.geometry import Geometry, Region, round_up
+from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
 from kvgrant.layout.granules import granule_row, intersect, labels, unit_ranges
 
 __all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
@@ -420,6 +420,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
     Computed from the geometry and declared conflict sets only (independent of the
     packer). See the module docstring and ``docs/layout.md`` for the argument.
     """
+    require_geometry(g, "allocation_lower_bound")
     G = g.granularity
     conflicts = conflict_ranges(g, g.aliases)
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvgrant.errors import GeometryError
+from kvgrant.errors import ArgumentError, GeometryError
 # validate.py imports nothing from this module at run time (only for type checking),
 # so the two never form an import cycle (issue #15).
 from kvgrant.layout.validate import check_geometry_rules, show_value
@@ -35,6 +35,7 @@ __all__ = [
     "load_geometry",
     "on_ranks",
     "parse_geometry",
+    "require_geometry",
     "round_up",
     "show_value",
 ]
@@ -281,6 +282,18 @@ def _decode_json(text: str, where: str) -> Any:
     except ValueError as err:  # e.g. an integer literal past Python's digit limit
         raise GeometryError(f"{where}: unreadable JSON value: {str(err)[:120]}",
                             field="<file>", value=where) from None
+
+
+def require_geometry(value: Any, function: str, argument: str = "g") -> "Geometry":
+    """``value`` when it is a :class:`Geometry`, else an :class:`ArgumentError` naming
+    the function, the argument and the value (``packed_plan("small.json")`` raised
+    ``AttributeError: 'str' object has no attribute 'model_dump'``)."""
+    if not isinstance(value, Geometry):
+        raise ArgumentError(
+            f"{function}: {argument} = {show_value(value)}: must be a Geometry (read a "
+            "geometry file with kvgrant.layout.load_geometry(path))",
+            argument=argument, value=value)
+    return value
 
 
 #: on_ranks builds ranks x ranks reader lists; beyond one host's GPUs it is a typo.

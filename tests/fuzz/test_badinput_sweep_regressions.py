@@ -132,3 +132,43 @@ def test_a_sim_pool_in_a_missing_folder_is_an_error_not_a_traceback(tmp_path: Pa
     assert_clean(res, invalid=True, argv=argv)
     assert f"sim host pool {pool}: cannot create it in {pool.parent}" in res.err, res.err
     assert not pool.parent.exists()
+
+
+# ------------------------------------------------- layout functions, wrong types
+
+def _layout_calls() -> list[tuple[str, Any]]:
+    from kvgrant.layout.bound import allocation_lower_bound
+    from kvgrant.layout.contract import check_contract
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.plans import make_plan, naive_plan, packed_plan, reference_plan
+    from kvgrant.layout.preflight import check_handle_budget, handle_demand
+
+    g = load_geometry(SMALL)
+    plan = naive_plan(g)
+    calls: list[tuple[str, Any]] = []
+    for bad in (None, str(SMALL), 5, {}):
+        calls += [("g", lambda b=bad: naive_plan(b)), ("g", lambda b=bad: reference_plan(b)),
+                  ("g", lambda b=bad: packed_plan(b)),
+                  ("g", lambda b=bad: make_plan(b, "packed")),
+                  ("g", lambda b=bad: allocation_lower_bound(b)),
+                  ("g", lambda b=bad: check_contract(b, plan)),
+                  ("g", lambda b=bad: handle_demand(b, plan))]
+    calls += [("plan", lambda: check_contract(g, None)),
+              ("plan", lambda: handle_demand(g, None)),
+              ("plan", lambda: handle_demand(g, [1, 2])),
+              ("budget", lambda: check_handle_budget(g, plan, budget="5")),
+              ("reserve", lambda: check_handle_budget(g, plan, reserve=-1))]
+    return calls
+
+
+@pytest.mark.parametrize("index", range(len(_layout_calls())))
+def test_layout_functions_name_an_argument_that_is_not_a_geometry_or_plan(index: int) -> None:
+    # was: AttributeError ('str' object has no attribute 'model_dump'), TypeError, or a
+    # bare ValueError from check_handle_budget
+    from kvgrant.errors import ArgumentError
+
+    argument, call = _layout_calls()[index]
+    with pytest.raises(ArgumentError) as info:
+        call()
+    assert info.value.argument == argument
+    assert f"{argument} = " in str(info.value) and "must be" in str(info.value)
