@@ -172,3 +172,60 @@ def test_layout_functions_name_an_argument_that_is_not_a_geometry_or_plan(index:
         call()
     assert info.value.argument == argument
     assert f"{argument} = " in str(info.value) and "must be" in str(info.value)
+
+
+# ------------------------------------------------ kvgrant alloc --procs options
+
+@pytest.mark.parametrize("argv, message", [
+    # was: the fault went to no process; the group published and exit 0
+    (["--procs", "3", "--fail-at", "1", "--fail-rank", "3"],
+     "--fail-rank = 3: must be a rank of the group, 0..2"),
+    # was: read by int(): a negative rank (no process) and non-ASCII digits accepted
+    (["--procs", "3", "--fail-at", "1", "--fail-rank=-1"], "argument --fail-rank"),
+    (["--procs", "3", "--fail-at", "1", "--fail-rank", "\u0661"], "argument --fail-rank"),
+    # was: silently ignored without --procs
+    (["--fail-at", "1", "--fail-rank", "1"], "--fail-rank = 1: only with --procs"),
+])
+def test_bad_fail_rank_is_refused_before_any_process_starts(argv: list[str],
+                                                            message: str) -> None:
+    full = ["alloc", str(SMALL), *SIM, *argv]
+    res = run_cli(full)
+    assert_clean(res, invalid=True, argv=full)
+    assert res.rc == 2 and message in res.err, res.err
+
+
+def test_procs_trace_onto_an_existing_file_names_the_option(tmp_path: Path) -> None:
+    # was: "rank 0: [Errno 17] File exists: '...'" from each worker's mkdir
+    existing = tmp_path / "not-a-folder"
+    existing.write_text("keep me")
+    argv = ["alloc", str(SMALL), *SIM, "--procs", "3", "--trace", str(existing)]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    assert res.rc == 2 and "--trace = " in res.err and "names a folder" in res.err, res.err
+    assert existing.read_text() == "keep me"
+
+
+def test_procs_reads_a_plan_file_once_for_every_worker(tmp_path: Path,
+                                                       plan_doc: dict[str, Any]) -> None:
+    # was: every worker refused the path as "unknown plan label" (the help says FILE)
+    from _fuzz_support import run_cli_process
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_doc))
+    res = run_cli_process(["alloc", str(SMALL), *SIM, "--procs", "3", "--plan", str(path),
+                           "--json"], memory=-1, seconds=180)
+    assert res.rc == 0, res.err
+    out = json.loads(res.out)
+    assert out["ok"] and [r["plan"] for r in out["ranks"]] == ["packed"] * 3
+
+
+def test_procs_fail_at_past_the_last_call_says_the_fault_never_fired() -> None:
+    # was: exit 0 with every rank published, as if the fault had been watched
+    from _fuzz_support import run_cli_process
+
+    res = run_cli_process(["alloc", str(SMALL), *SIM, "--procs", "3", "--fail-at", "100000",
+                           "--json"], memory=-1, seconds=180)
+    assert_clean(res, invalid=True)
+    assert res.rc == 1 and "the fault never fired" in res.err, res.err
+    out = json.loads(res.out)
+    assert out["ok"] is False and out["fault_fired"] is False
