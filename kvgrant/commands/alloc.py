@@ -258,6 +258,37 @@ def _check_trace_target(geometry: str, trace: str | None, force: bool) -> None:
                             argument="trace", value=trace)
 
 
+def _release_failed(args: argparse.Namespace, pub: Any, err: KVGrantError) -> int:
+    """A driver call of the shutdown failed (the other undos still ran): name each failed
+    call with its rank, device, byte range and CUresult, and what is left live.
+    Was: only the first error's own text, with no rank and no word of what was left."""
+    from kvgrant.errors import DriverError
+
+    errors = [err, *(getattr(err, "cleanup_errors", None) or [])]
+    devices = list(pub.devices)
+
+    def describe(e: BaseException) -> str:
+        if not isinstance(e, DriverError):
+            return f"{type(e).__name__}: {e}"
+        rank = devices.index(e.device) if e.device in devices else "?"
+        where = "" if e.va is None else \
+            f", va 0x{e.va:x}+0x{e.size or 0:x}"
+        return (f"{e.call} failed with {e.result_name} on rank {rank} (device {e.device}"
+                f"{where}): {e}")
+
+    live = pub.driver.live().as_dict()
+    left = ", ".join(f"{k}={v}" for k, v in live.items() if v) or "nothing"
+    text = (f"release failed: {len(errors)} undo step(s) failed, the others ran: "
+            + "; ".join(describe(e) for e in errors[:5])
+            + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
+            + f"; left live after release: {left}")
+    if args.json:
+        print(json.dumps({"ok": False, "kind": type(err).__name__, "error": text,
+                          "live_after_release": live}))
+    print(f"kvgrant alloc: error: {text}", file=sys.stderr)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
     from kvgrant.runtime.options import Backend
@@ -309,7 +340,10 @@ def run(args: argparse.Namespace) -> int:
         return exit_status(err)
     summary = pub.summary()
     trace = str(pub.trace_path) if pub.trace_path else None
-    pub.release()
+    try:
+        pub.release()
+    except KVGrantError as err:
+        return _release_failed(args, pub, err)
     live_after = pub.driver.live().as_dict()
     trace_error = pub.trace_error
     # the fault never fired: had it, the start-up or the release would have failed

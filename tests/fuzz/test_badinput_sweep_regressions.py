@@ -229,3 +229,28 @@ def test_procs_fail_at_past_the_last_call_says_the_fault_never_fired() -> None:
     assert res.rc == 1 and "the fault never fired" in res.err, res.err
     out = json.loads(res.out)
     assert out["ok"] is False and out["fault_fired"] is False
+
+
+# --------------------------------------------------- a driver call of release fails
+
+def test_a_failed_release_names_call_rank_device_range_result_and_what_is_left() -> None:
+    import re
+
+    probe = run_cli(["alloc", str(SMALL), *SIM, "--fail-at", "1000000"])
+    calls = int(re.search(r"made (\d+) driver calls", probe.err).group(1))  # type: ignore[union-attr]
+    # the last call of the shutdown frees a rank's VA reservation
+    for json_out in (False, True):
+        argv = ["alloc", str(SMALL), *SIM, "--fail-at", str(calls)] + (
+            ["--json"] if json_out else [])
+        res = run_cli(argv)
+        assert_clean(res, invalid=True, argv=argv)
+        # was: "kvgrant alloc: error: CUDA_ERROR_OUT_OF_MEMORY: injected fault: ..." with no
+        # rank and no word of the reservation left behind (and no JSON with --json)
+        assert res.rc == 1
+        assert "release failed: 1 undo step(s) failed" in res.err, res.err
+        assert re.search(r"cuMemAddressFree failed with CUDA_ERROR_OUT_OF_MEMORY on rank "
+                         r"(\d) \(device \1, va 0x[0-9a-f]+\+0x[0-9a-f]+\)", res.err), res.err
+        assert "left live after release: reserved_bytes=" in res.err, res.err
+        if json_out:
+            out = json.loads(res.out)
+            assert out["ok"] is False and out["live_after_release"]["reservations"] == 1
