@@ -635,11 +635,11 @@ def handle_lower_bound(g: Geometry, lb: LowerBound, *, declared: bool = False) -
     devices = 0
     per_region = {rb.region: 0 for rb in lb.regions}
     for r in range(g.topology.ranks):
-        n_plane = len(g.granted_devices(r, declared=declared))
+        n_plane = g.granted_count(r, declared=declared)
         total += lb.total * n_plane
         devices += n_plane
         for rb in lb.regions:
-            n = len(g.granted_devices(r, rb.region, declared=declared))
+            n = g.granted_count(r, rb.region, declared=declared)
             total += rb.pieces * n
             per_region[rb.region] += n
     weighted = lagrangian_bound(g, free_cost=devices,

@@ -88,13 +88,13 @@ def handle_demand_breakdown(g: "Geometry", plan: "PhysicalPlan", *,
     per_rank: dict[int, int] = {}
     per_target: Counter[str] = Counter()
     for r in range(g.topology.ranks):
-        wide = len(g.granted_devices(r, declared=declared))
+        wide = g.granted_count(r, declared=declared)
         n = 0
         for name, count in plane_maps.items():
             per_target[f"plane:{name}"] += count * wide
             n += count * wide
         for name, count in region_maps.items():
-            k = count * len(g.granted_devices(r, name, declared=declared))
+            k = count * g.granted_count(r, name, declared=declared)
             per_target[f"region:{name}"] += k
             n += k
         per_rank[r] = n

@@ -254,3 +254,42 @@ def test_a_failed_release_names_call_rank_device_range_result_and_what_is_left()
         if json_out:
             out = json.loads(res.out)
             assert out["ok"] is False and out["live_after_release"]["reservations"] == 1
+
+
+# ------------------------------------------------------ one very large import group
+
+def test_plan_of_one_import_group_of_16384_ranks_is_bounded_in_time_and_memory(
+        tmp_path: Path) -> None:
+    # was: a tuple of the whole group per member (16,384^2 ints) and per-rank tuples
+    # rebuilt by the pre-flight and the bounds: 61 s at 4,096 ranks, and at 65,536 ranks
+    # the kernel killed it at 24 GB -- from a 400 KB geometry file
+    doc = json.loads(SMALL.read_text())
+    n = 16_384
+    doc["topology"] = {"ranks": n, "import_groups": [list(range(n))]}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(doc))
+    res = run_cli(["plan", str(path), "--json"], memory=1 << 30, seconds=60)
+    assert res.rc == 0, res.err[-2000:]
+    small = json.loads(run_cli(["plan", str(SMALL), "--json", "--no-bound"]).out)
+    alone = small["plans"]["packed"]["per_rank"][2]      # rank 2 imports nothing: 1 device
+    paired = small["plans"]["packed"]["per_rank"][0]     # rank 0's group has 2 ranks
+    wide = paired["handles"] - alone["handles"]          # mappings granted to the group
+    owner_only = alone["handles"] - wide                 # aliases of `access: owner` rows
+    rep = json.loads(res.out)
+    assert rep["plans"]["packed"]["preflight"]["importers"]["demand"] == \
+        n * (wide * n + owner_only)
+
+
+def test_granted_count_is_the_number_of_granted_devices() -> None:
+    from kvgrant.layout.geometry import load_geometry, parse_geometry
+
+    doc = json.loads(SMALL.read_text())
+    doc["topology"] = {"ranks": 6, "import_groups": [[0, 1], [3, 5, 4]],
+                       "declared_readers": {"0": [1, 2, 3], "1": [0, 1], "4": [3, 5]}}
+    examples = sorted(SMALL.parent.glob("*.json"))
+    for g in [parse_geometry(doc), *(load_geometry(p) for p in examples)]:
+        for r in range(g.topology.ranks):
+            for region in [None, *(x.name for x in g.regions)]:
+                for declared in (False, True):
+                    assert g.granted_count(r, region, declared=declared) == \
+                        len(g.granted_devices(r, region, declared=declared)), (g.name, r)
