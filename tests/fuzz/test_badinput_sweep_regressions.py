@@ -293,3 +293,26 @@ def test_granted_count_is_the_number_of_granted_devices() -> None:
                 for declared in (False, True):
                     assert g.granted_count(r, region, declared=declared) == \
                         len(g.granted_devices(r, region, declared=declared)), (g.name, r)
+
+
+def test_the_text_report_checks_each_plans_contract_once(monkeypatch: Any) -> None:
+    # was: twice (build_report and format_report each computed every plan's figures);
+    # the check is linear in the region rows, so a region of 1,048,576 rows spent 150 s
+    # of its 266 s `kvgrant plan` in the report
+    from kvgrant.layout import report
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.plans import naive_plan, reference_plan
+
+    g = load_geometry(SMALL)
+    plans = [naive_plan(g), reference_plan(g)]
+    checked: list[str] = []
+    real = report.check_contract
+
+    def counting(geometry: Any, plan: Any) -> Any:
+        checked.append(plan.label)
+        return real(geometry, plan)
+
+    monkeypatch.setattr(report, "check_contract", counting)
+    text = report.format_report(g, plans, 523_880)
+    assert "layout contract, naive plan: kept" in text
+    assert sorted(checked) == ["naive", "reference"]
