@@ -61,8 +61,10 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
     try:
         with path.open("rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise PlanError(f"plan file {path}: cannot read it: {err.strerror or err}") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        reason = getattr(err, "strerror", None) or str(err)
+        raise PlanError(f"plan file {show_value(str(path))}: cannot read it: "
+                        f"{reason}") from None
     if len(raw) > MAX_FILE_BYTES:
         raise PlanError(f"plan file {path}: larger than {MAX_FILE_BYTES:,} bytes (a plan "
                         "document is a small JSON file written by kvgrant plan --json)")

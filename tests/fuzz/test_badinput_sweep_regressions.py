@@ -45,6 +45,13 @@ def test_a_deeply_nested_plan_file_is_an_error_not_a_traceback(tmp_path: Path) -
     assert "nested too deeply" in res.err, res.err
 
 
+def test_a_plan_path_with_a_nul_byte_is_an_error_not_a_traceback() -> None:
+    argv = ["alloc", str(SMALL), *SIM, "--plan", "x\x00y"]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    assert "cannot read it: embedded null byte" in res.err, res.err
+
+
 def test_an_endless_plan_file_is_refused_by_size() -> None:
     # was: read_text() of /dev/zero read without bound (killed by the memory cap)
     argv = ["alloc", str(SMALL), *SIM, "--plan", "/dev/zero"]
