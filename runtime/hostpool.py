@@ -103,7 +103,12 @@ class HostPool:
                               "host must use the same budget", path=str(self.path))
 
     def _create(self) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".kvgrant-pool-", dir=self.path.parent)
+        d = self.path.parent
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".kvgrant-pool-", dir=d)
+        except OSError as e:
+            raise LedgerError(f"sim host pool {self.path}: cannot create it in {d}: {e}",
+                              path=str(self.path)) from None
         try:
             os.fchmod(fd, 0o666)
             os.pwrite(fd, _HEADER.pack(_MAGIC, _VERSION, 0, self.budget), 0)
@@ -111,6 +116,9 @@ class HostPool:
                 os.link(tmp, self.path)
             except FileExistsError:
                 pass
+            except OSError as e:
+                raise LedgerError(f"sim host pool {self.path}: cannot create it: {e}",
+                                  path=str(self.path)) from None
         finally:
             os.close(fd)
             os.unlink(tmp)

@@ -58,6 +58,8 @@ LEDGER_FORMAT = "kvgrant-host-ledger"
 LEDGER_VERSION = 1
 DEFAULT_LEDGER_PATH = "/dev/shm/kvgrant-ledger.json"
 _DEFAULT_TIMEOUT_S = 10.0
+#: Largest ledger file read (one short line per holder; ``--ledger /dev/zero`` is not).
+MAX_LEDGER_BYTES = 16 << 20
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "id": str, "pid": int, "start": int, "pidns": str, "host": str, "geometry": str,
     "label": str, "handles": int, "budget": int, "reserve": int, "checked": bool,
@@ -130,26 +132,24 @@ class _File:
     def read(self) -> tuple[dict[str, Any], list[Holder]]:
         """Parse and check the file; raise LedgerError on anything not a v1 ledger."""
         path = self.ledger.path
-        chunks = []
-        off = 0
-        while True:
-            b = os.pread(self.fd, 1 << 16, off)
-            if not b:
-                break
-            chunks.append(b)
-            off += len(b)
-        raw = b"".join(chunks)
+        raw = self.raw()
         fix = (f"kvgrant will not guess who holds driver handles on this host. If no "
                f"kvgrant process is running here, repair it with `kvgrant budget --repair "
                f"--ledger {path}` (the old content is kept next to it)")
         if not raw.strip():
             raise LedgerError(f"ledger {path} is empty (truncated?): {fix}", path=str(path))
+        if len(raw) > MAX_LEDGER_BYTES:
+            raise LedgerError(f"ledger {path} is not a kvgrant ledger (larger than "
+                              f"{MAX_LEDGER_BYTES:,} bytes): {fix}", path=str(path))
         line = raw.split(b"\n", 1)[0]
         try:
             doc = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, ValueError) as e:
             raise LedgerError(f"ledger {path} is not a kvgrant ledger (garbage or truncated: "
-                              f"{e}): {fix}", path=str(path)) from None
+                              f"{str(e)[:120]}): {fix}", path=str(path)) from None
+        except RecursionError:
+            raise LedgerError(f"ledger {path} is not a kvgrant ledger (JSON nested too "
+                              f"deeply): {fix}", path=str(path)) from None
         if not isinstance(doc, dict) or doc.get("format") != LEDGER_FORMAT:
             raise LedgerError(f"ledger {path} is not a kvgrant ledger (no "
                               f"\"format\": {LEDGER_FORMAT!r}): {fix}", path=str(path))
@@ -181,6 +181,19 @@ class _File:
                     f"its own ledger (a path not shared between hosts)", path=str(path))
             holders = []  # same host, another boot: every holder is gone
         return doc, holders
+
+    def raw(self) -> bytes:
+        """The file's bytes, at most MAX_LEDGER_BYTES + 1 of them (a character device
+        such as /dev/zero never ends)."""
+        chunks = []
+        off = 0
+        while off <= MAX_LEDGER_BYTES:
+            b = os.pread(self.fd, min(1 << 16, MAX_LEDGER_BYTES + 1 - off), off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
+        return b"".join(chunks)
 
     def write(self, holders: Sequence[Holder]) -> None:
         me = current_process()
@@ -373,11 +386,7 @@ class HostLedger:
                 keep, self.reaped = _reap(holders)
                 f.write(keep)
                 return None
-            raw = b""
-            off = 0
-            while b := os.pread(f.fd, 1 << 16, off):
-                raw += b
-                off += len(b)
+            raw = f.raw()
             aside = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}-{os.getpid()}")
             try:
                 aside.write_bytes(raw)

@@ -89,7 +89,7 @@ def add_parser(subparsers: Any) -> None:
                         "each allocates its own rank, imports its peers' memory through "
                         "fds, and the group publishes or aborts together; under torchrun "
                         "this process is one of them (N = WORLD_SIZE); --trace names a folder")
-    p.add_argument("--fail-rank", type=int, default=0, metavar="R",
+    p.add_argument("--fail-rank", type=count, default=None, metavar="R",
                    help="with --procs and --fail-at: the rank whose process fails (default 0)")
     p.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
                    help="with --procs: how long a rank waits for the others before it "
@@ -159,6 +159,28 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
               f"topology.ranks = {g.topology.ranks} (one process per rank; use --ranks "
               f"{args.procs} to run it on {args.procs} ranks)", file=sys.stderr)
         return 2
+    fail_rank = 0 if args.fail_rank is None else args.fail_rank
+    if fail_rank >= args.procs:
+        # was: the fault went to no process, and the group published (exit 0)
+        print(f"kvgrant alloc: error: --fail-rank = {fail_rank}: must be a rank of the "
+              f"group, 0..{args.procs - 1}", file=sys.stderr)
+        return 2
+    plan: Any = args.plan
+    try:
+        if args.trace is not None and os.path.exists(args.trace) \
+                and not os.path.isdir(args.trace):
+            raise ArgumentError(f"--trace = {args.trace!r}: with --procs, --trace names a "
+                                "folder (one trace per rank); this is an existing file",
+                                argument="trace", value=args.trace)
+        if plan not in _LABELS:
+            # a plan file is read (and checked against the layout) here, once; every
+            # worker gets the same plan (was: each worker refused it as a label)
+            from kvgrant.layout.planfile import read_plan_file
+
+            plan = read_plan_file(plan, g)
+    except KVGrantError as err:
+        print(f"kvgrant alloc: error: {err}", file=sys.stderr)
+        return exit_status(err)
     try:
         from kvgrant.runtime import group_launch
     except ModuleNotFoundError as err:  # pragma: no cover - torch missing
@@ -166,10 +188,10 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
               f"({err})", file=sys.stderr)
         return 2
     spec: dict[str, Any] = {
-        "geometry": g.model_dump(), "procs": args.procs, "plan": args.plan,
+        "geometry": g.model_dump(), "procs": args.procs, "plan": plan,
         "backend": args.backend, "memory_limit": args.memory_limit,
         "handle_budget": args.handle_budget, "handle_reserve": args.handle_reserve,
-        "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": args.trace, "fail_at": args.fail_at, "fail_rank": args.fail_rank,
+        "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": args.trace, "fail_at": args.fail_at, "fail_rank": fail_rank,
         "timeout_s": args.timeout or 120.0,
         "devices": {str(r): d for r, d in enumerate(devices)} if devices else None,
         "driver_options": {**({"handle_budget": args.sim_handle_budget}
@@ -180,8 +202,13 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
     else:
         reports = group_launch.launch(spec)
     ok = all(r.get("ok") for r in reports)
+    # every rank published and released: had the fault fired, rank fail_rank's start-up
+    # or release would have failed (was: exit 0, as if the fault had been watched)
+    unfired = ok and args.fail_at is not None
     if args.json:
-        print(json.dumps({"ok": ok, "procs": args.procs, "mode": "group", "ranks": reports}))
+        print(json.dumps({"ok": ok and not unfired, "procs": args.procs, "mode": "group",
+                          **({"fault_fired": False} if unfired else {}),
+                          "ranks": reports}))
     else:
         for r in reports:
             if r.get("ok"):
@@ -197,6 +224,11 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         first = next(r for r in reports if not r.get("ok"))
         print(f"kvgrant alloc: error: rank {first['rank']}: {first.get('error')}",
               file=sys.stderr)
+        return 1
+    if unfired:
+        print(f"kvgrant alloc: error: --fail-at {args.fail_at}: the fault never fired: rank "
+              f"{fail_rank}'s start-up and release made fewer driver calls (choose a "
+              "smaller K)", file=sys.stderr)
         return 1
     return 0
 
@@ -226,6 +258,37 @@ def _check_trace_target(geometry: str, trace: str | None, force: bool) -> None:
                             argument="trace", value=trace)
 
 
+def _release_failed(args: argparse.Namespace, pub: Any, err: KVGrantError) -> int:
+    """A driver call of the shutdown failed (the other undos still ran): name each failed
+    call with its rank, device, byte range and CUresult, and what is left live.
+    Was: only the first error's own text, with no rank and no word of what was left."""
+    from kvgrant.errors import DriverError
+
+    errors = [err, *(getattr(err, "cleanup_errors", None) or [])]
+    devices = list(pub.devices)
+
+    def describe(e: BaseException) -> str:
+        if not isinstance(e, DriverError):
+            return f"{type(e).__name__}: {e}"
+        rank = devices.index(e.device) if e.device in devices else "?"
+        where = "" if e.va is None else \
+            f", va 0x{e.va:x}+0x{e.size or 0:x}"
+        return (f"{e.call} failed with {e.result_name} on rank {rank} (device {e.device}"
+                f"{where}): {e}")
+
+    live = pub.driver.live().as_dict()
+    left = ", ".join(f"{k}={v}" for k, v in live.items() if v) or "nothing"
+    text = (f"release failed: {len(errors)} undo step(s) failed, the others ran: "
+            + "; ".join(describe(e) for e in errors[:5])
+            + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
+            + f"; left live after release: {left}")
+    if args.json:
+        print(json.dumps({"ok": False, "kind": type(err).__name__, "error": text,
+                          "live_after_release": live}))
+    print(f"kvgrant alloc: error: {text}", file=sys.stderr)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
     from kvgrant.runtime.options import Backend
@@ -234,6 +297,12 @@ def run(args: argparse.Namespace) -> int:
     devices = args.devices
     if args.procs is not None:
         return _run_group(args, devices)
+    if args.fail_rank is not None:
+        # was: silently ignored (one process runs every rank; --fail-at picks the call)
+        print(f"kvgrant alloc: error: --fail-rank = {args.fail_rank}: only with --procs "
+              "(one process per rank); without it --fail-at K fails the K-th driver call "
+              "of the one process", file=sys.stderr)
+        return 2
     geometry: Any = args.geometry
     plan: Any = args.plan
     try:
@@ -271,7 +340,10 @@ def run(args: argparse.Namespace) -> int:
         return exit_status(err)
     summary = pub.summary()
     trace = str(pub.trace_path) if pub.trace_path else None
-    pub.release()
+    try:
+        pub.release()
+    except KVGrantError as err:
+        return _release_failed(args, pub, err)
     live_after = pub.driver.live().as_dict()
     trace_error = pub.trace_error
     # the fault never fired: had it, the start-up or the release would have failed

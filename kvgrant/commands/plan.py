@@ -111,8 +111,10 @@ def _run(args: argparse.Namespace) -> int:
         bound = allocation_lower_bound(g)
         progress("any-plan handle bound")
         imp = handle_lower_bound(g, bound)
-        same = all(g.declared_readers(r) == g.granted_devices(r)
-                   for r in range(g.topology.ranks))  # e.g. DCP16: every reader imports
+        # the bound depends on the granted-device counts only; e.g. DCP16: every reader
+        # imports (comparing the reader tuples took ranks x group size)
+        same = all(g.granted_count(r, declared=True) == g.granted_count(r)
+                   for r in range(g.topology.ranks))
         handles = {"importers": imp,
                    "declared": imp if same else handle_lower_bound(g, bound, declared=True)}
     progress("report")

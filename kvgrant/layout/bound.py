@@ -31,7 +31,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from kvgrant.layout.conflicts import conflict_ranges
-from kvgrant.layout.geometry import Geometry, Region, round_up
+from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
 from kvgrant.layout.granules import granule_row, intersect, labels, unit_ranges
 
 __all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
@@ -420,6 +420,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
     Computed from the geometry and declared conflict sets only (independent of the
     packer). See the module docstring and ``docs/layout.md`` for the argument.
     """
+    require_geometry(g, "allocation_lower_bound")
     G = g.granularity
     conflicts = conflict_ranges(g, g.aliases)
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
@@ -634,11 +635,11 @@ def handle_lower_bound(g: Geometry, lb: LowerBound, *, declared: bool = False) -
     devices = 0
     per_region = {rb.region: 0 for rb in lb.regions}
     for r in range(g.topology.ranks):
-        n_plane = len(g.granted_devices(r, declared=declared))
+        n_plane = g.granted_count(r, declared=declared)
         total += lb.total * n_plane
         devices += n_plane
         for rb in lb.regions:
-            n = len(g.granted_devices(r, rb.region, declared=declared))
+            n = g.granted_count(r, rb.region, declared=declared)
             total += rb.pieces * n
             per_region[rb.region] += n
     weighted = lagrangian_bound(g, free_cost=devices,

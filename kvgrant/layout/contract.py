@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
-from kvgrant.errors import ContractError
+from kvgrant.errors import ArgumentError, ContractError
 from kvgrant.layout.conflicts import conflict_ranges, ranges_to_set
 
 if TYPE_CHECKING:
@@ -189,8 +189,17 @@ def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[
     Returns
     -------
     list[Violation]
-        Sorted by point, then in discovery order. Never raises on a malformed plan.
+        Sorted by point, then in discovery order. Never raises on a malformed plan;
+        raises :class:`~kvgrant.errors.ArgumentError` when ``g`` is not a Geometry or
+        ``plan`` is neither a plan nor an iterable.
     """
+    from kvgrant.layout.geometry import require_geometry
+
+    require_geometry(g, "check_contract")
+    if not hasattr(plan, "allocations") and not isinstance(plan, Iterable):
+        raise ArgumentError(f"check_contract: plan = {type(plan).__name__}: must be a "
+                            "PhysicalPlan or an iterable of Allocation", argument="plan",
+                            value=plan)
     out: list[Violation] = []
     geom = getattr(plan, "geometry", None)
     if geom is not None:

@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from kvgrant.errors import PlanError
-from kvgrant.layout.geometry import Geometry, show_value
+from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 
-__all__ = ["PLAN_FILE_VERSION", "geometry_hash", "plan_document", "read_plan_file"]
+__all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "plan_document", "read_plan_file"]
 
 PLAN_FILE_VERSION = 1
+#: Plan labels a plan file may carry (the trace header and ``kvgrant conform
+#: --geometry`` name the plan by it; it is printed, so no free text).
+PLAN_LABELS = ("naive", "reference", "packed")
 
 
 def geometry_hash(g: Geometry) -> str:
@@ -56,18 +59,33 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
     """
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise PlanError(f"plan file {path}: cannot read it: {err.strerror or err}") from None
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        reason = getattr(err, "strerror", None) or str(err)
+        raise PlanError(f"plan file {show_value(str(path))}: cannot read it: "
+                        f"{reason}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise PlanError(f"plan file {path}: larger than {MAX_FILE_BYTES:,} bytes (a plan "
+                        "document is a small JSON file written by kvgrant plan --json)")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise PlanError(f"plan file {path}: not JSON: {str(err)[:120]}") from None
+    except RecursionError:
+        raise PlanError(f"plan file {path}: not a plan document: JSON nested too "
+                        "deeply") from None
     if isinstance(doc, dict) and "packed_plan" in doc:
         doc = doc["packed_plan"]
     if not isinstance(doc, dict):
         raise _fail(path, "<root>", doc, "must be a JSON object (a plan document)")
-    if doc.get("version") != PLAN_FILE_VERSION:
-        raise _fail(path, "version", doc.get("version"),
+    version = doc.get("version")
+    if type(version) is not int or version != PLAN_FILE_VERSION:
+        raise _fail(path, "version", version,
                     f"must be {PLAN_FILE_VERSION} (write the file with kvgrant plan --json)")
+    label = doc.get("label", "packed")
+    if not isinstance(label, str) or label not in PLAN_LABELS:
+        raise _fail(path, "label", label, f"must be one of {', '.join(PLAN_LABELS)}")
     want = geometry_hash(g)
     if doc.get("geometry_hash") != want:
         raise _fail(path, "geometry_hash", doc.get("geometry_hash"),
@@ -75,6 +93,13 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
     allocs = doc.get("allocations")
     if not isinstance(allocs, list):
         raise _fail(path, "allocations", allocs, "must be a list of allocations")
+    # every allocation holds at least one granule of a plane, so a longer list cannot
+    # keep the contract (and would only make the contract check slow)
+    granules = sum(g.plane_bytes(p.name) for p in g.planes) // g.granularity
+    if len(allocs) > granules:
+        raise _fail(path, "allocations", allocs, f"has {len(allocs):,} allocations; a plan "
+                    f"of this layout has at most {granules:,} (one per granule of its "
+                    "planes)")
     out = []
     for i, a in enumerate(allocs):
         keys = set(a) if isinstance(a, dict) else set()
@@ -90,6 +115,5 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
             if k in a and not isinstance(a[k], str):
                 raise _fail(path, f"allocations[{i}].{k}", a[k], "must be a name")
         out.append(Allocation(**a))
-    label = doc.get("label", "packed")
-    return PhysicalPlan(label if isinstance(label, str) else "packed", g, tuple(out),
+    return PhysicalPlan(label, g, tuple(out),
                         (f"read from {path}",))

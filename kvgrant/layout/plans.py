@@ -14,7 +14,7 @@ sort by (plane in geometry order, plane offset), so the order is deterministic.
 from __future__ import annotations
 
 from kvgrant.errors import PlanError
-from kvgrant.layout.geometry import Geometry
+from kvgrant.layout.geometry import Geometry, require_geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planner import plan_packed
 from kvgrant.layout.rules import finish_plan, naive_plan, reference_plan
@@ -34,11 +34,12 @@ PLAN_LABELS: tuple[str, ...] = ("naive", "reference", "packed")
 
 def packed_plan(g: Geometry) -> PhysicalPlan:
     """kvgrant's packed plan (see :func:`kvgrant.layout.planner.plan_packed`)."""
-    return plan_packed(g).plan
+    return plan_packed(require_geometry(g, "packed_plan")).plan
 
 
 def make_plan(g: Geometry, label: str) -> PhysicalPlan:
     """The plan named ``label`` (one of :data:`PLAN_LABELS`)."""
+    require_geometry(g, "make_plan")
     makers = {"naive": naive_plan, "reference": reference_plan, "packed": packed_plan}
     if label not in makers:
         raise PlanError(f"plan = {label!r}: unknown plan label; choose one of "

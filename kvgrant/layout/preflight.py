@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvgrant.errors import HandleBudgetError
+from kvgrant.errors import ArgumentError, HandleBudgetError
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -74,19 +74,27 @@ def handle_demand_breakdown(g: "Geometry", plan: "PhysicalPlan", *,
     owner + declared readers when ``declared``) and, when aliased, into its region
     (granted the same, or owner only for ``access: owner`` regions).
     """
+    from kvgrant.layout.geometry import require_geometry
+    from kvgrant.layout.plan import PhysicalPlan
+
+    require_geometry(g, "handle_demand")
+    if not isinstance(plan, PhysicalPlan):
+        raise ArgumentError(f"handle_demand: plan = {type(plan).__name__}: must be a "
+                            "PhysicalPlan (e.g. kvgrant.layout.plans.packed_plan(g))",
+                            argument="plan", value=plan)
     plane_maps: Counter[str] = Counter(a.plane for a in plan.allocations)
     region_maps: Counter[str] = Counter(a.region for a in plan.allocations
                                         if a.region is not None)
     per_rank: dict[int, int] = {}
     per_target: Counter[str] = Counter()
     for r in range(g.topology.ranks):
-        wide = len(g.granted_devices(r, declared=declared))
+        wide = g.granted_count(r, declared=declared)
         n = 0
         for name, count in plane_maps.items():
             per_target[f"plane:{name}"] += count * wide
             n += count * wide
         for name, count in region_maps.items():
-            k = count * len(g.granted_devices(r, name, declared=declared))
+            k = count * g.granted_count(r, name, declared=declared)
             per_target[f"region:{name}"] += k
             n += k
         per_rank[r] = n
@@ -112,12 +120,14 @@ def check_handle_budget(g: "Geometry", plan: "PhysicalPlan",
     HandleBudgetError
         Naming demand, reserve, budget, the overdraw and the largest contributors (per
         plane/region and per rank); nothing has touched the driver yet.
-    ValueError
-        ``budget`` or ``reserve`` is not a non-negative integer.
+    ArgumentError
+        ``budget`` or ``reserve`` is not a non-negative integer (a ValueError), or
+        ``g`` / ``plan`` is not a Geometry / PhysicalPlan.
     """
     for name, v in (("budget", budget), ("reserve", reserve)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{name} = {v!r}: must be a non-negative integer")
+            raise ArgumentError(f"check_handle_budget: {name} = {v!r}: must be a "
+                                "non-negative integer", argument=name, value=v)
     d = handle_demand_breakdown(g, plan, declared=declared)
     if d.total + reserve <= budget:
         return d.total

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from kvgrant.layout.geometry import Alias, Geometry
+from kvgrant.layout.geometry import Alias, Geometry, require_geometry
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 
 __all__ = ["finish_plan", "naive_plan", "reference_plan"]
@@ -72,6 +72,7 @@ def _as_alloc(a: Alias) -> Allocation:
 
 def naive_plan(g: Geometry) -> PhysicalPlan:
     """One allocation per declared chunk, plus one per maximal non-aliased plane gap."""
+    require_geometry(g, "naive_plan")
     return finish_plan(g, "naive", (_as_alloc(a) for a in g.aliases), merge=False)
 
 
@@ -99,6 +100,7 @@ def reference_plan(g: Geometry) -> PhysicalPlan:
        the row's movable span.
     4. Chunks contiguous in both region and plane are merged.
     """
+    require_geometry(g, "reference_plan")
     bpp = {p.name: p.bytes_per_page for p in g.planes}
     order = {p.name: i for i, p in enumerate(g.planes)}
     fixed: list[Allocation] = []
