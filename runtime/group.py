@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Protocol, Sequence, Unpack
 
-from kvgrant.errors import (DriverError, GroupError, HandleBudgetError,
+from kvgrant.errors import (ArgumentError, DriverError, GroupError, HandleBudgetError,
                             KVGrantError, PlanError)
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
+from kvgrant.layout.validate import show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
@@ -70,6 +71,7 @@ _OK = "CUDA_SUCCESS"
 #: The result of a step that a held-back Ctrl-C stopped before its driver call.
 _INTERRUPTED = "KeyboardInterrupt"
 _POLL_S = (0.002, 0.05)   # first and longest pause between looks at the store
+_STORE_METHODS = ("add", "set", "get", "check", "compare_set")  # what _Channel calls
 
 
 # ----------------------------------------------------------------------- demand
@@ -914,15 +916,27 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
     if store is None:
         store, index, world = _group_store(group)
     else:
+        missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
+        if missing:
+            raise ArgumentError(f"store = {show_value(store)}: must be a "
+                                "torch.distributed Store (it has no "
+                                f"{', '.join(missing)})", argument="store", value=store)
         index, world = rank, n
     if world != n:
         raise GroupError(f"the group has {world} process(es) but topology.ranks = {n}: "
                          "allocate_rank needs one process per rank", rank=rank)
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s = {timeout_s!r}: must be > 0")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not timeout_s > 0:
+        raise ArgumentError(f"timeout_s = {show_value(timeout_s)}: must be a number of "
+                            "seconds > 0", argument="timeout_s", value=timeout_s)
     limit = parse_memory_limit(memory_limit)
     if device is None:
-        device = int(os.environ.get("LOCAL_RANK", rank))
+        local = os.environ.get("LOCAL_RANK", str(rank))
+        if not (local.isascii() and local.isdigit()):
+            raise ArgumentError(f"LOCAL_RANK = {show_value(local)}: must be a device "
+                                "number >= 0 (torchrun sets it; or pass device=)",
+                                argument="LOCAL_RANK", value=local)
+        device = int(local)
     host = socket.gethostname()
     chan = _Channel(store, index, world, timeout_s)
     handles, reserve = opts.budget.limits()

@@ -24,7 +24,7 @@ from kvgrant.layout.geometry import parse_geometry
 from kvgrant.layout.plans import make_plan
 from kvgrant.layout.preflight import handle_demand
 from kvgrant.runtime.fdpass import HANDLE_TYPE, FdClient, FdServer, open_fd_count
-from kvgrant.runtime.group import _check_host_budget, rank_demand
+from kvgrant.runtime.group import _check_host_budget, allocate_rank, rank_demand
 
 from tests.runtime._group_traces import check_group
 from tests.runtime._small import G, MIB, scaled, small_geometry
@@ -524,3 +524,29 @@ def test_launcher_gives_workers_time_to_unwind_after_ctrl_c(monkeypatch) -> None
     assert not finishing.killed and finishing.joined   # it ended within the grace
     assert stuck.killed and stuck.joined                # the grace ran out: killed
     assert now[0] >= group_launch.INTERRUPT_GRACE_S
+
+
+@pytest.mark.parametrize("kwargs, env, names", [
+    ({"store": 5}, {}, "store = 5: must be a torch.distributed Store"),
+    ({"store": object(), "timeout_s": 0}, {}, "store = "),
+    ({"timeout_s": "soon"}, {}, 'timeout_s = "soon": must be a number of seconds > 0'),
+    ({"timeout_s": True}, {}, "timeout_s = true"),
+    ({"timeout_s": -1}, {}, "timeout_s = -1"),
+    ({}, {"LOCAL_RANK": "gpu0"}, 'LOCAL_RANK = "gpu0": must be a device number'),
+])
+def test_allocate_rank_names_a_bad_store_timeout_or_local_rank(kwargs, env, names,
+                                                              monkeypatch) -> None:
+    """Refused with an ArgumentError naming the argument and value before any group
+    step (was an AttributeError / TypeError / ValueError traceback)."""
+    import torch.distributed as dist
+
+    from kvgrant.errors import ArgumentError
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    kwargs = dict(kwargs)
+    if "store" not in kwargs:
+        kwargs["store"] = dist.HashStore()
+    with pytest.raises(ArgumentError) as err:
+        allocate_rank(ROOT / "examples" / "small.json", 0, backend="sim", **kwargs)
+    assert names in str(err.value)
