@@ -16,6 +16,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -149,13 +150,41 @@ def run_cli_process(argv: Sequence[str], *, memory: int = 4 << 30,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    left = session_members(proc.pid)
+    left = _lingering(proc.pid)
     if left:
+        names = {pid: _cmdline(pid) for pid in left}
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        raise AssertionError(f"kvgrant {list(argv)!r} left processes behind: {left}")
+        raise AssertionError(f"kvgrant {list(argv)!r} left processes behind: {names}")
     return Result(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+SESSION_EXIT_SECONDS = 20
+"""How long a command's helper processes may take to end after the command did.
+Python's multiprocessing resource tracker, which ``--procs`` starts, ends when it
+reads the end of its pipe, a moment after the command exits; on a loaded machine that
+moment was long enough to be caught (CI, 2026-12-01). A process still there after this
+long is left behind."""
+
+
+def _lingering(sid: int) -> list[int]:
+    """Members of session ``sid`` still alive :data:`SESSION_EXIT_SECONDS` after its
+    leader ended (an empty list as soon as they are all gone)."""
+    deadline = time.monotonic() + SESSION_EXIT_SECONDS
+    left = session_members(sid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = session_members(sid)
+    return left
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace").strip()[:200]
+    except OSError:
+        return "?"
 
 
 def session_members(sid: int) -> list[int]:
