@@ -80,7 +80,7 @@ def test_the_planner_skips_the_heuristic_after_windows(published, monkeypatch):
     assert res.bound <= len(res.plan.allocations)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=3, max_regions=2, max_ranks=1),
        st.integers(1, 4), st.integers(0, 3), st.integers(0, 4))
 def test_any_windows_give_a_contract_keeping_plan_or_none(g, core, margin, horizon):
@@ -94,7 +94,7 @@ def test_any_windows_give_a_contract_keeping_plan_or_none(g, core, margin, horiz
     assert not check_contract(g, plan)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=3, max_regions=2, max_ranks=1))
 def test_the_windowed_planner_never_loses_to_the_reference_rule(g):
     ref = reference_plan(g)
