@@ -107,8 +107,10 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_bound:
         from kvgrant.layout.bound import allocation_lower_bound, handle_lower_bound
 
-        progress("combinatorial lower bound (--no-bound skips it)")
-        bound = allocation_lower_bound(g)
+        bound = packed.lower_bound  # computed for the gap when there is no proof
+        if bound is None:
+            progress("combinatorial lower bound (--no-bound skips it)")
+            bound = allocation_lower_bound(g)
         progress("any-plan handle bound")
         imp = handle_lower_bound(g, bound)
         # the bound depends on the granted-device counts only; e.g. DCP16: every reader

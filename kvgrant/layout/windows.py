@@ -242,7 +242,7 @@ def solve_windows(m: _Model, need: Sequence[int], granularity: int, *, core: int
         for x in range(a, b):
             for col in ch.cols_of_rank[x]:
                 value[col] = float(round(got.get(col, 0.0)))
-        if progress:
+        if progress and (windows == 1 or windows % 10 == 0 or b == nl):
             progress(f"window {windows}: labels {a:,}-{b - 1:,} of {nl:,} "
                      f"({len(cols):,} columns, {len(lo):,} rows)")
         starts_done.append(a)

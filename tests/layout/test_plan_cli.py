@@ -188,3 +188,30 @@ def test_held_progress_lines_keep_the_time_they_were_reported_at(monkeypatch: An
     err = capsys.readouterr().err.splitlines()
     assert err == ["kvgrant plan: [  0.2 s] first", "kvgrant plan: [  0.7 s] second",
                    "kvgrant plan: [  1.6 s] third"]
+
+
+def test_the_bound_for_the_gap_is_not_computed_twice(tmp_path: Path, capsys: Any,
+                                                     monkeypatch: Any) -> None:
+    """Without a proof plan_packed computes the combinatorial bound for the gap;
+    ``kvgrant plan`` reports that one (it took 12 s twice at 40,000 chunks)."""
+    from kvgrant.layout import bound, planner
+
+    calls: list[str] = []
+    real = bound.allocation_lower_bound
+
+    def counted(g):
+        calls.append(g.name)
+        return real(g)
+
+    monkeypatch.setattr(bound, "allocation_lower_bound", counted)
+    monkeypatch.setattr(planner, "allocation_lower_bound", counted)
+    # no solve at all (max_nonzeros 0, no windows): the gap needs the combinatorial bound
+    real_plan = planner.plan_packed
+    monkeypatch.setattr(planner, "plan_packed", lambda g, progress=None: real_plan(
+        g, progress=progress, max_nonzeros=0, max_windowed_nonzeros=0))
+    path = tmp_path / "pub.json"
+    path.write_text(json.dumps(published_like_dict(ranks=2)))
+    assert run_plan([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert len(calls) == 1
+    assert "allocation lower bound per rank (combinatorial)" in out
