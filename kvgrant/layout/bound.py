@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
 from kvgrant.layout.granules import granule_row, intersect, labels, unit_ranges
 
@@ -422,7 +422,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
     """
     require_geometry(g, "allocation_lower_bound")
     G = g.granularity
-    conflicts = conflict_ranges(g, g.aliases)
+    conflicts = declared_conflict_ranges(g)
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
     counts: dict[int, int] = {}
     for ranges in conflicts.values():
@@ -509,7 +509,7 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     trade time for tightness only; every value gives a valid bound.
     """
     G = g.granularity
-    conflicts = conflict_ranges(g, g.aliases)
+    conflicts = declared_conflict_ranges(g)
     lab = labels(g)
     need, pred, parts = lab.need, lab.pred, lab.parts
     if not need:

@@ -12,7 +12,7 @@ region beyond ``rows * row_bytes`` belong to no row.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -23,6 +23,7 @@ __all__ = [
     "chunk_region_offset",
     "conflict_ranges",
     "conflict_sets",
+    "declared_conflict_ranges",
     "declared_conflict_sets",
     "largest_conflict_set",
     "ranges_to_set",
@@ -113,9 +114,16 @@ def conflict_sets(g: "Geometry", chunks: Iterable[Any]) -> dict[RowKey, frozense
     return {k: ranges_to_set(v) for k, v in conflict_ranges(g, chunks).items()}
 
 
+def declared_conflict_ranges(g: "Geometry") -> Mapping[RowKey, PageRanges]:
+    """``conflict_ranges(g, g.aliases)``, computed once per geometry object and
+    read-only: the planners, both bounds, the contract check and the report each ask
+    for it, and a region of 2^20 rows took seconds per asking."""
+    return g._declared_ranges  # type: ignore[no-any-return]
+
+
 def declared_conflict_sets(g: "Geometry") -> dict[RowKey, frozenset[int]]:
     """Conflict sets of the declared layout (the ones every plan must keep)."""
-    return conflict_sets(g, g.aliases)
+    return {k: ranges_to_set(v) for k, v in declared_conflict_ranges(g).items()}
 
 
 def largest_conflict_set(g: "Geometry", chunks: Iterable[Any] | None = None
@@ -123,7 +131,7 @@ def largest_conflict_set(g: "Geometry", chunks: Iterable[Any] | None = None
     """(row, size) of the largest conflict set (declared layout by default);
     ``(None, 0)`` when the geometry has no region rows. Ties go to the first row in
     geometry order."""
-    ranges = conflict_ranges(g, g.aliases if chunks is None else chunks)
+    ranges = declared_conflict_ranges(g) if chunks is None else conflict_ranges(g, chunks)
     best: RowKey | None = None
     size = 0
     for key, rs in ranges.items():

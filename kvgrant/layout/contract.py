@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from kvgrant.errors import ArgumentError, ContractError
-from kvgrant.layout.conflicts import conflict_ranges, ranges_to_set
+from kvgrant.layout.conflicts import conflict_ranges, declared_conflict_ranges, ranges_to_set
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -233,7 +233,7 @@ def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[
         out += _coverage("region", 2, r.name, r.rows * r.row_bytes, by_region[r.name],
                          "backed")
 
-    want = conflict_ranges(g, g.aliases)
+    want = declared_conflict_ranges(g)
     have = conflict_ranges(g, aliased)
     for key, ranges in want.items():
         if have[key] != ranges:

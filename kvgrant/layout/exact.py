@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from kvgrant.errors import PlanError
-from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
@@ -164,7 +164,7 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
     G = g.granularity
     lab = labels(g)
     nl = len(lab.need)
-    conflicts = conflict_ranges(g, g.aliases)
+    conflicts = declared_conflict_ranges(g)
     m = _Model(_classes(g))
     succ = lab.succ
     lcost = [free_cost + region_cost.get(lab.region[l_], 0.0) for l_ in range(nl)]

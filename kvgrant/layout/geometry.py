@@ -171,6 +171,15 @@ class Geometry(_Strict):
     def region_by_name(self) -> dict[str, Region]:
         return {r.name: r for r in self.regions}
 
+    @cached_property
+    def _declared_ranges(self) -> Any:
+        # see kvgrant.layout.conflicts.declared_conflict_ranges
+        from types import MappingProxyType
+
+        from kvgrant.layout.conflicts import conflict_ranges
+
+        return MappingProxyType(conflict_ranges(self, self.aliases))
+
     # -- topology ------------------------------------------------------------
     @cached_property
     def _import_group_of(self) -> dict[int, tuple[int, ...]]:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.conflicts import conflict_ranges, declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry, Region, round_up
 from kvgrant.layout.granules import granule_row
@@ -301,7 +301,7 @@ def _pack_units(g: Geometry, start: list, steal: bool = False) -> list[Allocatio
     pl = _Planes([p.name for p in g.planes], [p.bytes_per_page for p in g.planes],
                  [g.plane_bytes(p.name) // G for p in g.planes], g.pages, G)
     owner = [[_FREE] * n for n in pl.units]
-    want = conflict_ranges(g, g.aliases)
+    want = declared_conflict_ranges(g)
 
     # starting map, interior spans of rows, straddling granules; then reservations
     lay = _layout(g, pl, start)
@@ -612,7 +612,7 @@ def _facts(g: Geometry) -> _Facts:
     G = g.granularity
     pl = _Planes([p.name for p in g.planes], [p.bytes_per_page for p in g.planes],
                  [g.plane_bytes(p.name) // G for p in g.planes], g.pages, G)
-    want = conflict_ranges(g, g.aliases)
+    want = declared_conflict_ranges(g)
     lay = _layout(g, pl, list(g.aliases))
     rows, assign, fixed_js, fixed_allocs = lay.rows, lay.assign, lay.fixed_js, lay.fixed_allocs
     fixed: list[set[int]] = [set() for _ in pl.names]

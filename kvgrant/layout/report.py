@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.planfile import geometry_hash, plan_document
 from kvgrant.layout.preflight import handle_demand_breakdown
@@ -115,7 +115,7 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
     the handles any contract-keeping plan needs (``importers`` / ``declared``).
     ``figures``: the plans' :func:`plan_figures`, when the caller has them already.
     """
-    ranges = conflict_ranges(g, g.aliases)
+    ranges = declared_conflict_ranges(g)
     largest = None
     if ranges:
         key = max(ranges, key=lambda k: sum(e - s for s, e in ranges[k]))
