@@ -3,10 +3,10 @@
 Why: a layout whose exact model is too large for one solve (tens of thousands of
 declared chunks) is a long chain of rows that share pages only with their
 neighbours. Solving it a window of labels at a time gives a plan close to the
-optimum at a cost that grows with the number of windows, where the heuristic packer
-is both slower and further off (the published layout at 20 times its scale: 25,981
-allocations in 41 s against the packer's 27,989 in 34 s). It proves nothing by
-itself: the caller reports the plan against a lower bound.
+optimum at a cost that grows with the number of windows; the heuristic packer takes
+about as long and plans more (the published layout at 20 times its scale: 25,981
+allocations in 41 to 48 s of CPU against the packer's 27,989 in 34 to 37 s). It
+proves nothing by itself: the caller reports the plan against a lower bound.
 
 Labels are taken in the order of the first page their granules touch (region order
 is not the plane order: a later region may alias the same pages as an earlier one).
