@@ -151,8 +151,11 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
     if not isinstance(obj, dict):
         raise _fail(source, 1, "line 1 must be the header object")
     if obj.get("mode") != "group":
+        one = (" (this is a one-process trace: a folder is read as the traces of one "
+               "process group, so give a one-process trace as a file)"
+               if obj.get("kind") == "header" and "mode" not in obj else "")
         raise _fail(source, 1, f"header.mode = {obj.get('mode')!r}: a group trace has "
-                               "mode 'group'")
+                               f"mode 'group'{one}")
     version = obj.get("version")
     if type(version) is not int or version != GROUP_VERSION:
         old = (" (an old trace without objects: re-record it with this kvgrant)"

@@ -12,7 +12,10 @@ region beyond ``rows * row_bytes`` belong to no row.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from kvgrant.errors import ArgumentError
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -28,6 +31,8 @@ __all__ = [
     "largest_conflict_set",
     "ranges_to_set",
 ]
+
+_MISSING = object()
 
 RowKey = tuple[str, int]
 """(region name, row index)."""
@@ -68,15 +73,22 @@ def conflict_ranges(g: "Geometry", chunks: Iterable[Any]) -> dict[RowKey, PageRa
     Chunks whose ``region`` is ``None`` (unaliased allocations) are skipped, so a
     plan's whole allocation list can be passed.
     """
+    if isinstance(chunks, (str, bytes)) or not isinstance(chunks, Iterable):
+        raise ArgumentError(f"chunks = {type(chunks).__name__}: must be an iterable of "
+                            "aliases or allocations (each with region, plane, "
+                            "plane_offset and length)", argument="chunks", value=chunks)
     regions = g.region_by_name
     planes = g.plane_by_name
     pages = g.pages
     acc: dict[RowKey, list[tuple[int, int]]] = {
         (r.name, i): [] for r in g.regions for i in range(r.rows)}
-    for c in chunks:
-        region = getattr(c, "region", None)
+    for i, c in enumerate(chunks):
+        region = getattr(c, "region", _MISSING)
         if region is None:
             continue
+        if region is _MISSING:
+            raise ArgumentError(f"chunks[{i}] = {c!r:.80}: not an alias or allocation (it "
+                                "has no region)", argument="chunks", value=c)
         reg = regions[region]
         bpp = planes[c.plane].bytes_per_page
         start = chunk_region_offset(c)

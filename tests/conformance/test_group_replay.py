@@ -391,3 +391,13 @@ def test_every_group_action_written_is_read_back_field_for_field() -> None:
             assert (r_action, got, r_result, r_state, pt.objs[k]) == \
                 (action, want, result, state, (5, va, size, handle)), (pt.source, action)
             assert pt.raw_event(k)["args"] == args and pt.raw_event(k)["call"] == call
+
+
+def test_a_folder_with_a_one_process_trace_says_to_pass_the_file(tmp_path: Path) -> None:
+    """A folder is read as a process group; a one-process trace in it used to get only
+    "header.mode = None: a group trace has mode 'group'"."""
+    root = Path(__file__).resolve().parents[1]
+    one = tmp_path / "one.ndjson"
+    one.write_text((root / "fixtures" / "h200" / "small-packed-2rank.ndjson").read_text())
+    with pytest.raises(TraceError, match="give a one-process trace as a file"):
+        load_group([tmp_path])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 
+import pytest
 from layout_builders import geometries, geometry_dict, published_like_dict
 from hypothesis import given, settings
 
@@ -111,3 +114,20 @@ def test_published_scale_conflict_sets() -> None:
     sets = declared_conflict_sets(g)
     assert len(sets) == 117
     assert all(sets.values())  # every row is backed by some page
+
+
+@pytest.mark.parametrize("chunks, names", [
+    (None, "chunks = NoneType: must be an iterable of aliases or allocations"),
+    ("snapshot", "chunks = str: must be an iterable"),
+    ([1], "chunks[0] = 1: not an alias or allocation"),
+])
+def test_chunks_that_are_not_aliases_are_an_argument_error(chunks, names) -> None:
+    """Was a TypeError traceback (None) or silently empty conflict sets ([1])."""
+    from kvgrant.errors import ArgumentError
+    from kvgrant.layout.conflicts import conflict_sets
+    from kvgrant.layout.geometry import load_geometry
+
+    g = load_geometry(Path(__file__).resolve().parents[2] / "examples" / "small.json")
+    with pytest.raises(ArgumentError, match=re.escape(names)) as err:
+        conflict_sets(g, chunks)
+    assert err.value.argument == "chunks"
