@@ -383,6 +383,36 @@ def _highs():
     return h
 
 
+def _mip(cost: Sequence[float], lower: Sequence[float], upper: Sequence[float],
+         rows_lo: Sequence[float], rows_hi: Sequence[float], starts: Sequence[int],
+         index: Sequence[int], values: Sequence[float], node_limit: int | None,
+         options: Mapping[str, object] | None = None) -> "highspy.Highs":
+    """A silent HiGHS instance holding an all-integer model (rows in CSR form) with the
+    planner's deterministic settings (see :func:`exact_plan`, "Determinism")."""
+    import highspy
+    import numpy as np
+
+    inf = highspy.kHighsInf
+    h = _highs()
+    n = len(cost)
+    h.addCols(n, np.array(cost, dtype=np.float64), np.array(lower, dtype=np.float64),
+              np.array(upper, dtype=np.float64), 0, np.zeros(n, dtype=np.int32),
+              np.array([], dtype=np.int32), np.array([], dtype=np.float64))
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                            np.full(n, highspy.HighsVarType.kInteger))
+    h.addRows(len(rows_lo), np.array([-inf if x == -float("inf") else x for x in rows_lo]),
+              np.array([inf if x == float("inf") else x for x in rows_hi]), len(index),
+              np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
+              np.array(values, dtype=np.float64))
+    for key, v in (("time_limit", SAFETY_SECONDS), ("mip_rel_gap", 0.0),
+                   ("mip_abs_gap", 0.999), ("threads", 1), ("random_seed", 0),
+                   *(options or {}).items()):
+        h.setOptionValue(key, v)
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
+    return h
+
+
 def _start_values(g: Geometry, m: _Model, lab, plan: PhysicalPlan) -> list[float] | None:
     """Column values of ``plan`` (a warm start), or None when it does not fit the model."""
     G = g.granularity
@@ -665,29 +695,15 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
                            time.perf_counter() - t0,
                            f"Not solved (model over {max_nonzeros:,} nonzeros)", "start", size)
-    h = _highs()
-    inf = highspy.kHighsInf
-    h.addCols(n, np.array(m.cost), np.array(m.lower), np.array(m.upper), 0,
-              np.zeros(n + 1, dtype=np.int32)[:n], np.array([], dtype=np.int32),
-              np.array([], dtype=np.float64))
-    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
-                            np.full(n, highspy.HighsVarType.kInteger))
     starts, index, value = [], [], []
     for ents in m.rows:
         starts.append(len(index))
         for col, v in ents:
             index.append(col)
             value.append(v)
-    lo = np.array([-inf if x == -float("inf") else x for x in m.rows_lo])
-    hi = np.array([inf if x == float("inf") else x for x in m.rows_hi])
-    h.addRows(len(m.rows), lo, hi, len(index), np.array(starts, dtype=np.int32),
-              np.array(index, dtype=np.int32), np.array(value, dtype=np.float64))
-    for key, v in (("time_limit", SAFETY_SECONDS), ("mip_rel_gap", 0.0),
-                   ("mip_abs_gap", 0.999), ("threads", 1), ("random_seed", 0),
-                   *(options or {}).items()):
-        h.setOptionValue(key, v)
-    if node_limit is not None:
-        h.setOptionValue("mip_max_nodes", int(node_limit))
+    h = _mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, starts, index, value,
+             node_limit, options)
+    inf = highspy.kHighsInf
     checks = _count_checks(h, max_checks, progress)
     start_cost = None
     if start is not None and _set_start(h, g, m, lab, start):

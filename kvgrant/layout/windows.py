@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from kvgrant.layout.exact import _FREE, _Model, _count_checks, _highs
+from kvgrant.errors import PlanError
+from kvgrant.layout.exact import SAFETY_SECONDS, _FREE, _Model, _count_checks, _mip
 
 __all__ = ["MAX_MERGES", "WindowResult", "solve_windows"]
 
@@ -171,27 +172,15 @@ def _solve(m: _Model, cols: list[int], lo: list[float], hi: list[float], starts:
            max_checks: int | None) -> list[float] | None:
     """One window's MIP under the planner's deterministic limits; None: no solution."""
     import highspy
-    import numpy as np
 
-    inf = highspy.kHighsInf
-    h = _highs()
-    n = len(cols)
-    h.addCols(n, np.array([m.cost[c] for c in cols]), np.array([m.lower[c] for c in cols]),
-              np.array([m.upper[c] for c in cols]), 0, np.zeros(n, dtype=np.int32),
-              np.array([], dtype=np.int32), np.array([], dtype=np.float64))
-    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
-                            np.full(n, highspy.HighsVarType.kInteger))
-    h.addRows(len(lo), np.array([-inf if x == -float("inf") else x for x in lo]),
-              np.array([inf if x == float("inf") else x for x in hi]), len(index),
-              np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
-              np.array(coefs, dtype=np.float64))
-    for key, v in (("mip_rel_gap", 0.0), ("mip_abs_gap", 0.999), ("threads", 1),
-                   ("random_seed", 0)):
-        h.setOptionValue(key, v)
-    if node_limit is not None:
-        h.setOptionValue("mip_max_nodes", int(node_limit))
+    h = _mip([m.cost[c] for c in cols], [m.lower[c] for c in cols],
+             [m.upper[c] for c in cols], lo, hi, starts, index, coefs, node_limit)
     _count_checks(h, max_checks)
     h.run()
+    if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+        raise PlanError(f"one window solve ran past the {SAFETY_SECONDS:g} s safety net "
+                        f"({len(index):,} nonzeros); planning refuses a plan that depends "
+                        "on the host's speed")
     if h.getInfo().primal_solution_status != 2:
         return None
     return list(h.getSolution().col_value)
