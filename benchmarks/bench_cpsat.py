@@ -104,7 +104,11 @@ def run_highs(g: Geometry) -> dict[str, Any]:
 
 def run_cpsat(g: Geometry, name: str, opts: dict[str, Any], *,
               log: bool = False, want_hash: bool = False) -> dict[str, Any]:
-    from ortools.sat.python import cp_model
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        raise SystemExit("bench_cpsat.py needs OR-Tools, which kvgrant does not depend on: "
+                         ".venv/bin/pip install ortools==9.14.6206") from None
 
     opts = dict(opts)
     dt = float(opts.pop("dt", 20))
