@@ -28,11 +28,13 @@ The proofs are in ``docs/layout.md`` ("Lower bound"); in short:
 from __future__ import annotations
 
 import bisect
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
-from kvgrant.layout.granules import granule_row, intersect, labels, unit_ranges
+from kvgrant.layout.granules import granule_row, label_units, labels
 
 __all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
            "lagrangian_bound"]
@@ -338,7 +340,14 @@ def _crossable(g: Geometry, before: tuple[tuple[int, int], ...],
 
 def _exclusive_pages(rows: list[tuple[tuple[int, int], ...]], counts: dict[int, int]) -> list[int]:
     """Per row, how many of its pages are in no other row's conflict set."""
-    return [sum(1 for a, b in rs for p in range(a, b) if counts[p] == 1) for rs in rows]
+    memo: dict[tuple[tuple[int, int], ...], int] = {}
+    out = []
+    for rs in rows:  # rows of a tall region share a few sets: count each set once
+        x = memo.get(rs)
+        if x is None:
+            x = memo[rs] = sum(1 for a, b in rs for p in range(a, b) if counts[p] == 1)
+        out.append(x)
+    return out
 
 
 def _drop_budget_bound(g: Geometry, m: list[int], exclusive: list[int], budget: int) -> list[int]:
@@ -393,7 +402,13 @@ def _sharing_rows(elig: list[list[frozenset[int]]], needs: list[int]) -> list[li
 def _with_competition(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
                       needs: list[int], base: list[int]) -> list[int]:
     """Raise each row's bound by the granules its page-sharing neighbours must take."""
-    elig = [_eligible_units(g, rs) for rs in rows]
+    memo: dict[tuple[tuple[int, int], ...], list[frozenset[int]]] = {}
+    elig = []
+    for rs in rows:  # one (read-only) list per distinct conflict set
+        e = memo.get(rs)
+        if e is None:
+            e = memo[rs] = _eligible_units(g, rs)
+        elig.append(e)
     out = list(base)
     near_of = _sharing_rows(elig, needs)
     for k, rs in enumerate(rows):
@@ -414,6 +429,30 @@ def _with_competition(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
     return out
 
 
+def _page_counts(rows: Iterable[tuple[tuple[int, int], ...]]) -> dict[int, int]:
+    """Per page, how many rows' conflict sets hold it (pages in none are absent).
+
+    Why count distinct sets first: the rows of a tall region share a few sets, and
+    walking every row's pages took seconds at 2^20 rows."""
+    counts: dict[int, int] = {}
+    for ranges, times in Counter(rows).items():
+        for a, b in ranges:
+            for p in range(a, b):
+                counts[p] = counts.get(p, 0) + times
+    return counts
+
+
+def _row_base(g: Geometry, comps: list[tuple[int, int]], row_bytes: int,
+              interior: int) -> int:
+    """(A) for one row from its conflict set alone: byte and granule capacity, and
+    whether one or two pieces can touch exactly its pages (the same for every row
+    with the same set and interior granules, so it is computed once per such row)."""
+    m = max(_row_incidences(g, comps, row_bytes), _unit_incidences(g, comps, interior))
+    if m < 3 and comps:
+        m = max(m, _few_pieces(g, comps, row_bytes))
+    return m
+
+
 def allocation_lower_bound(g: Geometry) -> LowerBound:
     """Lower bound on allocations per rank for any plan keeping the layout contract.
 
@@ -424,26 +463,22 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
     G = g.granularity
     conflicts = declared_conflict_ranges(g)
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
-    counts: dict[int, int] = {}
-    for ranges in conflicts.values():
-        for a, b in ranges:
-            for p in range(a, b):
-                counts[p] = counts.get(p, 0) + 1
+    counts = _page_counts(conflicts.values())
     row_bytes_total = sum(r.rows * r.row_bytes for r in g.regions)
     budget = (len(counts) * sum(p.bytes_per_page for p in g.planes) + sum(tails)
               - row_bytes_total)
     all_rows = [conflicts[(r.name, k)] for r in g.regions for k in range(r.rows)]
-    base = []
+    base: list[int] = []
     needs: list[int] = []
     for r in g.regions:
         interior = _interior_units(g, r)
         needs.extend(interior)
+        memo: dict[tuple[tuple[tuple[int, int], ...], int], int] = {}
         for k in range(r.rows):
-            comps = list(conflicts[(r.name, k)])
-            m = max(_row_incidences(g, comps, r.row_bytes),
-                    _unit_incidences(g, comps, interior[k]))
-            if m < 3 and comps:
-                m = max(m, _few_pieces(g, comps, r.row_bytes))
+            key = (conflicts[(r.name, k)], interior[k])
+            m = memo.get(key)
+            if m is None:
+                m = memo[key] = _row_base(g, list(key[0]), r.row_bytes, key[1])
             base.append(m)
     base = _with_competition(g, all_rows, needs, base)
     per_row_all = _drop_budget_bound(g, base, _exclusive_pages(all_rows, counts), budget)
@@ -509,7 +544,6 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     trade time for tightness only; every value gives a valid bound.
     """
     G = g.granularity
-    conflicts = declared_conflict_ranges(g)
     lab = labels(g)
     need, pred, parts = lab.need, lab.pred, lab.parts
     if not need:
@@ -523,13 +557,7 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     elig_by_class = []
     for (bpp, units), mult in classes.items():
         per_unit: list[list[int]] = [[] for _ in range(units)]
-        for lab in range(nl):
-            rng = [(0, units)]
-            for region, ri, o1, o2 in parts[lab]:
-                comps = conflicts[(region, ri)]
-                rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
-                if not rng:
-                    break
+        for lab, rng in enumerate(label_units(g, bpp, units)):
             for lo, hi in rng:
                 for u in range(lo, hi):
                     per_unit[u].append(lab)

@@ -180,6 +180,12 @@ class Geometry(_Strict):
 
         return MappingProxyType(conflict_ranges(self, self.aliases))
 
+    @cached_property
+    def _memo(self) -> dict[Any, Any]:
+        # results of pure functions of this geometry that the planners, both bounds
+        # and the report each ask for (kvgrant.layout.granules): computed once
+        return {}
+
     # -- topology ------------------------------------------------------------
     @cached_property
     def _import_group_of(self) -> dict[int, tuple[int, ...]]:

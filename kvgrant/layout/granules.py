@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kvgrant.layout.geometry import Geometry, Region, round_up
 
-__all__ = ["Labels", "Part", "granule_row", "labels", "unit_ranges", "intersect"]
+__all__ = ["Labels", "Part", "granule_row", "intersect", "label_units", "labels", "unit_ranges"]
 
 Part = tuple[str, int, int, int]
 """(region, row, first byte in the granule, end byte in the granule)."""
@@ -56,7 +56,43 @@ class Labels:
 
 
 def labels(g: Geometry) -> Labels:
-    """Every label of ``g`` in region order (see the module docstring)."""
+    """Every label of ``g`` in region order (see the module docstring); computed once
+    per geometry object and shared, so callers must not change it."""
+    got = g._memo.get("labels")
+    if got is None:
+        got = g._memo["labels"] = _labels(g)
+    return got  # type: ignore[no-any-return]
+
+
+def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]]:
+    """Per label, the granules of a plane of ``bpp`` bytes per page and ``units``
+    granules that may back it (every row part touches only pages of that row's
+    conflict set, or no page), as sorted half-open ranges.
+
+    Why cached per geometry: the exact model and each Lagrangian bound (allocations,
+    handles) need the same table, and a tall region's labels have one part per row."""
+    from kvgrant.layout.conflicts import declared_conflict_ranges
+
+    key = ("label_units", bpp, units)
+    got = g._memo.get(key)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    G = g.granularity
+    conflicts = declared_conflict_ranges(g)
+    out: list[list[tuple[int, int]]] = []
+    for parts in labels(g).parts:
+        rng = [(0, units)]
+        for region, row, o1, o2 in parts:
+            rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2,
+                                             conflicts[(region, row)]))
+            if not rng:
+                break
+        out.append(rng)
+    g._memo[key] = out
+    return out
+
+
+def _labels(g: Geometry) -> Labels:
     G = g.granularity
     need: list[int] = []
     pred: list[int] = []
