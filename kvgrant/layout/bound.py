@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
 from kvgrant.layout.granules import granule_row, label_units, labels
@@ -271,8 +272,13 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
             row = lo // R
             while row < r.rows and row * R < hi:
                 rs = conflicts[(r.name, row)]
-                parts.append((rs, [a for a, _ in rs],
-                              max(lo, row * R) - lo, min(hi, (row + 1) * R) - lo))
+                b = min(hi, (row + 1) * R) - lo
+                if parts and parts[-1][0] == rs:
+                    # adjacent rows, one set: the joined bytes touch pages inside one
+                    # range exactly when each row's do (granules._same_set_spans)
+                    parts[-1] = parts[-1][:3] + (b,)
+                else:
+                    parts.append((rs, [a for a, _ in rs], max(lo, row * R) - lo, b))
                 row += 1
             ranges0, _, a0, _ = parts[0]
             for pi, p in enumerate(g.planes):
@@ -375,7 +381,8 @@ def _drop_budget_bound(g: Geometry, m: list[int], exclusive: list[int], budget: 
     return out
 
 
-def _sharing_rows(elig: list[list[frozenset[int]]], needs: list[int]) -> list[list[int]]:
+def _sharing_rows(elig: list[list[frozenset[int]] | None], needs: list[int]
+                  ) -> list[list[int]]:
     """Per row, the other rows with interior granules (``needs`` > 0) that may use one
     of its eligible plane granules, in row order.
 
@@ -384,8 +391,8 @@ def _sharing_rows(elig: list[list[frozenset[int]]], needs: list[int]) -> list[li
     conflict sets hold its pages), so indexing rows by granule is linear in the
     eligible granules.
     """
-    near: list[set[int]] = [set() for _ in elig]
-    planes = len(elig[0]) if elig else 0
+    near: dict[int, set[int]] = {}  # rows without interior granules share no granule
+    planes = max((len(e) for e in elig if e is not None), default=0)
     for pi in range(planes):
         owners: dict[int, list[int]] = {}
         for j, e in enumerate(elig):
@@ -395,19 +402,23 @@ def _sharing_rows(elig: list[list[frozenset[int]]], needs: list[int]) -> list[li
         for js in owners.values():
             if len(js) > 1:
                 for j in js:
-                    near[j].update(js)
-    return [sorted(j for j in n if j != k) for k, n in enumerate(near)]
+                    near.setdefault(j, set()).update(js)
+    none: list[int] = []
+    return [sorted(j for j in near[k] if j != k) if k in near else none
+            for k in range(len(elig))]
 
 
 def _with_competition(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
                       needs: list[int], base: list[int]) -> list[int]:
     """Raise each row's bound by the granules its page-sharing neighbours must take."""
     memo: dict[tuple[tuple[int, int], ...], list[frozenset[int]]] = {}
-    elig = []
-    for rs in rows:  # one (read-only) list per distinct conflict set
-        e = memo.get(rs)
-        if e is None:
-            e = memo[rs] = _eligible_units(g, rs)
+    elig: list[list[frozenset[int]] | None] = []
+    for rs, need in zip(rows, needs):  # one (read-only) list per distinct conflict set
+        e = None
+        if need > 0:  # only rows with interior granules compete
+            e = memo.get(rs)
+            if e is None:
+                e = memo[rs] = _eligible_units(g, rs)
         elig.append(e)
     out = list(base)
     near_of = _sharing_rows(elig, needs)
@@ -453,6 +464,7 @@ def _row_base(g: Geometry, comps: list[tuple[int, int]], row_bytes: int,
     return m
 
 
+@gc_paused()
 def allocation_lower_bound(g: Geometry) -> LowerBound:
     """Lower bound on allocations per rank for any plan keeping the layout contract.
 
@@ -521,6 +533,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
 # --- (D) Lagrangian relaxation of the granule assignment -------------------------------
 
 
+@gc_paused()
 def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
                      region_cost: dict[str, int] | None = None, patience: int = 12) -> int:
     """A lower bound on allocations from a Lagrangian relaxation (proof in

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvgrant.errors import ArgumentError
+from kvgrant.gc_pause import gc_paused
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -67,6 +68,7 @@ def _merge(ranges: list[tuple[int, int]]) -> PageRanges:
     return tuple((s, e) for s, e in out)
 
 
+@gc_paused()
 def conflict_ranges(g: "Geometry", chunks: Iterable[Any]) -> dict[RowKey, PageRanges]:
     """Like :func:`conflict_sets`, but each set as merged page ranges (the fast form).
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from kvgrant.errors import PlanError
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
@@ -592,6 +593,7 @@ def _cost(plan: PhysicalPlan, plane_cost: float, region_cost: dict[str, float]) 
                for a in plan.allocations)
 
 
+@gc_paused()
 def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: int = 1,
                region_cost: dict[str, int] | None = None, label: str = "exact",
                node_limit: int | None = DEFAULT_NODE_LIMIT,

@@ -15,6 +15,7 @@ the label just before ``l`` in the same region (-1 for the first).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvgrant.layout.geometry import Geometry, Region, round_up
 
@@ -80,15 +81,43 @@ def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]
     G = g.granularity
     conflicts = declared_conflict_ranges(g)
     out: list[list[tuple[int, int]]] = []
-    for parts in labels(g).parts:
+    spans = g._memo.get("label_spans")
+    if spans is None:
+        spans = g._memo["label_spans"] = [_same_set_spans(parts, conflicts)
+                                          for parts in labels(g).parts]
+    for label_spans in spans:
         rng = [(0, units)]
-        for region, row, o1, o2 in parts:
-            rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2,
-                                             conflicts[(region, row)]))
+        for o1, o2, comps in label_spans:
+            rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
             if not rng:
                 break
         out.append(rng)
     g._memo[key] = out
+    return out
+
+
+def _same_set_spans(parts: list[Part], conflicts: Any
+                    ) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """``(o1, o2, conflict set)`` of a label's row parts, adjacent parts whose rows
+    have the same conflict set joined into one span.
+
+    Why this is exact: a plane granule u may back a part iff the plane bytes
+    [u G + o1, u G + o2) lie inside one range of the set's pages (for the range that
+    reaches the last page: start inside it), or start past the last page (see
+    :func:`unit_ranges`). Two adjacent parts cannot lie in two different ranges
+    (ranges are merged, so a gap separates them), and "starts past the last page"
+    before the range reaching the last page is impossible; so the joined span is
+    allowed exactly when each part is. A straddling granule of a tall region has one
+    part per row (2^14 of them), and rows share a few sets."""
+    out: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
+    last_region = None
+    for region, row, o1, o2 in parts:
+        comps = conflicts[(region, row)]
+        if out and region == last_region and out[-1][1] == o1 and out[-1][2] == comps:
+            out[-1] = (out[-1][0], o2, comps)
+        else:
+            out.append((o1, o2, comps))
+        last_region = region
     return out
 
 
