@@ -238,6 +238,15 @@ class Geometry(_Strict):
             return self._declared_count[rank]
         return len(self._import_group_of.get(rank, ())) or 1
 
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickle the fields only: the cached derived values (conflict ranges are a
+        read-only mappingproxy, which pickle refuses) are recomputed on demand, so a
+        planned geometry can still go to worker processes."""
+        state = super().__getstate__()
+        fields = type(self).model_fields
+        state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k in fields}
+        return state
+
     @model_validator(mode="after")
     def _check_rules(self) -> "Geometry":
         check_geometry_rules(self)
