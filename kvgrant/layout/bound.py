@@ -393,12 +393,12 @@ def _sharing_rows(elig: list[list[frozenset[int]] | None], needs: list[int]
     """
     near: dict[int, set[int]] = {}  # rows without interior granules share no granule
     planes = max((len(e) for e in elig if e is not None), default=0)
+    active = [(j, e) for j, e in enumerate(elig) if needs[j] > 0]  # once, not per plane
     for pi in range(planes):
         owners: dict[int, list[int]] = {}
-        for j, e in enumerate(elig):
-            if needs[j] > 0:
-                for u in e[pi]:
-                    owners.setdefault(u, []).append(j)
+        for j, e in active:
+            for u in e[pi]:  # type: ignore[index]
+                owners.setdefault(u, []).append(j)
         for js in owners.values():
             if len(js) > 1:
                 for j in js:

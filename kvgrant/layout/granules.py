@@ -15,6 +15,7 @@ the label just before ``l`` in the same region (-1 for the first).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from kvgrant.layout.geometry import Geometry, Region, round_up
@@ -46,9 +47,10 @@ class Labels:
     region: list[str]
     first: list[int]
 
-    @property
+    @cached_property
     def succ(self) -> list[int]:
-        """The label just after each label in the same region (-1 for the last)."""
+        """The label just after each label in the same region (-1 for the last);
+        computed once (the windows ask for it per window and label), not to be changed."""
         out = [-1] * len(self.need)
         for l_, p in enumerate(self.pred):
             if p >= 0:
