@@ -46,13 +46,19 @@ def plan_document(plan: PhysicalPlan) -> dict[str, Any]:
 
 def _fail(path: Path, field: str, value: Any, rule: str) -> PlanFileError:
     """The error naming the file, the field, the value and the rule."""
-    return PlanFileError(f"plan file {show_value(str(path))}: {field} = {show_value(value)}: "
+    return PlanFileError(f"plan file {_shown(path)}: {field} = {show_value(value)}: "
                          f"{rule}", path=str(path), field=field, value=value)
+
+
+def _shown(path: Path) -> str:
+    """The path quoted in full, control and non-ASCII characters escaped (show_value
+    would cut a long path, and the message must name the file)."""
+    return json.dumps(str(path))
 
 
 def _file_fail(path: Path, rule: str) -> PlanFileError:
     """The error about the file as a whole (field ``<file>``, as for geometry files)."""
-    return PlanFileError(f"plan file {show_value(str(path))}: {rule}", path=str(path),
+    return PlanFileError(f"plan file {_shown(path)}: {rule}", path=str(path),
                          field="<file>", value=str(path))
 
 
