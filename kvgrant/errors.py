@@ -8,7 +8,8 @@ catch one class; the leaves say which part failed, never the message text::
     ├── GeometryError          a geometry file breaks a rule (field, value, rule)
     ├── ContractError          a physical plan breaks the layout contract
     ├── PlanError              no plan can be made (e.g. capacity does not fit)
-    │   └── HandleBudgetError  pre-flight: driver-handle demand exceeds the budget
+    │   ├── HandleBudgetError  pre-flight: driver-handle demand exceeds the budget
+    │   └── PlanFileError      a plan file is malformed or does not fit the geometry
     ├── DriverError            a VMM driver call failed (call, CUresult, device, VA range)
     │   └── BackendUnavailable the requested backend cannot run here (no GPU, no driver)
     ├── AllocationError        a multi-rank allocation failed and was unwound
@@ -37,6 +38,7 @@ __all__ = [
     "LedgerError",
     "LedgerLockTimeout",
     "PlanError",
+    "PlanFileError",
     "ReleasedError",
     "ToolError",
     "TraceError",
@@ -76,6 +78,21 @@ class ContractError(KVGrantError):
 
 class PlanError(KVGrantError):
     """No physical plan can be made for the request."""
+
+
+class PlanFileError(PlanError, ValueError):
+    """A plan file (``kvgrant alloc --plan FILE``, the host's plan cache) is unreadable,
+    malformed, made for another layout or breaks its layout contract: bad input, like
+    a malformed geometry. The message names the file, the field, the value and the
+    rule; ``path``, ``field`` and ``value`` hold them. A :class:`PlanError`, so code
+    that caught plan-file errors as PlanError still does."""
+
+    def __init__(self, message: str, *, path: str | None = None, field: str | None = None,
+                 value: Any = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.field = field
+        self.value = value
 
 
 class HandleBudgetError(PlanError):

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from kvgrant.errors import ArgumentError, PlanError
-from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import PhysicalPlan
-from kvgrant.layout.planfile import geometry_hash, plan_document, read_plan_file
+from kvgrant.layout.planfile import (geometry_hash, load_plan_document, plan_document,
+                                     plan_from_document)
 from kvgrant.runtime.hostlock import locked
 
 __all__ = ["PLAN_CACHE_ENV", "PLAN_CACHE_WAIT_S", "cache_dir", "cached_packed_plan",
@@ -76,19 +76,18 @@ def _version(dist: str) -> str:
 
 
 def _read(path: Path, g: Geometry, key: str) -> PhysicalPlan | None:
-    """The cached plan at ``path`` when it is valid for ``key`` and keeps the contract."""
+    """The cached plan at ``path`` when it is valid for ``key`` (geometry hash, work
+    limits, kvgrant and HiGHS versions), is a plan document of this version and keeps
+    the layout contract; None otherwise. The file is parsed once."""
     try:
-        with path.open("rb") as f:
-            head = json.loads(f.read(1 << 26) or b"null")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(head, dict) or head.get("cache_key") != key:
-        return None
-    try:
-        plan = read_plan_file(path, g)
+        doc = load_plan_document(path)
     except PlanError:
         return None
-    if check_contract(g, plan):
+    if not isinstance(doc, dict) or doc.get("cache_key") != key:
+        return None
+    try:
+        plan = plan_from_document(doc, g, path)  # version, hash, allocations, contract
+    except PlanError:
         return None
     return PhysicalPlan("packed", g, plan.allocations,
                         (f"read from the plan cache ({path})",))

@@ -6,7 +6,8 @@ import argparse
 import math
 import re
 
-from kvgrant.errors import ArgumentError, GeometryError, KVGrantError, ToolError, TraceError
+from kvgrant.errors import (ArgumentError, GeometryError, KVGrantError, PlanFileError, ToolError,
+                            TraceError)
 
 __all__ = ["MAX_COUNT", "count", "device_list", "exit_status", "positive_int",
            "positive_seconds"]
@@ -49,10 +50,12 @@ def device_list(text: str) -> list[int]:
 
 
 def exit_status(err: KVGrantError) -> int:
-    """2 when the command could not do its job: bad input (a geometry or trace file that
-    breaks a rule) or a missing tool (Java, TLC, specs); 1 when the request was refused
-    or failed (pre-flight, contract, capacity, driver, allocation)."""
-    return 2 if isinstance(err, (ArgumentError, GeometryError, TraceError, ToolError)) else 1
+    """2 when the command could not do its job: bad input (an argument, or a geometry,
+    trace or plan file that breaks a rule) or a missing tool (Java, TLC, specs); 1 when
+    the request was refused or failed (pre-flight, contract of a plan kvgrant made,
+    capacity, driver, allocation)."""
+    bad_input = (ArgumentError, GeometryError, TraceError, PlanFileError, ToolError)
+    return 2 if isinstance(err, bad_input) else 1
 
 
 def positive_int(text: str) -> int:

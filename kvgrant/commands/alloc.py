@@ -18,7 +18,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvgrant.errors import AllocationError, ArgumentError, HandleBudgetError, KVGrantError
+from kvgrant.errors import (AllocationError, ArgumentError, GeometryError, HandleBudgetError,
+                            KVGrantError, PlanFileError)
 
 from kvgrant.commands._args import count, device_list, exit_status, positive_int, positive_seconds
 
@@ -97,6 +98,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
+
+
+def _json_value(value: object) -> object:
+    """``value`` when JSON can hold it, else a short repr (an error's offending value)."""
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)[:200]
 
 def _budget(args: argparse.Namespace) -> "HandleBudget":
     from kvgrant.runtime.options import HandleBudget
@@ -326,6 +336,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             out: dict[str, object] = {"ok": False, "kind": type(err).__name__,
                                       "error": str(err)}
+            if isinstance(err, (GeometryError, PlanFileError)):  # bad input: where
+                out.update({"field": err.field, "value": _json_value(err.value)})
             if isinstance(err, HandleBudgetError):
                 out.update({"demand": err.demand, "budget": err.budget,
                             "reserve": err.reserve, "held": err.held,

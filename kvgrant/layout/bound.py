@@ -28,11 +28,14 @@ The proofs are in ``docs/layout.md`` ("Lower bound"); in short:
 from __future__ import annotations
 
 import bisect
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
-from kvgrant.layout.granules import granule_row, intersect, labels, unit_ranges
+from kvgrant.layout.granules import granule_row, label_units, labels
 
 __all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
            "lagrangian_bound"]
@@ -269,8 +272,13 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
             row = lo // R
             while row < r.rows and row * R < hi:
                 rs = conflicts[(r.name, row)]
-                parts.append((rs, [a for a, _ in rs],
-                              max(lo, row * R) - lo, min(hi, (row + 1) * R) - lo))
+                b = min(hi, (row + 1) * R) - lo
+                if parts and parts[-1][0] == rs:
+                    # adjacent rows, one set: the joined bytes touch pages inside one
+                    # range exactly when each row's do (granules._same_set_spans)
+                    parts[-1] = parts[-1][:3] + (b,)
+                else:
+                    parts.append((rs, [a for a, _ in rs], max(lo, row * R) - lo, b))
                 row += 1
             ranges0, _, a0, _ = parts[0]
             for pi, p in enumerate(g.planes):
@@ -338,7 +346,14 @@ def _crossable(g: Geometry, before: tuple[tuple[int, int], ...],
 
 def _exclusive_pages(rows: list[tuple[tuple[int, int], ...]], counts: dict[int, int]) -> list[int]:
     """Per row, how many of its pages are in no other row's conflict set."""
-    return [sum(1 for a, b in rs for p in range(a, b) if counts[p] == 1) for rs in rows]
+    memo: dict[tuple[tuple[int, int], ...], int] = {}
+    out = []
+    for rs in rows:  # rows of a tall region share a few sets: count each set once
+        x = memo.get(rs)
+        if x is None:
+            x = memo[rs] = sum(1 for a, b in rs for p in range(a, b) if counts[p] == 1)
+        out.append(x)
+    return out
 
 
 def _drop_budget_bound(g: Geometry, m: list[int], exclusive: list[int], budget: int) -> list[int]:
@@ -366,7 +381,8 @@ def _drop_budget_bound(g: Geometry, m: list[int], exclusive: list[int], budget: 
     return out
 
 
-def _sharing_rows(elig: list[list[frozenset[int]]], needs: list[int]) -> list[list[int]]:
+def _sharing_rows(elig: list[list[frozenset[int]] | None], needs: list[int]
+                  ) -> list[list[int]]:
     """Per row, the other rows with interior granules (``needs`` > 0) that may use one
     of its eligible plane granules, in row order.
 
@@ -375,25 +391,35 @@ def _sharing_rows(elig: list[list[frozenset[int]]], needs: list[int]) -> list[li
     conflict sets hold its pages), so indexing rows by granule is linear in the
     eligible granules.
     """
-    near: list[set[int]] = [set() for _ in elig]
-    planes = len(elig[0]) if elig else 0
+    near: dict[int, set[int]] = {}  # rows without interior granules share no granule
+    planes = max((len(e) for e in elig if e is not None), default=0)
+    active = [(j, e) for j, e in enumerate(elig) if needs[j] > 0]  # once, not per plane
     for pi in range(planes):
         owners: dict[int, list[int]] = {}
-        for j, e in enumerate(elig):
-            if needs[j] > 0:
-                for u in e[pi]:
-                    owners.setdefault(u, []).append(j)
+        for j, e in active:
+            for u in e[pi]:  # type: ignore[index]
+                owners.setdefault(u, []).append(j)
         for js in owners.values():
             if len(js) > 1:
                 for j in js:
-                    near[j].update(js)
-    return [sorted(j for j in n if j != k) for k, n in enumerate(near)]
+                    near.setdefault(j, set()).update(js)
+    none: list[int] = []
+    return [sorted(j for j in near[k] if j != k) if k in near else none
+            for k in range(len(elig))]
 
 
 def _with_competition(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
                       needs: list[int], base: list[int]) -> list[int]:
     """Raise each row's bound by the granules its page-sharing neighbours must take."""
-    elig = [_eligible_units(g, rs) for rs in rows]
+    memo: dict[tuple[tuple[int, int], ...], list[frozenset[int]]] = {}
+    elig: list[list[frozenset[int]] | None] = []
+    for rs, need in zip(rows, needs):  # one (read-only) list per distinct conflict set
+        e = None
+        if need > 0:  # only rows with interior granules compete
+            e = memo.get(rs)
+            if e is None:
+                e = memo[rs] = _eligible_units(g, rs)
+        elig.append(e)
     out = list(base)
     near_of = _sharing_rows(elig, needs)
     for k, rs in enumerate(rows):
@@ -414,6 +440,31 @@ def _with_competition(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
     return out
 
 
+def _page_counts(rows: Iterable[tuple[tuple[int, int], ...]]) -> dict[int, int]:
+    """Per page, how many rows' conflict sets hold it (pages in none are absent).
+
+    Why count distinct sets first: the rows of a tall region share a few sets, and
+    walking every row's pages took seconds at 2^20 rows."""
+    counts: dict[int, int] = {}
+    for ranges, times in Counter(rows).items():
+        for a, b in ranges:
+            for p in range(a, b):
+                counts[p] = counts.get(p, 0) + times
+    return counts
+
+
+def _row_base(g: Geometry, comps: list[tuple[int, int]], row_bytes: int,
+              interior: int) -> int:
+    """(A) for one row from its conflict set alone: byte and granule capacity, and
+    whether one or two pieces can touch exactly its pages (the same for every row
+    with the same set and interior granules, so it is computed once per such row)."""
+    m = max(_row_incidences(g, comps, row_bytes), _unit_incidences(g, comps, interior))
+    if m < 3 and comps:
+        m = max(m, _few_pieces(g, comps, row_bytes))
+    return m
+
+
+@gc_paused()
 def allocation_lower_bound(g: Geometry) -> LowerBound:
     """Lower bound on allocations per rank for any plan keeping the layout contract.
 
@@ -424,26 +475,22 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
     G = g.granularity
     conflicts = declared_conflict_ranges(g)
     tails = [g.plane_bytes(p.name) - g.pages * p.bytes_per_page for p in g.planes]
-    counts: dict[int, int] = {}
-    for ranges in conflicts.values():
-        for a, b in ranges:
-            for p in range(a, b):
-                counts[p] = counts.get(p, 0) + 1
+    counts = _page_counts(conflicts.values())
     row_bytes_total = sum(r.rows * r.row_bytes for r in g.regions)
     budget = (len(counts) * sum(p.bytes_per_page for p in g.planes) + sum(tails)
               - row_bytes_total)
     all_rows = [conflicts[(r.name, k)] for r in g.regions for k in range(r.rows)]
-    base = []
+    base: list[int] = []
     needs: list[int] = []
     for r in g.regions:
         interior = _interior_units(g, r)
         needs.extend(interior)
+        memo: dict[tuple[tuple[tuple[int, int], ...], int], int] = {}
         for k in range(r.rows):
-            comps = list(conflicts[(r.name, k)])
-            m = max(_row_incidences(g, comps, r.row_bytes),
-                    _unit_incidences(g, comps, interior[k]))
-            if m < 3 and comps:
-                m = max(m, _few_pieces(g, comps, r.row_bytes))
+            key = (conflicts[(r.name, k)], interior[k])
+            m = memo.get(key)
+            if m is None:
+                m = memo[key] = _row_base(g, list(key[0]), r.row_bytes, key[1])
             base.append(m)
     base = _with_competition(g, all_rows, needs, base)
     per_row_all = _drop_budget_bound(g, base, _exclusive_pages(all_rows, counts), budget)
@@ -486,6 +533,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
 # --- (D) Lagrangian relaxation of the granule assignment -------------------------------
 
 
+@gc_paused()
 def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
                      region_cost: dict[str, int] | None = None, patience: int = 12) -> int:
     """A lower bound on allocations from a Lagrangian relaxation (proof in
@@ -509,7 +557,6 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     trade time for tightness only; every value gives a valid bound.
     """
     G = g.granularity
-    conflicts = declared_conflict_ranges(g)
     lab = labels(g)
     need, pred, parts = lab.need, lab.pred, lab.parts
     if not need:
@@ -523,13 +570,7 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     elig_by_class = []
     for (bpp, units), mult in classes.items():
         per_unit: list[list[int]] = [[] for _ in range(units)]
-        for lab in range(nl):
-            rng = [(0, units)]
-            for region, ri, o1, o2 in parts[lab]:
-                comps = conflicts[(region, ri)]
-                rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
-                if not rng:
-                    break
+        for lab, rng in enumerate(label_units(g, bpp, units)):
             for lo, hi in rng:
                 for u in range(lo, hi):
                     per_unit[u].append(lab)

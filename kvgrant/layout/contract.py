@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from kvgrant.errors import ArgumentError, ContractError
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import conflict_ranges, declared_conflict_ranges, ranges_to_set
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ def _coverage(kind: str, point: int, name: str, need: int,
     return out
 
 
+@gc_paused()
 def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[Violation]:
     """Every way ``plan`` breaks the layout contract of ``g`` (``[]`` when it keeps it).
 

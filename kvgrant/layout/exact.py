@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from kvgrant.errors import PlanError
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
-from kvgrant.layout.granules import Labels, intersect, labels, unit_ranges
+from kvgrant.layout.granules import Labels, label_units, labels
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
@@ -174,13 +175,7 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
     for c, (bpp, units, idx) in enumerate(m.classes):
         mult = len(idx)
         per_unit: list[list[int]] = [[] for _ in range(units)]
-        for l_ in range(nl):
-            rng = [(0, units)]
-            for region, row, o1, o2 in lab.parts[l_]:
-                rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2,
-                                                 conflicts[(region, row)]))
-                if not rng:
-                    break
+        for l_, rng in enumerate(label_units(g, bpp, units)):
             for lo, hi in rng:
                 for u in range(lo, hi):
                     per_unit[u].append(l_)
@@ -598,6 +593,7 @@ def _cost(plan: PhysicalPlan, plane_cost: float, region_cost: dict[str, float]) 
                for a in plan.allocations)
 
 
+@gc_paused()
 def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: int = 1,
                region_cost: dict[str, int] | None = None, label: str = "exact",
                node_limit: int | None = DEFAULT_NODE_LIMIT,

@@ -180,6 +180,12 @@ class Geometry(_Strict):
 
         return MappingProxyType(conflict_ranges(self, self.aliases))
 
+    @cached_property
+    def _memo(self) -> dict[Any, Any]:
+        # results of pure functions of this geometry that the planners, both bounds
+        # and the report each ask for (kvgrant.layout.granules): computed once
+        return {}
+
     # -- topology ------------------------------------------------------------
     @cached_property
     def _import_group_of(self) -> dict[int, tuple[int, ...]]:
@@ -231,6 +237,15 @@ class Geometry(_Strict):
         if declared and rank in self._declared_count:
             return self._declared_count[rank]
         return len(self._import_group_of.get(rank, ())) or 1
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickle the fields only: the cached derived values (conflict ranges are a
+        read-only mappingproxy, which pickle refuses) are recomputed on demand, so a
+        planned geometry can still go to worker processes."""
+        state = super().__getstate__()
+        fields = type(self).model_fields
+        state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k in fields}
+        return state
 
     @model_validator(mode="after")
     def _check_rules(self) -> "Geometry":

@@ -15,10 +15,12 @@ the label just before ``l`` in the same region (-1 for the first).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 from kvgrant.layout.geometry import Geometry, Region, round_up
 
-__all__ = ["Labels", "Part", "granule_row", "labels", "unit_ranges", "intersect"]
+__all__ = ["Labels", "Part", "granule_row", "intersect", "label_units", "labels", "unit_ranges"]
 
 Part = tuple[str, int, int, int]
 """(region, row, first byte in the granule, end byte in the granule)."""
@@ -45,9 +47,10 @@ class Labels:
     region: list[str]
     first: list[int]
 
-    @property
+    @cached_property
     def succ(self) -> list[int]:
-        """The label just after each label in the same region (-1 for the last)."""
+        """The label just after each label in the same region (-1 for the last);
+        computed once (the windows ask for it per window and label), not to be changed."""
         out = [-1] * len(self.need)
         for l_, p in enumerate(self.pred):
             if p >= 0:
@@ -56,7 +59,71 @@ class Labels:
 
 
 def labels(g: Geometry) -> Labels:
-    """Every label of ``g`` in region order (see the module docstring)."""
+    """Every label of ``g`` in region order (see the module docstring); computed once
+    per geometry object and shared, so callers must not change it."""
+    got = g._memo.get("labels")
+    if got is None:
+        got = g._memo["labels"] = _labels(g)
+    return got  # type: ignore[no-any-return]
+
+
+def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]]:
+    """Per label, the granules of a plane of ``bpp`` bytes per page and ``units``
+    granules that may back it (every row part touches only pages of that row's
+    conflict set, or no page), as sorted half-open ranges.
+
+    Why cached per geometry: the exact model and each Lagrangian bound (allocations,
+    handles) need the same table, and a tall region's labels have one part per row."""
+    from kvgrant.layout.conflicts import declared_conflict_ranges
+
+    key = ("label_units", bpp, units)
+    got = g._memo.get(key)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    G = g.granularity
+    conflicts = declared_conflict_ranges(g)
+    out: list[list[tuple[int, int]]] = []
+    spans = g._memo.get("label_spans")
+    if spans is None:
+        spans = g._memo["label_spans"] = [_same_set_spans(parts, conflicts)
+                                          for parts in labels(g).parts]
+    for label_spans in spans:
+        rng = [(0, units)]
+        for o1, o2, comps in label_spans:
+            rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
+            if not rng:
+                break
+        out.append(rng)
+    g._memo[key] = out
+    return out
+
+
+def _same_set_spans(parts: list[Part], conflicts: Any
+                    ) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """``(o1, o2, conflict set)`` of a label's row parts, adjacent parts whose rows
+    have the same conflict set joined into one span.
+
+    Why this is exact: a plane granule u may back a part iff the plane bytes
+    [u G + o1, u G + o2) lie inside one range of the set's pages (for the range that
+    reaches the last page: start inside it), or start past the last page (see
+    :func:`unit_ranges`). Two adjacent parts cannot lie in two different ranges
+    (ranges are merged, so a gap separates them), and "starts past the last page"
+    before the range reaching the last page is impossible; so the joined span is
+    allowed exactly when each part is. A straddling granule of a tall region has one
+    part per row (2^14 of them), and rows share a few sets."""
+    out: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
+    last_region = None
+    for region, row, o1, o2 in parts:
+        comps = conflicts[(region, row)]
+        if out and region == last_region and out[-1][1] == o1 and out[-1][2] == comps:
+            out[-1] = (out[-1][0], o2, comps)
+        else:
+            out.append((o1, o2, comps))
+        last_region = region
+    return out
+
+
+def _labels(g: Geometry) -> Labels:
     G = g.granularity
     need: list[int] = []
     pred: list[int] = []

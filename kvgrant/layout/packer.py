@@ -49,6 +49,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import conflict_ranges, declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry, Region, round_up
@@ -248,6 +249,7 @@ def _gap_delta(owner: list[list[int]], chosen: set[tuple[int, int]],
     return delta
 
 
+@gc_paused()
 def pack(g: Geometry) -> PhysicalPlan:
     """kvgrant's packed plan for ``g`` (see the module docstring for the method)."""
     reference = reference_plan(g)

@@ -14,11 +14,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvgrant.errors import PlanError
+from kvgrant.errors import PlanFileError
+from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 
-__all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "plan_document", "read_plan_file"]
+__all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "load_plan_document",
+           "plan_document", "plan_from_document", "read_plan_file"]
 
 PLAN_FILE_VERSION = 1
 #: Plan labels a plan file may carry (the trace header and ``kvgrant conform
@@ -42,39 +44,68 @@ def plan_document(plan: PhysicalPlan) -> dict[str, Any]:
             "allocations": [a.to_json() for a in plan.allocations]}
 
 
-def _fail(path: Path, field: str, value: Any, rule: str) -> PlanError:
-    return PlanError(f"plan file {path}: {field} = {show_value(value)}: {rule}")
+def _fail(path: Path, field: str, value: Any, rule: str) -> PlanFileError:
+    """The error naming the file, the field, the value and the rule."""
+    return PlanFileError(f"plan file {_shown(path)}: {field} = {show_value(value)}: "
+                         f"{rule}", path=str(path), field=field, value=value)
+
+
+def _shown(path: Path) -> str:
+    """The path quoted in full, control and non-ASCII characters escaped (show_value
+    would cut a long path, and the message must name the file)."""
+    return json.dumps(str(path))
+
+
+def _file_fail(path: Path, rule: str) -> PlanFileError:
+    """The error about the file as a whole (field ``<file>``, as for geometry files)."""
+    return PlanFileError(f"plan file {_shown(path)}: {rule}", path=str(path),
+                         field="<file>", value=str(path))
 
 
 def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
     """The plan in ``path`` (a plan document, or a ``kvgrant plan --json`` report,
-    whose ``packed_plan`` is used), checked to be made for ``g``'s layout.
+    whose ``packed_plan`` is used), checked to be made for ``g``'s layout and to keep
+    its layout contract.
 
     Raises
     ------
-    PlanError
-        Unreadable file, not JSON, wrong version, made for another layout, or a
-        malformed allocation (naming the field, the value and the rule). The
-        allocator checks the layout contract itself before any driver call.
+    PlanFileError
+        Unreadable file, not JSON, wrong version, made for another layout, a
+        malformed allocation, or a plan that breaks the layout contract (naming the
+        file, the field, the value and the rule): bad input, exit status 2 in the CLI.
     """
+    path = Path(path)
+    return plan_from_document(load_plan_document(path), g, path)
+
+
+def load_plan_document(path: str | Path) -> Any:
+    """The decoded JSON of the plan file ``path`` (at most :data:`MAX_FILE_BYTES`),
+    not yet checked: :func:`plan_from_document` checks it (the plan cache looks at its
+    key in between, parsing the file once)."""
     path = Path(path)
     try:
         with path.open("rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         reason = getattr(err, "strerror", None) or str(err)
-        raise PlanError(f"plan file {show_value(str(path))}: cannot read it: "
-                        f"{reason}") from None
+        raise _file_fail(path, f"cannot read it: {reason}") from None
     if len(raw) > MAX_FILE_BYTES:
-        raise PlanError(f"plan file {path}: larger than {MAX_FILE_BYTES:,} bytes (a plan "
-                        "document is a small JSON file written by kvgrant plan --json)")
+        raise _file_fail(path, f"larger than {MAX_FILE_BYTES:,} bytes (a "
+                    "plan document is a small JSON file written by kvgrant plan --json)")
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
-        raise PlanError(f"plan file {path}: not JSON: {str(err)[:120]}") from None
+        raise _file_fail(path, f"not JSON: {str(err)[:120]}") from None
     except RecursionError:
-        raise PlanError(f"plan file {path}: not a plan document: JSON nested too "
-                        "deeply") from None
+        raise _file_fail(path, "not a plan document: JSON nested too "
+                    "deeply") from None
+
+
+def plan_from_document(doc: Any, g: Geometry, path: str | Path) -> PhysicalPlan:
+    """The plan of a decoded plan document (or ``kvgrant plan --json`` report) read
+    from ``path``, checked field by field, against ``g``'s hash and against the layout
+    contract; :class:`PlanFileError` names the first broken rule."""
+    path = Path(path)
     if isinstance(doc, dict) and "packed_plan" in doc:
         doc = doc["packed_plan"]
     if not isinstance(doc, dict):
@@ -90,7 +121,14 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
     if doc.get("geometry_hash") != want:
         raise _fail(path, "geometry_hash", doc.get("geometry_hash"),
                     f"the plan was made for another layout; geometry {g.name!r} has {want}")
-    allocs = doc.get("allocations")
+    plan = PhysicalPlan(label, g, _allocations(path, doc.get("allocations"), g),
+                        (f"read from {path}",))
+    _check_fits(path, g, plan)
+    return plan
+
+
+def _allocations(path: Path, allocs: Any, g: Geometry) -> tuple[Allocation, ...]:
+    """The ``allocations`` list, each entry checked for its keys and value types."""
     if not isinstance(allocs, list):
         raise _fail(path, "allocations", allocs, "must be a list of allocations")
     # every allocation holds at least one granule of a plane, so a longer list cannot
@@ -115,5 +153,23 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
             if k in a and not isinstance(a[k], str):
                 raise _fail(path, f"allocations[{i}].{k}", a[k], "must be a name")
         out.append(Allocation(**a))
-    return PhysicalPlan(label, g, tuple(out),
-                        (f"read from {path}",))
+    return tuple(out)
+
+
+def _check_fits(path: Path, g: Geometry, plan: PhysicalPlan) -> None:
+    """The plan keeps ``g``'s layout contract, else the first violation as a
+    :class:`PlanFileError` (a file that does not fit is bad input, not a planner bug:
+    the allocator's own ContractError would make it exit status 1)."""
+    found = check_contract(g, plan)
+    if not found:
+        return
+    v = found[0]
+    i = v.detail.get("alloc")
+    field = "allocations" if i is None else f"allocations[{i}]"
+    if i is not None and "field" in v.detail:
+        field += f".{v.detail['field']}"
+    value = v.detail.get("value", plan.allocations[i].to_json() if i is not None else
+                         len(plan.allocations))
+    more = f" (and {len(found) - 1} more violations)" if len(found) > 1 else ""
+    raise _fail(path, field, value, f"the plan must keep the layout contract of "
+                f"{g.name!r}: {v}{more}")

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.planfile import geometry_hash, plan_document
@@ -95,11 +96,36 @@ def _lower_bound_json(bound: Any) -> dict[str, Any] | None:
     if bound is None:
         return None
     if dataclasses.is_dataclass(bound) and not isinstance(bound, type):
-        return {k: v for k, v in dataclasses.asdict(bound).items()
-                if isinstance(v, (int, float, str, bool, type(None), list, dict))}
+        # the fields asdict would keep, without deep-copying the tuples it drops (a
+        # LowerBound's per-row figures: 2^20 of them in a tall region)
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(bound):
+            v = getattr(bound, f.name)
+            if isinstance(v, tuple):
+                continue
+            if not isinstance(v, (int, float, str, bool, type(None))):
+                v = dataclasses.asdict(bound)[f.name]
+            if isinstance(v, (int, float, str, bool, type(None), list, dict)):
+                out[f.name] = v
+        return out
     return {"total": int(bound.total)}
 
 
+def _largest_set(ranges: Any) -> dict[str, Any] | None:
+    """The first row with the most conflict pages (each distinct set is summed once:
+    the rows of a tall region share a few sets)."""
+    best, size = None, -1
+    sizes: dict[Any, int] = {}
+    for key, rs in ranges.items():
+        n = sizes.get(rs)
+        if n is None:
+            n = sizes[rs] = sum(e - s for s, e in rs)
+        if n > size:
+            best, size = key, n
+    return None if best is None else {"region": best[0], "row": best[1], "pages": size}
+
+
+@gc_paused()
 def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
                  lower_bound: Any = None, include_plan: str | None = "packed",
                  packed: "PackedResult | None" = None,
@@ -115,12 +141,7 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
     the handles any contract-keeping plan needs (``importers`` / ``declared``).
     ``figures``: the plans' :func:`plan_figures`, when the caller has them already.
     """
-    ranges = declared_conflict_ranges(g)
-    largest = None
-    if ranges:
-        key = max(ranges, key=lambda k: sum(e - s for s, e in ranges[k]))
-        largest = {"region": key[0], "row": key[1],
-                   "pages": sum(e - s for s, e in ranges[key])}
+    largest = _largest_set(declared_conflict_ranges(g))
     if figures is None:
         figures = [plan_figures(g, p, budget) for p in plans]
     out: dict[str, Any] = {

@@ -272,3 +272,20 @@ def test_mutated_geometries_never_traceback(doc: dict[str, Any], data: st.DataOb
         else:
             parent[path[-1]] = data.draw(json_values)
     _outcome(doc)
+
+
+def test_a_planned_geometry_pickles_without_its_cached_values() -> None:
+    """Worker processes get the geometry by pickle; its conflict ranges (a read-only
+    mappingproxy) and other cached values stay behind and are recomputed."""
+    import pickle
+
+    from kvgrant.layout.conflicts import declared_conflict_ranges
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.granules import labels
+
+    g = load_geometry(Path(__file__).resolve().parents[2] / "examples" / "small.json")
+    want = dict(declared_conflict_ranges(g))
+    labels(g)
+    back = pickle.loads(pickle.dumps(g))
+    assert back == g and "_declared_ranges" not in back.__dict__
+    assert dict(declared_conflict_ranges(back)) == want

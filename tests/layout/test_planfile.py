@@ -100,3 +100,96 @@ def test_the_same_layout_is_solved_once(monkeypatch: Any) -> None:
     assert len(calls) == 1
     assert first.plan.allocations == again.plan.allocations
     assert again.plan.geometry.name == "renamed"
+
+
+# ------------------------------------------- kvgrant alloc --plan FILE: bad input, exit 2
+
+def _alloc_plan_file(tmp_path: Path, capsys: Any, doc: Any) -> tuple[int, str]:
+    """``kvgrant alloc small.json --backend sim --plan FILE`` through the dispatcher."""
+    from kvgrant.cli import main
+
+    path = tmp_path / "plan.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    rc = main(["alloc", str(EXAMPLES / "small.json"), "--backend", "sim", "--plan",
+               str(path)])
+    return rc, capsys.readouterr().err
+
+
+def _small_plan_doc() -> dict[str, Any]:
+    return plan_document(packed_plan(load_geometry(EXAMPLES / "small.json")))
+
+
+@pytest.mark.parametrize("mutate, names", [
+    (lambda d: d.update(version=7), ["version = 7", "must be 1"]),
+    (lambda d: d.update(geometry_hash="sha256:0"),
+     ['geometry_hash = "sha256:0"', "another layout"]),
+    (lambda d: d["allocations"][0].update(length=-1),
+     ["allocations[0].length = -1", "integer >= 0"]),
+    (lambda d: d.update(allocations="x"), ['allocations = "x"', "must be a list"]),
+    (lambda d: d.update(label="fastest"), ['label = "fastest"', "naive, reference, packed"]),
+])
+def test_a_malformed_plan_file_exits_2_naming_file_field_value_and_rule(
+        tmp_path: Path, capsys: Any, mutate: Any, names: list[str]) -> None:
+    # was: exit 1 (a PlanError, as for a refused request), unlike a malformed geometry
+    doc = _small_plan_doc()
+    mutate(doc)
+    rc, err = _alloc_plan_file(tmp_path, capsys, doc)
+    assert rc == 2, err
+    assert f"plan file {json.dumps(str(tmp_path / 'plan.json'))}" in err, err
+    for name in names:
+        assert name in err, err
+
+
+@pytest.mark.parametrize("text, rule", [("{", "not JSON"), ("[1]", "must be a JSON object")])
+def test_a_plan_file_that_is_not_a_plan_document_exits_2(tmp_path: Path, capsys: Any,
+                                                         text: str, rule: str) -> None:
+    rc, err = _alloc_plan_file(tmp_path, capsys, text)
+    assert rc == 2 and rule in err and "plan.json" in err, err
+
+
+def test_a_missing_plan_file_exits_2(tmp_path: Path, capsys: Any) -> None:
+    from kvgrant.cli import main
+
+    rc = main(["alloc", str(EXAMPLES / "small.json"), "--backend", "sim", "--plan",
+               str(tmp_path / "none.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "none.json" in err and "cannot read it" in err, err
+
+
+def test_a_plan_file_that_breaks_the_contract_exits_2(tmp_path: Path, capsys: Any) -> None:
+    """The layout's hash, but allocations that do not fit it: bad input, not a refused
+    request (was: the allocator's ContractError, exit 1)."""
+    doc = _small_plan_doc()
+    doc["allocations"] = doc["allocations"][1:]  # bytes of a plane left uncovered
+    rc, err = _alloc_plan_file(tmp_path, capsys, doc)
+    assert rc == 2, err
+    assert "plan.json" in err and "allocations = " in err and "layout contract" in err, err
+
+
+def test_plan_file_errors_are_plan_errors_with_the_field(tmp_path: Path) -> None:
+    """PlanFileError is a PlanError (callers catching that still do) and a ValueError,
+    and holds the path, field and value."""
+    from kvgrant.errors import PlanFileError
+
+    g = load_geometry(EXAMPLES / "small.json")
+    doc = dict(_small_plan_doc(), version=7)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanFileError) as info:
+        read_plan_file(path, g)
+    err = info.value
+    assert isinstance(err, PlanError) and isinstance(err, ValueError)
+    assert (err.path, err.field, err.value) == (str(path), "version", 7)
+
+
+def test_a_malformed_plan_file_with_json_names_the_field(tmp_path: Path, capsys: Any) -> None:
+    from kvgrant.cli import main
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(dict(_small_plan_doc(), version=7)))
+    rc = main(["alloc", str(EXAMPLES / "small.json"), "--backend", "sim", "--plan",
+               str(path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 2
+    assert (out["ok"], out["kind"], out["field"], out["value"]) == (
+        False, "PlanFileError", "version", 7)

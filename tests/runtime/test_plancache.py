@@ -139,3 +139,34 @@ def test_a_bad_cache_variable_is_an_argument_error_naming_it(monkeypatch):
     monkeypatch.setenv(PLAN_CACHE_ENV, "")
     with pytest.raises(ArgumentError, match=PLAN_CACHE_ENV):
         allocate(SMALL, backend="sim")
+
+
+def test_a_cache_hit_parses_the_file_once(g, tmp_path, monkeypatch):
+    """The key, version, hash and contract checks share one decoding of the file
+    (was: json.loads for the key, then read_plan_file parsed it again)."""
+    env = {PLAN_CACHE_ENV: str(tmp_path)}
+    good = cached_packed_plan(g, _counting([]), {"a": 1}, env=env)
+    decoded: list[int] = []
+    real = json.loads
+
+    def counting(*a, **k):
+        decoded.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(json, "loads", counting)
+    plans: list[str] = []
+    hit = cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    assert plans == [] and hit.allocations == good.allocations
+    assert len(decoded) == 1
+
+
+@pytest.mark.parametrize("field, value", [("version", 2), ("geometry_hash", "sha256:0"),
+                                          ("label", "fastest")])
+def test_a_cache_file_with_the_key_but_a_bad_field_is_ignored(g, tmp_path, field, value):
+    env = {PLAN_CACHE_ENV: str(tmp_path)}
+    plans: list[str] = []
+    good = cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    path = next(tmp_path.glob("*.json"))
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), **{field: value})))
+    out = cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    assert plans == [g.name, g.name] and out.allocations == good.allocations
