@@ -168,8 +168,9 @@ def _check_fits(path: Path, g: Geometry, plan: PhysicalPlan) -> None:
     field = "allocations" if i is None else f"allocations[{i}]"
     if i is not None and "field" in v.detail:
         field += f".{v.detail['field']}"
+    # a violation of the whole plan (bytes not covered) names no one allocation
     value = v.detail.get("value", plan.allocations[i].to_json() if i is not None else
-                         len(plan.allocations))
+                         f"{len(plan.allocations)} allocations")
     more = f" (and {len(found) - 1} more violations)" if len(found) > 1 else ""
     raise _fail(path, field, value, f"the plan must keep the layout contract of "
                 f"{g.name!r}: {v}{more}")
