@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from kvgrant.errors import PlanError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.layout.conflicts import declared_conflict_ranges
+from kvgrant.layout.conflicts import declared_conflict_arrays, declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.granules import Labels, label_units, labels
@@ -362,6 +362,9 @@ def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
 
 def _conflict_pages(g: Geometry) -> int:
     """Pages in all declared conflict sets together (the coverage rows)."""
+    arr = declared_conflict_arrays(g)
+    if arr is not None:
+        return int((arr[2] - arr[1]).sum())
     return sum(b - a for rs in declared_conflict_ranges(g).values() for a, b in rs)
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from kvgrant.layout.geometry import Geometry, Region, round_up
 
-__all__ = ["Labels", "Part", "granule_row", "intersect", "label_units", "labels", "unit_ranges"]
+__all__ = ["Labels", "Part", "granule_row", "intersect", "label_units", "labels",
+           "same_set_spans", "unit_ranges"]
 
 Part = tuple[str, int, int, int]
 """(region, row, first byte in the granule, end byte in the granule)."""
@@ -74,20 +75,13 @@ def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]
 
     Why cached per geometry: the exact model and each Lagrangian bound (allocations,
     handles) need the same table, and a tall region's labels have one part per row."""
-    from kvgrant.layout.conflicts import declared_conflict_ranges
-
     key = ("label_units", bpp, units)
     got = g._memo.get(key)
     if got is not None:
         return got  # type: ignore[no-any-return]
     G = g.granularity
-    conflicts = declared_conflict_ranges(g)
     out: list[list[tuple[int, int]]] = []
-    spans = g._memo.get("label_spans")
-    if spans is None:
-        spans = g._memo["label_spans"] = [_same_set_spans(parts, conflicts)
-                                          for parts in labels(g).parts]
-    for label_spans in spans:
+    for label_spans in same_set_spans(g):
         rng = [(0, units)]
         for o1, o2, comps in label_spans:
             rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
@@ -96,6 +90,20 @@ def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]
         out.append(rng)
     g._memo[key] = out
     return out
+
+
+def same_set_spans(g: Geometry) -> list[list[tuple[int, int, tuple[tuple[int, int], ...]]]]:
+    """Per label, :func:`_same_set_spans` of its parts: computed once per geometry
+    (the exact model's eligible granules and the bound's dead granules both walk
+    them, one part per row of a tall region), read-only."""
+    from kvgrant.layout.conflicts import declared_conflict_ranges
+
+    spans = g._memo.get("label_spans")
+    if spans is None:
+        conflicts = declared_conflict_ranges(g)
+        spans = g._memo["label_spans"] = [_same_set_spans(parts, conflicts)
+                                          for parts in labels(g).parts]
+    return spans  # type: ignore[no-any-return]
 
 
 def _same_set_spans(parts: list[Part], conflicts: Any
