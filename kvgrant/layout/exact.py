@@ -264,14 +264,19 @@ class _CoverCount:
     the touched bytes lie inside one range of the set, or past the last page), so each
     touched (row, page) is a coverage row and each column touching it one of its
     nonzeros; ``complete`` says every conflict page is touched by some column (else
-    building raises :class:`PlanError`, so the caller builds). ``key`` and ``label``
-    are per nonzero: its (row, page) as one integer, and the column's label."""
+    building raises :class:`PlanError`, so the caller builds). ``key``, ``label`` and
+    ``col`` are per nonzero, sorted by ``key`` (ties in column creation order): its
+    (row, page) as one integer (rows in geometry order, so ``key`` order is the
+    coverage rows' order), the column's label and the column; ``starts`` where each
+    key's run begins, then the length."""
 
     nonzeros: int
     rows: int
     complete: bool
     key: object
     label: object
+    col: object
+    starts: object
 
     def kept_by(self, rank: Sequence[int], e: int) -> int:
         """Nonzeros of the coverage rows whose labels all rank below ``e`` (the rows a
@@ -279,11 +284,22 @@ class _CoverCount:
         import numpy as np
 
         r = np.asarray(rank, dtype=np.int64)[self.label]  # type: ignore[index]
-        late = r >= e
-        if not late.any():
+        if not len(r) or int(r.max()) < e:
             return self.nonzeros
-        bad = np.unique(self.key[late])  # type: ignore[index]
-        return int((~np.isin(self.key, bad)).sum())
+        starts = self.starts
+        latest = np.maximum.reduceat(r, starts[:-1])  # type: ignore[index]
+        return int(np.diff(starts)[latest < e].sum())  # type: ignore[call-overload]
+
+    def add_rows(self, m: _Model) -> None:
+        """Append the coverage rows to ``m``: the rows :func:`_add_cover_rows` appends
+        when coverage is ``complete``, from the arrays (about 4 times faster)."""
+        cols = self.col.tolist()  # type: ignore[attr-defined]
+        at = self.starts.tolist()  # type: ignore[attr-defined]
+        n = len(at) - 1
+        m.rows.extend([(x, 1.0) for x in cols[at[i]:at[i + 1]]] for i in range(n))
+        m.kinds.extend(["cover"] * n)
+        m.rows_lo.extend([1] * n)
+        m.rows_hi.extend([float("inf")] * n)
 
 
 _INT64_SAFE = 1 << 61
@@ -331,8 +347,9 @@ def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
     flush()
     count = np.fromiter(map(len, lab.parts), dtype=np.int64, count=len(lab.parts))
     if not m.x:
-        return _CoverCount(0, _conflict_pages(g), _conflict_pages(g) == 0,
-                           np.zeros(0, np.int64), np.zeros(0, np.int64))
+        none = np.zeros(0, np.int64)
+        return _CoverCount(0, _conflict_pages(g), _conflict_pages(g) == 0, none, none,
+                           none, np.zeros(1, np.int64))
     prow = np.concatenate(rows_l)
     po1 = np.concatenate(o1_l)
     po2 = np.concatenate(o2_l)
@@ -352,12 +369,16 @@ def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
     nnz = int(cnt.sum())
     at = np.repeat(prow[part] * (pages + 1) + p0, cnt) + (
         np.arange(nnz) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    col = np.repeat(np.fromiter(m.x.values(), dtype=np.int64, count=len(keys))[which], cnt)
     lab_of = np.repeat(xl[which], cnt)
+    order = np.argsort(at, kind="stable")
+    at, lab_of, col = at[order], lab_of[order], col[order]
+    new = np.ones(len(at), dtype=bool)
+    new[1:] = at[1:] != at[:-1]
+    starts = np.append(np.flatnonzero(new), len(at))
     rows = _conflict_pages(g)
-    srt = np.sort(at)  # distinct keys by sorting (np.unique hashes: 10 times slower here)
-    distinct = int(len(srt) > 0) + int(np.count_nonzero(srt[1:] != srt[:-1]))
-    complete = distinct == rows
-    return _CoverCount(nnz, rows, complete, at, lab_of)
+    complete = len(starts) - 1 == rows
+    return _CoverCount(nnz, rows, complete, at, lab_of, col, starts)
 
 
 def _conflict_pages(g: Geometry) -> int:
@@ -835,7 +856,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                 refused = first_window_refusal(m, len(lab.need), g.granularity,
                                                pending.kept_by, DEFAULT_MAX_NONZEROS)
                 if refused is None:
-                    _add_cover_rows(g, m, lab)
+                    pending.add_rows(m)
                     pending = None
             if refused is not None:
                 won = None
@@ -865,7 +886,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                            time.perf_counter() - t0,
                            f"Not solved (model over {max_nonzeros:,} nonzeros)", "start", size)
     if pending is not None:
-        _add_cover_rows(g, m, lab)
+        pending.add_rows(m)
     starts, index, value = [], [], []
     for ents in m.rows:
         starts.append(len(index))
