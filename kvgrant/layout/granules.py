@@ -101,9 +101,59 @@ def same_set_spans(g: Geometry) -> list[list[tuple[int, int, tuple[tuple[int, in
     spans = g._memo.get("label_spans")
     if spans is None:
         conflicts = declared_conflict_ranges(g)
-        spans = g._memo["label_spans"] = [_same_set_spans(parts, conflicts)
-                                          for parts in labels(g).parts]
+        single = _single_range_rows(g)
+        spans = g._memo["label_spans"] = [
+            (_tall_spans(g, parts, conflicts, single) if len(parts) > 64 and single
+             else None) or _same_set_spans(parts, conflicts) for parts in labels(g).parts]
     return spans  # type: ignore[no-any-return]
+
+
+def _single_range_rows(g: Geometry) -> Any:
+    """(row base per region, ranges per row, first range start, first range stop) as
+    int64 arrays over the rows in geometry order, from the declared range arrays
+    (None where those do not apply)."""
+    import numpy as np
+
+    from kvgrant.layout.conflicts import declared_conflict_arrays
+
+    arr = declared_conflict_arrays(g)
+    if arr is None:
+        return None
+    row, lo, hi = arr
+    base: dict[str, int] = {}
+    total = 0
+    for r in g.regions:
+        base[r.name] = total
+        total += r.rows
+    cnt = np.bincount(row, minlength=total) if len(row) else np.zeros(total, np.int64)
+    lo1 = np.full(total, -1, dtype=np.int64)
+    hi1 = np.full(total, -1, dtype=np.int64)
+    lo1[row[::-1]] = lo[::-1]  # the first range of each row (the last write wins)
+    hi1[row[::-1]] = hi[::-1]
+    return base, cnt, lo1, hi1
+
+
+def _tall_spans(g: Geometry, parts: list[Part], conflicts: Any, single: Any
+                ) -> list[tuple[int, int, tuple[tuple[int, int], ...]]] | None:
+    """:func:`_same_set_spans` of a label whose parts are consecutive rows of one
+    region with at most one conflict range each (a straddling granule of a tall
+    region), the set changes found with numpy; None when that does not apply."""
+    import numpy as np
+
+    region, k0 = parts[0][0], parts[0][1]
+    n = len(parts)
+    if parts[-1][0] != region or parts[-1][1] != k0 + n - 1:
+        return None
+    base, cnt, lo1, hi1 = single
+    at = slice(base[region] + k0, base[region] + k0 + n)
+    c, a, b = cnt[at], lo1[at], hi1[at]
+    if len(c) != n or (c > 1).any():
+        return None
+    same = (c[1:] == c[:-1]) & (a[1:] == a[:-1]) & (b[1:] == b[:-1])
+    starts = [0] + (np.flatnonzero(~same) + 1).tolist()
+    ends = starts[1:] + [n]
+    return [(parts[i][2], parts[j - 1][3], conflicts[(region, parts[i][1])])
+            for i, j in zip(starts, ends)]
 
 
 def _same_set_spans(parts: list[Part], conflicts: Any
