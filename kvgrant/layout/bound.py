@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
-from kvgrant.layout.granules import granule_row, label_units, labels
+from kvgrant.layout.granules import granule_row, label_units, labels, same_set_spans
 
 __all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
            "lagrangian_bound"]
@@ -255,8 +255,15 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
     """
     G = g.granularity
     live = [[False] * (g.plane_bytes(p.name) // G) for p in g.planes]
+    # the declared sets: the labels' joined row parts are computed once per geometry
+    declared = conflicts is declared_conflict_ranges(g)
+    spans = same_set_spans(g) if declared else []
+    lab = labels(g)
     for r in g.regions:
         R, end = r.row_bytes, r.rows * r.row_bytes
+        straddling = {lab.first[l_]: l_ for l_ in range(len(lab.need))
+                      if lab.region[l_] == r.name
+                      and granule_row(r, lab.first[l_], G) is None} if declared else {}
         interior = _interior_units(g, r)
         for k in range(r.rows):
             if interior[k] == 0:
@@ -267,19 +274,11 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
         for j in range(round_up(end, G) // G):
             if granule_row(r, j, G) is not None:
                 continue
-            lo, hi = j * G, (j + 1) * G
-            parts = []  # (row pages, their starts, offset in unit, end in unit)
-            row = lo // R
-            while row < r.rows and row * R < hi:
-                rs = conflicts[(r.name, row)]
-                b = min(hi, (row + 1) * R) - lo
-                if parts and parts[-1][0] == rs:
-                    # adjacent rows, one set: the joined bytes touch pages inside one
-                    # range exactly when each row's do (granules._same_set_spans)
-                    parts[-1] = parts[-1][:3] + (b,)
-                else:
-                    parts.append((rs, [a for a, _ in rs], max(lo, row * R) - lo, b))
-                row += 1
+            # (row pages, their starts, offset in unit, end in unit) per row part,
+            # adjacent rows of one set joined: the joined bytes touch pages inside one
+            # range exactly when each row's do (granules._same_set_spans)
+            parts = [(rs, [a for a, _ in rs], a, b) for a, b, rs in spans[straddling[j]]] \
+                if declared else _straddling_parts(r, j, G, conflicts)
             ranges0, _, a0, _ = parts[0]
             for pi, p in enumerate(g.planes):
                 bpp, n = p.bytes_per_page, len(live[pi])
@@ -296,6 +295,25 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
                            for ranges, starts, a, b in parts):
                         live[pi][u] = True
     return [[not x for x in plane] for plane in live]
+
+
+def _straddling_parts(r: Region, j: int, G: int,
+                      conflicts: dict[tuple[str, int], tuple[tuple[int, int], ...]]
+                      ) -> list[tuple[tuple[tuple[int, int], ...], list[int], int, int]]:
+    """:func:`_dead_units`'s row parts of region granule ``j`` under ``conflicts``."""
+    R = r.row_bytes
+    lo, hi = j * G, (j + 1) * G
+    parts: list[tuple[tuple[tuple[int, int], ...], list[int], int, int]] = []
+    row = lo // R
+    while row < r.rows and row * R < hi:
+        rs = conflicts[(r.name, row)]
+        b = min(hi, (row + 1) * R) - lo
+        if parts and parts[-1][0] == rs:
+            parts[-1] = parts[-1][:3] + (b,)
+        else:
+            parts.append((rs, [a for a, _ in rs], max(lo, row * R) - lo, b))
+        row += 1
+    return parts
 
 
 def _gap_bound(g: Geometry, dead: list[list[bool]]) -> int:
@@ -342,6 +360,21 @@ def _crossable(g: Geometry, before: tuple[tuple[int, int], ...],
             if c <= b and d > a:  # [a, b+1) meets [c, d)
                 return True
     return False
+
+
+def _crossings(g: Geometry, rows: list[tuple[tuple[int, int], ...]]) -> int:
+    """How many adjacent row pairs (k, k+1) are :func:`_crossable`; each distinct pair
+    of sets is tested once (the rows of a tall region share a few sets, and 2^20
+    calls took over a second)."""
+    memo: dict[tuple[object, object], bool] = {}
+    n = 0
+    for k in range(len(rows) - 1):
+        key = (rows[k], rows[k + 1])
+        x = memo.get(key)
+        if x is None:
+            x = memo[key] = _crossable(g, rows[k], rows[k + 1])
+        n += x
+    return n
 
 
 def _exclusive_pages(rows: list[tuple[tuple[int, int], ...]], counts: dict[int, int]) -> list[int]:
@@ -500,7 +533,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
         rows = all_rows[at:at + r.rows]
         per_row = per_row_all[at:at + r.rows]
         at += r.rows
-        page_cross = sum(_crossable(g, rows[k], rows[k + 1]) for k in range(r.rows - 1))
+        page_cross = _crossings(g, rows)
         others = r.rows - 1 - page_cross
         # crossings through a plane's tail: the tail lies in the plane's last unit,
         # which backs one region unit, which holds at most G // row_bytes + 1 boundaries

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from kvgrant.errors import ArgumentError, ContractError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.layout.conflicts import conflict_ranges, declared_conflict_ranges, ranges_to_set
+from kvgrant.layout.conflicts import (conflict_range_arrays, conflict_ranges,
+                                      declared_conflict_arrays, declared_conflict_ranges,
+                                      ranges_to_set)
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -235,6 +237,28 @@ def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[
         out += _coverage("region", 2, r.name, r.rows * r.row_bytes, by_region[r.name],
                          "backed")
 
+    if not _same_conflicts_bulk(g, aliased):
+        out += _conflict_violations(g, aliased)
+    out.sort(key=lambda v: v.point)
+    return out
+
+
+def _same_conflicts_bulk(g: "Geometry", aliased: list[Any]) -> bool:
+    """True when the plan's conflict sets equal the declared ones on every row, by
+    comparing merged range arrays; False when they differ or the bulk form does not
+    apply (then :func:`_conflict_violations` compares row by row)."""
+    import numpy as np
+
+    want = declared_conflict_arrays(g)
+    if want is None:
+        return False
+    have = conflict_range_arrays(g, aliased)
+    return have is not None and all(np.array_equal(a, b) for a, b in zip(want, have))
+
+
+def _conflict_violations(g: "Geometry", aliased: list[Any]) -> list[Violation]:
+    """Point 4, row by row: each row whose conflict set differs from the declared."""
+    out: list[Violation] = []
     want = declared_conflict_ranges(g)
     have = conflict_ranges(g, aliased)
     for key, ranges in want.items():
@@ -246,7 +270,6 @@ def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[
                                     f"{_short(extra)})",
                                  {"region": key[0], "row": key[1], "missing": missing,
                                   "extra": extra}))
-    out.sort(key=lambda v: v.point)
     return out
 
 

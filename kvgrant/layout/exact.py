@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from kvgrant.errors import PlanError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.layout.conflicts import declared_conflict_ranges
+from kvgrant.layout.conflicts import declared_conflict_arrays, declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.granules import Labels, label_units, labels
@@ -161,15 +161,19 @@ def _classes(g: Geometry) -> list[tuple[int, int, list[int]]]:
     return [(bpp, units, idx) for (bpp, units), idx in out.items()]
 
 
-def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tuple[_Model, object]:
-    G = g.granularity
+def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
+           cover: bool = True) -> tuple[_Model, Labels]:
+    """The whole model; with ``cover`` False, every row but the coverage rows (which
+    come last: :func:`_add_cover_rows` appends them, the same rows in the same order).
+
+    Why the split: a tall region's coverage rows are one per (row, page of its
+    conflict set), a million at 2^20 rows, and a model that large is refused; their
+    count (:func:`_cover_count`) decides that without building them."""
     lab = labels(g)
     nl = len(lab.need)
-    conflicts = declared_conflict_ranges(g)
     m = _Model(_classes(g))
     succ = lab.succ
     lcost = [free_cost + region_cost.get(lab.region[l_], 0.0) for l_ in range(nl)]
-    cover: dict[tuple[str, int, int], list[int]] = {}
     by_label: list[list[int]] = [[] for _ in range(nl)]
     joins_in: list[list[int]] = [[] for _ in range(nl)]
     for c, (bpp, units, idx) in enumerate(m.classes):
@@ -189,11 +193,6 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
                 m.x[(c, u, l_)] = xc
                 entries.append((xc, 1.0))
                 by_label[l_].append(xc)
-                for region, row, o1, o2 in lab.parts[l_]:
-                    p0 = (u * G + o1) // bpp
-                    p1 = min((u * G + o2 - 1) // bpp + 1, g.pages)
-                    for q in range(p0, p1):
-                        cover.setdefault((region, row, q), []).append(xc)
             m.row(entries, mult, mult, "assign")
         # joins between granules u and u+1 of the same planes
         for u in range(units - 1):
@@ -228,6 +227,24 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
         m.row([(xc, 1.0) for xc in by_label[l_]], lab.need[l_], lab.need[l_], "need")
         if len(joins_in[l_]) > 1:
             m.row([(fc, 1.0) for fc in joins_in[l_]], 0, 1, "in")
+    if cover:
+        _add_cover_rows(g, m, lab)
+    return m, lab
+
+
+def _add_cover_rows(g: Geometry, m: _Model, lab: Labels) -> None:
+    """Append the coverage rows: per (region, row, page of its declared conflict set),
+    the label columns whose granule touches that page (columns in creation order)."""
+    G = g.granularity
+    conflicts = declared_conflict_ranges(g)
+    cover: dict[tuple[str, int, int], list[int]] = {}
+    for (c, u, l_), xc in m.x.items():
+        bpp = m.classes[c][0]
+        for region, row, o1, o2 in lab.parts[l_]:
+            p0 = (u * G + o1) // bpp
+            p1 = min((u * G + o2 - 1) // bpp + 1, g.pages)
+            for q in range(p0, p1):
+                cover.setdefault((region, row, q), []).append(xc)
     for (region, row), ranges in conflicts.items():
         for a, b in ranges:
             for q in range(a, b):
@@ -236,7 +253,162 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float]) -> tupl
                     raise PlanError(f"region {region!r} row {row}: page {q} can be touched by "
                                     "no eligible granule")
                 m.row([(xc, 1.0) for xc in ents], 1, float("inf"), "cover")
-    return m, lab
+
+
+@dataclass
+class _CoverCount:
+    """What :func:`_add_cover_rows` would add, counted without adding it.
+
+    ``nonzeros`` and ``rows`` are exact: every page a label column touches is a page
+    of its row's conflict set (eligibility, :func:`kvgrant.layout.granules.unit_ranges`:
+    the touched bytes lie inside one range of the set, or past the last page), so each
+    touched (row, page) is a coverage row and each column touching it one of its
+    nonzeros; ``complete`` says every conflict page is touched by some column (else
+    building raises :class:`PlanError`, so the caller builds). ``key``, ``label`` and
+    ``col`` are per nonzero, sorted by ``key`` (ties in column creation order): its
+    (row, page) as one integer (rows in geometry order, so ``key`` order is the
+    coverage rows' order), the column's label and the column; ``starts`` where each
+    key's run begins, then the length."""
+
+    nonzeros: int
+    rows: int
+    complete: bool
+    key: object
+    label: object
+    col: object
+    starts: object
+
+    def kept_by(self, rank: Sequence[int], e: int) -> int:
+        """Nonzeros of the coverage rows whose labels all rank below ``e`` (the rows a
+        first window solving ranks [0, e) keeps whole; it drops the others)."""
+        import numpy as np
+
+        r = np.asarray(rank, dtype=np.int64)[self.label]  # type: ignore[index]
+        if not len(r) or int(r.max()) < e:
+            return self.nonzeros
+        starts = self.starts
+        latest = np.maximum.reduceat(r, starts[:-1])  # type: ignore[index]
+        return int(np.diff(starts)[latest < e].sum())  # type: ignore[call-overload]
+
+    def add_rows(self, m: _Model) -> None:
+        """Append the coverage rows to ``m``: the rows :func:`_add_cover_rows` appends
+        when coverage is ``complete``, from the arrays (about 4 times faster)."""
+        cols = self.col.tolist()  # type: ignore[attr-defined]
+        at = self.starts.tolist()  # type: ignore[attr-defined]
+        n = len(at) - 1
+        m.rows.extend([(x, 1.0) for x in cols[at[i]:at[i + 1]]] for i in range(n))
+        m.kinds.extend(["cover"] * n)
+        m.rows_lo.extend([1] * n)
+        m.rows_hi.extend([float("inf")] * n)
+
+
+_INT64_SAFE = 1 << 61
+
+
+def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
+    """The coverage rows of ``m`` counted in bulk (numpy); None when a number might
+    not fit int64 (the caller then builds them)."""
+    import numpy as np
+
+    G, pages = g.granularity, g.pages
+    base: dict[str, int] = {}
+    total_rows = 0
+    for r in g.regions:
+        base[r.name] = total_rows
+        total_rows += r.rows
+    span = max((r.rows * r.row_bytes + r.row_bytes for r in g.regions), default=0)
+    far = max((units * G for _, units, _ in m.classes), default=0) + span
+    if max((total_rows + 1) * (pages + 1), far) >= _INT64_SAFE:
+        return None
+    # per label: its parts as (global row, o1, o2) arrays, concatenated
+    rows_l: list[object] = []
+    o1_l: list[object] = []
+    o2_l: list[object] = []
+    flat: tuple[list[int], list[int], list[int]] = ([], [], [])  # small labels, pending
+
+    def flush() -> None:
+        if flat[0]:
+            for out, vals in zip((rows_l, o1_l, o2_l), flat):
+                out.append(np.array(vals, dtype=np.int64))
+                vals.clear()
+
+    for l_, parts in enumerate(lab.parts):
+        got = _tall_label_parts(g, lab, l_, base) if len(parts) > 64 else None
+        if got is None:
+            for region, row, o1, o2 in parts:
+                flat[0].append(base[region] + row)
+                flat[1].append(o1)
+                flat[2].append(o2)
+        else:
+            flush()
+            rows_l.append(got[0])
+            o1_l.append(got[1])
+            o2_l.append(got[2])
+    flush()
+    count = np.fromiter(map(len, lab.parts), dtype=np.int64, count=len(lab.parts))
+    if not m.x:
+        none = np.zeros(0, np.int64)
+        return _CoverCount(0, _conflict_pages(g), _conflict_pages(g) == 0, none, none,
+                           none, np.zeros(1, np.int64))
+    prow = np.concatenate(rows_l)
+    po1 = np.concatenate(o1_l)
+    po2 = np.concatenate(o2_l)
+    first = np.cumsum(count) - count
+    keys = list(m.x)  # creation order
+    xl = np.fromiter((k[2] for k in keys), dtype=np.int64, count=len(keys))
+    xu = np.fromiter((k[1] for k in keys), dtype=np.int64, count=len(keys))
+    xb = np.fromiter((m.classes[k[0]][0] for k in keys), dtype=np.int64, count=len(keys))
+    n = count[xl]
+    which = np.repeat(np.arange(len(keys)), n)
+    part = np.repeat(first[xl], n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
+    ub = xu[which] * G
+    bpp = xb[which]
+    p0 = (ub + po1[part]) // bpp
+    p1 = np.minimum((ub + po2[part] - 1) // bpp + 1, pages)
+    cnt = np.maximum(p1 - p0, 0)
+    nnz = int(cnt.sum())
+    at = np.repeat(prow[part] * (pages + 1) + p0, cnt) + (
+        np.arange(nnz) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    col = np.repeat(np.fromiter(m.x.values(), dtype=np.int64, count=len(keys))[which], cnt)
+    lab_of = np.repeat(xl[which], cnt)
+    order = np.argsort(at, kind="stable")
+    at, lab_of, col = at[order], lab_of[order], col[order]
+    new = np.ones(len(at), dtype=bool)
+    new[1:] = at[1:] != at[:-1]
+    starts = np.append(np.flatnonzero(new), len(at))
+    rows = _conflict_pages(g)
+    complete = len(starts) - 1 == rows
+    return _CoverCount(nnz, rows, complete, at, lab_of, col, starts)
+
+
+def _conflict_pages(g: Geometry) -> int:
+    """Pages in all declared conflict sets together (the coverage rows)."""
+    arr = declared_conflict_arrays(g)
+    if arr is not None:
+        return int((arr[2] - arr[1]).sum())
+    return sum(b - a for rs in declared_conflict_ranges(g).values() for a, b in rs)
+
+
+def _tall_label_parts(g: Geometry, lab: Labels, l_: int, base: dict[str, int]
+                      ) -> tuple[object, object, object] | None:
+    """(global row, o1, o2) of the parts of label ``l_`` (a straddling granule of a
+    tall region: one part per row) as int64 arrays, computed from its granule the way
+    :func:`kvgrant.layout.granules._labels` lays the parts out; None (read the parts
+    one by one) unless that agrees with its first and last part."""
+    import numpy as np
+
+    parts = lab.parts[l_]
+    r = g.region_by_name[lab.region[l_]]
+    G, R = g.granularity, r.row_bytes
+    lo = lab.first[l_] * G
+    top = min(lo + G, r.rows * R)
+    k = lo // R + np.arange(len(parts), dtype=np.int64)
+    o1 = np.maximum(k * R, lo) - lo
+    o2 = np.minimum((k + 1) * R, top) - lo
+    want = [(r.name, int(k[i]), int(o1[i]), int(o2[i])) for i in (0, -1)]
+    if want != [tuple(parts[0]), tuple(parts[-1])]:
+        return None
+    return k + base[r.name], o1, o2
 
 
 def _pass_through_cuts(m: _Model, lab: Labels) -> None:
@@ -660,17 +832,39 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             plan = PhysicalPlan(label, g, start.allocations, start.notes)
             return ExactResult(plan, floor, floor, True, time.perf_counter() - t0,
                                "Optimal (start meets the trivial bound)", "start")
-    m, lab = _build(g, float(plane_cost), rc)
+    # the coverage rows are counted first and built only when the model is solved
+    # (at once or in windows): a refused model is never built whole
+    m, lab = _build(g, float(plane_cost), rc, cover=False)
+    pending = _cover_count(g, m, lab)
+    if pending is None or not pending.complete:
+        _add_cover_rows(g, m, lab)  # (raises PlanError when coverage is incomplete)
+        pending = None
     n = len(m.lower)
-    nnz = sum(len(r) for r in m.rows)
-    size = {"columns": n, "rows": len(m.rows), "nonzeros": nnz, "classes": len(m.classes),
+    nnz = sum(len(r) for r in m.rows) + (pending.nonzeros if pending else 0)
+    size = {"columns": n, "rows": len(m.rows) + (pending.rows if pending else 0),
+            "nonzeros": nnz, "classes": len(m.classes),
             "labels": len(lab.need), "rounds": 0}
     if max_nonzeros is not None and nnz > max_nonzeros:
         if max_windowed_nonzeros is None or nnz <= max_windowed_nonzeros:
             if progress:
                 progress(f"exact model: {nnz:,} nonzeros, over the {max_nonzeros:,} limit "
                          "for one solve; solving it in windows")
-            won = _windowed(g, m, lab, label, start, plane_cost, rc, node_limit, progress)
+            refused = None
+            if pending is not None:
+                from kvgrant.layout.windows import first_window_refusal
+
+                refused = first_window_refusal(m, len(lab.need), g.granularity,
+                                               pending.kept_by, DEFAULT_MAX_NONZEROS)
+                if refused is None:
+                    pending.add_rows(m)
+                    pending = None
+            if refused is not None:
+                won = None
+                if progress:
+                    progress(f"windows: {refused}")
+            else:
+                won = _windowed(g, m, lab, label, start, plane_cost, rc, node_limit,
+                                progress)
             if won is not None:
                 plan, cost, note = won
                 floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
@@ -691,6 +885,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
                            time.perf_counter() - t0,
                            f"Not solved (model over {max_nonzeros:,} nonzeros)", "start", size)
+    if pending is not None:
+        pending.add_rows(m)
     starts, index, value = [], [], []
     for ents in m.rows:
         starts.append(len(index))

@@ -20,7 +20,8 @@ from typing import Any
 
 from kvgrant.layout.geometry import Geometry, Region, round_up
 
-__all__ = ["Labels", "Part", "granule_row", "intersect", "label_units", "labels", "unit_ranges"]
+__all__ = ["Labels", "Part", "granule_row", "intersect", "label_units", "labels",
+           "same_set_spans", "unit_ranges"]
 
 Part = tuple[str, int, int, int]
 """(region, row, first byte in the granule, end byte in the granule)."""
@@ -74,20 +75,13 @@ def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]
 
     Why cached per geometry: the exact model and each Lagrangian bound (allocations,
     handles) need the same table, and a tall region's labels have one part per row."""
-    from kvgrant.layout.conflicts import declared_conflict_ranges
-
     key = ("label_units", bpp, units)
     got = g._memo.get(key)
     if got is not None:
         return got  # type: ignore[no-any-return]
     G = g.granularity
-    conflicts = declared_conflict_ranges(g)
     out: list[list[tuple[int, int]]] = []
-    spans = g._memo.get("label_spans")
-    if spans is None:
-        spans = g._memo["label_spans"] = [_same_set_spans(parts, conflicts)
-                                          for parts in labels(g).parts]
-    for label_spans in spans:
+    for label_spans in same_set_spans(g):
         rng = [(0, units)]
         for o1, o2, comps in label_spans:
             rng = intersect(rng, unit_ranges(units, G, bpp, g.pages, o1, o2, comps))
@@ -96,6 +90,70 @@ def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]
         out.append(rng)
     g._memo[key] = out
     return out
+
+
+def same_set_spans(g: Geometry) -> list[list[tuple[int, int, tuple[tuple[int, int], ...]]]]:
+    """Per label, :func:`_same_set_spans` of its parts: computed once per geometry
+    (the exact model's eligible granules and the bound's dead granules both walk
+    them, one part per row of a tall region), read-only."""
+    from kvgrant.layout.conflicts import declared_conflict_ranges
+
+    spans = g._memo.get("label_spans")
+    if spans is None:
+        conflicts = declared_conflict_ranges(g)
+        single = _single_range_rows(g)
+        spans = g._memo["label_spans"] = [
+            (_tall_spans(g, parts, conflicts, single) if len(parts) > 64 and single
+             else None) or _same_set_spans(parts, conflicts) for parts in labels(g).parts]
+    return spans  # type: ignore[no-any-return]
+
+
+def _single_range_rows(g: Geometry) -> Any:
+    """(row base per region, ranges per row, first range start, first range stop) as
+    int64 arrays over the rows in geometry order, from the declared range arrays
+    (None where those do not apply)."""
+    import numpy as np
+
+    from kvgrant.layout.conflicts import declared_conflict_arrays
+
+    arr = declared_conflict_arrays(g)
+    if arr is None:
+        return None
+    row, lo, hi = arr
+    base: dict[str, int] = {}
+    total = 0
+    for r in g.regions:
+        base[r.name] = total
+        total += r.rows
+    cnt = np.bincount(row, minlength=total) if len(row) else np.zeros(total, np.int64)
+    lo1 = np.full(total, -1, dtype=np.int64)
+    hi1 = np.full(total, -1, dtype=np.int64)
+    lo1[row[::-1]] = lo[::-1]  # the first range of each row (the last write wins)
+    hi1[row[::-1]] = hi[::-1]
+    return base, cnt, lo1, hi1
+
+
+def _tall_spans(g: Geometry, parts: list[Part], conflicts: Any, single: Any
+                ) -> list[tuple[int, int, tuple[tuple[int, int], ...]]] | None:
+    """:func:`_same_set_spans` of a label whose parts are consecutive rows of one
+    region with at most one conflict range each (a straddling granule of a tall
+    region), the set changes found with numpy; None when that does not apply."""
+    import numpy as np
+
+    region, k0 = parts[0][0], parts[0][1]
+    n = len(parts)
+    if parts[-1][0] != region or parts[-1][1] != k0 + n - 1:
+        return None
+    base, cnt, lo1, hi1 = single
+    at = slice(base[region] + k0, base[region] + k0 + n)
+    c, a, b = cnt[at], lo1[at], hi1[at]
+    if len(c) != n or (c > 1).any():
+        return None
+    same = (c[1:] == c[:-1]) & (a[1:] == a[:-1]) & (b[1:] == b[:-1])
+    starts = [0] + (np.flatnonzero(~same) + 1).tolist()
+    ends = starts[1:] + [n]
+    return [(parts[i][2], parts[j - 1][3], conflicts[(region, parts[i][1])])
+            for i, j in zip(starts, ends)]
 
 
 def _same_set_spans(parts: list[Part], conflicts: Any

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 from kvgrant.errors import PlanError
 from kvgrant.layout.exact import SAFETY_SECONDS, _FREE, _Model, _count_checks, _mip
 
-__all__ = ["MAX_MERGES", "WindowResult", "solve_windows"]
+__all__ = ["MAX_MERGES", "WindowResult", "first_window_refusal", "solve_windows"]
 
 MAX_MERGES = 8
 """Windows merged with the one before after finding no solution, in all."""
@@ -184,6 +184,35 @@ def _solve(m: _Model, cols: list[int], lo: list[float], hi: list[float], starts:
     if h.getInfo().primal_solution_status != 2:
         return None
     return list(h.getSolution().col_value)
+
+
+def first_window_refusal(m: _Model, nl: int, granularity: int,
+                         kept_later: Callable[[list[int], int], int],
+                         max_window_nonzeros: int, *, core: int = 80, margin: int = 20,
+                         horizon: int = 100) -> str | None:
+    """Why :func:`solve_windows` would refuse ``m`` at its first window (its status),
+    or None when the first window is within ``max_window_nonzeros``.
+
+    ``m`` lacks rows that are added later (the coverage rows); ``kept_later(rank, e)``
+    counts the nonzeros of those the first window keeps, given each label's rank and
+    the window's end ``e``. The first window fixes nothing before it, so its size is a
+    function of the model alone, and each row is kept or dropped on its own: its
+    count is this one, and nothing is solved to find it."""
+    if nl <= 0:
+        return None
+    rank = [0] * nl
+    for i, l_ in enumerate(_label_order(m, nl, granularity)):
+        rank[l_] = i
+    ch = _chain(m, nl, granularity)
+    b = min(nl, core)
+    e = min(nl, b + margin)
+    end = min(nl, e + horizon)
+    index = _window_rows(m, ch, [None] * len(m.lower), 0, e, end)[4]
+    size = len(index) + kept_later(rank, e)
+    if size > max_window_nonzeros:
+        return (f"window 1 (labels 0-{e - 1:,}) has {size:,} nonzeros, over "
+                f"{max_window_nonzeros:,}")
+    return None
 
 
 def solve_windows(m: _Model, need: Sequence[int], granularity: int, *, core: int = 80,
