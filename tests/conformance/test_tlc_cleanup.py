@@ -74,12 +74,16 @@ def _kill_group_quietly(pgid: int) -> None:
 
 @pytest.fixture(scope="module")
 def long_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small trace; the tests signal once Java is running, whatever its length."""
+    """A trace TLC checks for about 20 s (640 events), so that a signal sent once Java
+    runs reaches kvgrant while TLC still runs; no test waits for TLC to finish it.
+    (The 163-event trace of one small layout took TLC about 3 s, and once, on a loaded
+    machine, the process scan found Java so late that kvgrant had exited 0 before
+    the signal.)"""
     from kvgrant.cli import main
 
     path = tmp_path_factory.mktemp("trace") / "t.ndjson"
     rc = main(["alloc", str(ROOT / "examples" / "small.json"), "--backend", "sim",
-               "--trace", str(path)])
+               "--ranks", "12", "--trace", str(path)])
     assert rc == 0
     return path
 
@@ -111,6 +115,7 @@ def test_a_signal_to_kvgrant_ends_java_and_removes_temp_folders(
             time.sleep(0.02)
         assert java is not None, f"Java never started (rc {proc.poll()})"
         assert any(tmp.iterdir()), "TLC's temp folder should exist while it runs"
+        assert proc.poll() is None, "kvgrant ended before the signal: the trace is too short"
         os.kill(proc.pid, signum)
         _out, err = proc.communicate(timeout=WAIT_S)
         assert proc.returncode == expected, err.decode(errors="replace")[-2000:]
