@@ -93,6 +93,7 @@ class PlanFileError(PlanError, ValueError):
         self.path = path
         self.field = field
         self.value = value
+        self.violations: list[Any] = []  # contract violations, when the plan breaks it
 
 
 class HandleBudgetError(PlanError):

@@ -99,14 +99,16 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
-
 def _json_value(value: object) -> object:
-    """``value`` when JSON can hold it, else a short repr (an error's offending value)."""
+    """``value`` when JSON holds it in at most 200 characters, else a short repr (an
+    error's offending value may be a whole plan file's allocation list)."""
     try:
-        json.dumps(value)
-        return value
+        if len(json.dumps(value)) <= 200:
+            return value
     except (TypeError, ValueError):
-        return repr(value)[:200]
+        pass
+    return repr(value)[:200]
+
 
 def _budget(args: argparse.Namespace) -> "HandleBudget":
     from kvgrant.runtime.options import HandleBudget

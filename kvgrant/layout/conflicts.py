@@ -103,9 +103,17 @@ def _chunk_spans(g: "Geometry", chunks: Iterable[Any]) -> list[_Span]:
         if region is _MISSING:
             raise ArgumentError(f"chunks[{i}] = {c!r:.80}: not an alias or allocation (it "
                                 "has no region)", argument="chunks", value=c)
-        reg = regions[region]
-        bpp = planes[c.plane].bytes_per_page
+        reg = regions.get(region)
+        plane = planes.get(getattr(c, "plane", None))
+        if reg is None or plane is None:
+            which = "region" if reg is None else "plane"
+            raise ArgumentError(f"chunks[{i}].{which} = {getattr(c, which)!r}: not a "
+                                f"{which} of geometry {g.name!r}", argument="chunks", value=c)
+        bpp = plane.bytes_per_page
         start = chunk_region_offset(c)
+        if start < 0 or int(c.plane_offset) < 0:
+            raise ArgumentError(f"chunks[{i}] = {c!r:.80}: region and plane offsets must be "
+                                ">= 0", argument="chunks", value=c)
         length = int(c.length)
         if length <= 0:
             continue
@@ -202,8 +210,12 @@ def declared_conflict_arrays(g: "Geometry") -> Any:
 
 def _pieces_numpy(g: "Geometry", spans: list[_Span]) -> Any:
     """(global row, p0, p1) of every (chunk, row) piece that touches a page, as int64
-    arrays; None when a piece starts before its plane (a malformed chunk)."""
+    arrays; None when a chunk starts before its region or a piece before its plane (a
+    malformed chunk: the row-by-row walk then treats it as before)."""
     import numpy as np
+
+    if any(sp[1] < 0 for sp in spans):  # a negative row would index another region's
+        return None
 
     base: dict[str, int] = {}
     n = 0

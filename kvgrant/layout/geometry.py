@@ -247,6 +247,20 @@ class Geometry(_Strict):
         state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k in fields}
         return state
 
+    def __copy__(self) -> "Geometry":
+        """A copy without the cached derived values: ``model_copy(update=...)`` must not
+        share this geometry's memo or keep conflict sets of the fields it changes."""
+        new = super().__copy__()
+        fields = type(self).model_fields
+        for k in [k for k in new.__dict__ if k not in fields]:
+            del new.__dict__[k]
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> "Geometry":
+        """A deep copy of the fields only (the cached values hold a mappingproxy,
+        which deepcopy refuses, and would be stale after ``model_copy(update=...)``)."""
+        return BaseModel.__deepcopy__(self.__copy__(), memo)
+
     @model_validator(mode="after")
     def _check_rules(self) -> "Geometry":
         check_geometry_rules(self)

@@ -128,8 +128,10 @@ def _single_range_rows(g: Geometry) -> Any:
     cnt = np.bincount(row, minlength=total) if len(row) else np.zeros(total, np.int64)
     lo1 = np.full(total, -1, dtype=np.int64)
     hi1 = np.full(total, -1, dtype=np.int64)
-    lo1[row[::-1]] = lo[::-1]  # the first range of each row (the last write wins)
-    hi1[row[::-1]] = hi[::-1]
+    if len(row):  # the arrays are sorted by row, then start: each row's first range
+        first = np.flatnonzero(np.concatenate(([True], row[1:] != row[:-1])))
+        lo1[row[first]] = lo[first]
+        hi1[row[first]] = hi[first]
     return base, cnt, lo1, hi1
 
 

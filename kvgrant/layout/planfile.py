@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgrant.errors import PlanFileError
-from kvgrant.layout.contract import check_contract
+from kvgrant.layout.contract import _MAX_LISTED, check_contract
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 
@@ -157,9 +157,10 @@ def _allocations(path: Path, allocs: Any, g: Geometry) -> tuple[Allocation, ...]
 
 
 def _check_fits(path: Path, g: Geometry, plan: PhysicalPlan) -> None:
-    """The plan keeps ``g``'s layout contract, else the first violation as a
-    :class:`PlanFileError` (a file that does not fit is bad input, not a planner bug:
-    the allocator's own ContractError would make it exit status 1)."""
+    """The plan keeps ``g``'s layout contract, else a :class:`PlanFileError` naming
+    the first violation's field and value and listing up to ten violations (all are
+    attached as ``violations``, as on the allocator's ContractError): a file that does
+    not fit is bad input, not a planner bug (a ContractError would exit 1)."""
     found = check_contract(g, plan)
     if not found:
         return
@@ -168,9 +169,13 @@ def _check_fits(path: Path, g: Geometry, plan: PhysicalPlan) -> None:
     field = "allocations" if i is None else f"allocations[{i}]"
     if i is not None and "field" in v.detail:
         field += f".{v.detail['field']}"
-    # a violation of the whole plan (bytes not covered) names no one allocation
+    # a violation of the plan as a whole (bytes not covered) names no one allocation:
+    # the value is then the number of allocations
     value = v.detail.get("value", plan.allocations[i].to_json() if i is not None else
-                         f"{len(plan.allocations)} allocations")
-    more = f" (and {len(found) - 1} more violations)" if len(found) > 1 else ""
-    raise _fail(path, field, value, f"the plan must keep the layout contract of "
-                f"{g.name!r}: {v}{more}")
+                         len(plan.allocations))
+    shown = "; ".join(str(x) for x in found[:_MAX_LISTED])
+    more = f"; and {len(found) - _MAX_LISTED} more" if len(found) > _MAX_LISTED else ""
+    err = _fail(path, field, value, f"the plan must keep the layout contract of "
+                f"{g.name!r}: {shown}{more}")
+    err.violations = found
+    raise err

@@ -1,0 +1,73 @@
+"""Regressions from the review of the tall-region and plan-file changes (2026-12-01)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgrant.cli import main
+from kvgrant.errors import ArgumentError, PlanFileError
+from kvgrant.layout.conflicts import conflict_ranges
+from kvgrant.layout.geometry import load_geometry
+from kvgrant.layout.plan import Allocation
+from kvgrant.layout.planfile import plan_document, read_plan_file
+from kvgrant.layout.rules import reference_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ROOT / "examples" / "small.json"
+
+
+def test_alloc_json_does_not_echo_a_whole_plan_file(tmp_path: Path, capsys) -> None:
+    g = load_geometry(SMALL)
+    doc = plan_document(reference_plan(g))
+    doc["allocations"] = doc["allocations"] * 5000  # was echoed whole: 3.8 MB of JSON
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    rc = main(["alloc", str(SMALL), "--backend", "sim", "--plan", str(path), "--json"])
+    out = capsys.readouterr().out
+    assert rc == 2
+    report = json.loads(out)
+    assert report["field"].startswith("allocations") and len(out) < 5_000
+
+
+def test_a_contract_breaking_plan_file_lists_its_violations(tmp_path: Path) -> None:
+    g = load_geometry(SMALL)
+    doc = plan_document(reference_plan(g))
+    doc["allocations"][0]["length"] += g.granularity  # overlaps the next allocation
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanFileError) as info:
+        read_plan_file(path, g)
+    err = info.value
+    assert len(err.violations) > 1
+    assert all(str(v) in str(err) for v in err.violations[:10])
+
+
+def test_conflict_ranges_refuse_a_chunk_before_its_region() -> None:
+    # the bulk walk moved such a chunk into the previous region's last row, silently
+    doc = json.loads(SMALL.read_text())
+    doc["regions"][0].update(rows=131_072, row_bytes=128)
+    from kvgrant.layout.geometry import parse_geometry
+
+    g = parse_geometry(doc)
+    G = g.granularity
+    bad = list(g.aliases) + [Allocation("kv0", 0, 2 * G, region="execution",
+                                        region_offset=-G)]
+    with pytest.raises(ArgumentError, match="offsets must be >= 0"):
+        conflict_ranges(g, bad)
+    with pytest.raises(ArgumentError, match="region = 'nope'"):
+        conflict_ranges(g, [Allocation("kv0", 0, G, region="nope", region_offset=0)])
+
+
+def test_a_copied_geometry_does_not_share_or_keep_cached_values() -> None:
+    g = load_geometry(SMALL)
+    reference_plan(g)
+    g._declared_ranges  # noqa: B018 - fill the caches
+    g._memo["x"] = 1
+    c = g.model_copy(update={"pages": 30})
+    assert "x" not in c._memo and "x" in g._memo
+    assert max(b for rs in c._declared_ranges.values() for _, b in rs) <= 30
+    assert copy.deepcopy(g) == g  # refused before: the cached mappingproxy
