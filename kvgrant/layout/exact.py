@@ -38,7 +38,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from kvgrant.errors import PlanError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.layout.conflicts import declared_conflict_arrays, declared_conflict_ranges
+from kvgrant.layout.conflicts import (_INT64_SAFE, declared_conflict_arrays,
+                                      declared_conflict_ranges)
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.granules import Labels, label_units, labels
@@ -300,9 +301,6 @@ class _CoverCount:
         m.kinds.extend(["cover"] * n)
         m.rows_lo.extend([1] * n)
         m.rows_hi.extend([float("inf")] * n)
-
-
-_INT64_SAFE = 1 << 61
 
 
 def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
