@@ -20,6 +20,7 @@ equals the dual bound the plan is proven optimal. The model is in docs/layout.md
 * Coverage: each row touches every page of its declared conflict set; eligibility
   (a granule may take a label only if its bytes touch only that row's pages) keeps
   the set from growing. So the contract's points 1-5 hold for every extracted plan.
+  A coverage row implied by another (the same columns, or more) is left out.
 
 Every contract-keeping plan is a feasible point of the model with at most its
 allocation count, so HiGHS's dual bound is a lower bound on every plan. The plan
@@ -246,6 +247,7 @@ def _add_cover_rows(g: Geometry, m: _Model, lab: Labels) -> None:
             p1 = min((u * G + o2 - 1) // bpp + 1, g.pages)
             for q in range(p0, p1):
                 cover.setdefault((region, row, q), []).append(xc)
+    sets: list[list[int]] = []
     for (region, row), ranges in conflicts.items():
         for a, b in ranges:
             for q in range(a, b):
@@ -253,7 +255,60 @@ def _add_cover_rows(g: Geometry, m: _Model, lab: Labels) -> None:
                 if not ents:
                     raise PlanError(f"region {region!r} row {row}: page {q} can be touched by "
                                     "no eligible granule")
-                m.row([(xc, 1.0) for xc in ents], 1, float("inf"), "cover")
+                sets.append(ents)
+    for ents, keep in zip(sets, needed_cover_rows(sets)):
+        if keep:
+            m.row([(xc, 1.0) for xc in ents], 1, float("inf"), "cover")
+
+
+def needed_cover_rows(sets: Sequence[Sequence[int]]) -> list[bool]:
+    """Which coverage rows (each a set of columns, ascending, every row "sum >= 1" over
+    0/1-or-more integer columns) the model keeps: False for a repeat of an earlier
+    row's set and for a row that holds another row's set and more.
+
+    Why: both are implied by the row kept (a sum over a superset of non-negative
+    columns is at least the sum over the subset), so the model's points, its LP
+    relaxation and every bound stay the same; and a tall region repeats one set over
+    thousands of rows (published-dcp8 with 2^20 snapshot rows: 1,062,084 coverage rows,
+    4,443 distinct sets, 3,197 kept), which made its model too large for one solve. The result is a
+    function of the sets alone (so both ways of building the rows agree)."""
+    first: dict[tuple[int, ...], int] = {}
+    for i, ents in enumerate(sets):
+        first.setdefault(tuple(ents), i)
+    distinct = list(first)
+    keep = [False] * len(sets)
+    for j in _minimal_sets(distinct):
+        keep[first[distinct[j]]] = True
+    return keep
+
+
+_SUBSET_WORK = 20_000_000
+"""Row visits :func:`_minimal_sets` makes at most; past it every remaining set is kept
+(keeping an implied row is always sound). A count, so the model stays a function of
+the geometry."""
+
+
+def _minimal_sets(sets: Sequence[tuple[int, ...]]) -> list[int]:
+    """Indices of the (distinct) sets that hold no other set of ``sets``, in order."""
+    rows_of: dict[int, list[int]] = {}
+    for j, cols in enumerate(sets):
+        for c in cols:
+            rows_of.setdefault(c, []).append(j)
+    out: list[int] = []
+    work = 0
+    for j, cols in enumerate(sets):
+        n = len(cols)
+        hits: dict[int, int] = {}
+        if work <= _SUBSET_WORK:
+            for c in cols:
+                ks = rows_of[c]
+                work += len(ks)
+                for k in ks:
+                    if len(sets[k]) < n:
+                        hits[k] = hits.get(k, 0) + 1
+        if not any(h == len(sets[k]) for k, h in hits.items()):
+            out.append(j)
+    return out
 
 
 @dataclass
@@ -264,11 +319,12 @@ class _CoverCount:
     of its row's conflict set (eligibility, :func:`kvgrant.layout.granules.unit_ranges`:
     the touched bytes lie inside one range of the set, or past the last page), so each
     touched (row, page) is a coverage row and each column touching it one of its
-    nonzeros; ``complete`` says every conflict page is touched by some column (else
+    nonzeros, before :func:`needed_cover_rows` drops the implied ones (the same rows
+    here); ``complete`` says every conflict page is touched by some column (else
     building raises :class:`PlanError`, so the caller builds). ``key``, ``label`` and
-    ``col`` are per nonzero, sorted by ``key`` (ties in column creation order): its
-    (row, page) as one integer (rows in geometry order, so ``key`` order is the
-    coverage rows' order), the column's label and the column; ``starts`` where each
+    ``col`` are per nonzero of the kept rows, sorted by ``key`` (ties in column creation
+    order): its (row, page) as one integer (rows in geometry order, so ``key`` order is
+    the coverage rows' order), the column's label and the column; ``starts`` where each
     key's run begins, then the length."""
 
     nonzeros: int
@@ -374,9 +430,34 @@ def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
     new = np.ones(len(at), dtype=bool)
     new[1:] = at[1:] != at[:-1]
     starts = np.append(np.flatnonzero(new), len(at))
-    rows = _conflict_pages(g)
-    complete = len(starts) - 1 == rows
-    return _CoverCount(nnz, rows, complete, at, lab_of, col, starts)
+    complete = len(starts) - 1 == _conflict_pages(g)
+    kept = _first_of_each_set(col, starts)
+    firsts = np.flatnonzero(kept)
+    cols_py, at_py = col.tolist(), starts.tolist()
+    distinct = [tuple(cols_py[at_py[i]:at_py[i + 1]]) for i in firsts.tolist()]
+    kept[:] = False
+    kept[firsts[_minimal_sets(distinct)]] = True  # as needed_cover_rows keeps them
+    if not kept.all():
+        length = np.diff(starts)
+        mask = np.repeat(kept, length)
+        at, lab_of, col = at[mask], lab_of[mask], col[mask]
+        starts = np.append(0, np.cumsum(length[kept]))
+    return _CoverCount(len(col), len(starts) - 1, complete, at, lab_of, col, starts)
+
+
+def _first_of_each_set(col: object, starts: object) -> object:
+    """Per coverage row (``col[starts[i]:starts[i + 1]]``, columns ascending): True
+    for the first row with its column set, False for a repeat (the same constraint)."""
+    import numpy as np
+
+    length = np.diff(starts)  # type: ignore[call-overload]
+    kept = np.zeros(len(length), dtype=bool)
+    for n in np.unique(length).tolist():
+        rows = np.flatnonzero(length == n)
+        sets = col[starts[rows][:, None] + np.arange(n)]  # type: ignore[index]
+        first = np.unique(sets, axis=0, return_index=True)[1]  # first occurrences
+        kept[rows[first]] = True
+    return kept
 
 
 def _conflict_pages(g: Geometry) -> int:
