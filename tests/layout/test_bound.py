@@ -7,7 +7,7 @@ import itertools
 import pathlib
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from kvgrant.layout import bound
 from kvgrant.layout.bound import LowerBound, allocation_lower_bound, lagrangian_bound
@@ -206,3 +206,53 @@ def test_relaxation_counts_a_piece_across_a_row_boundary_once():
            "topology": {"ranks": 1}}
     g = parse_geometry(doc)
     assert lagrangian_bound(g) <= brute_min(g) == 2
+
+
+def _plane_pass_by_dict(per_unit, lam, pred, start, free_cost):
+    """The pass as first written (a dict of states per granule): the oracle for the
+    positional pass, which must give the same cost and counts."""
+    FREE = -1
+    prev: dict = {}
+    gmin, gbest = 0.0, None
+    back = []
+    for labs in per_unit:
+        cur, bk = {}, {}
+        for s in [FREE] + labs:
+            v, b = gmin + (free_cost if s == FREE else start[s]), gbest
+            same = prev.get(s)
+            if same is not None and same <= v:
+                v, b = same, s
+            if s != FREE:
+                p = pred[s]
+                if p >= 0:
+                    m = prev.get(p)
+                    if m is not None and m < v:
+                        v, b = m, p
+                v -= lam[s]
+            cur[s], bk[s] = v, b
+        back.append(bk)
+        prev = cur
+        gbest = min(prev, key=prev.__getitem__)
+        gmin = prev[gbest]
+    used: dict = {}
+    s = gbest
+    for bk in reversed(back):
+        if s is not None and s != FREE:
+            used[s] = used.get(s, 0) + 1
+        s = bk[s] if s is not None else None
+    return gmin, used
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda nl: st.tuples(
+    st.lists(st.lists(st.integers(0, nl - 1), max_size=nl, unique=True), max_size=12),
+    st.lists(st.integers(-2, 2).map(float), min_size=nl, max_size=nl),
+    st.lists(st.integers(-1, nl - 1), min_size=nl, max_size=nl),
+    st.lists(st.integers(1, 3).map(float), min_size=nl, max_size=nl),
+    st.integers(1, 3).map(float))))
+def test_the_positional_plane_pass_is_the_dict_pass(args) -> None:
+    per_unit, lam, pred, start, free = args
+    pred = [p if p != i else -1 for i, p in enumerate(pred)]  # no label follows itself
+    want = _plane_pass_by_dict(per_unit, lam, pred, start, free)
+    got = bound._plane_pass(bound._PlaneStates.of(per_unit, pred), lam, start, free)
+    assert got == want
