@@ -245,25 +245,24 @@ def _inside(ranges: tuple[tuple[int, int], ...], starts: list[int], p0: int, p1:
     return i >= 0 and p1 <= ranges[i][1]
 
 
-def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, int], ...]]
-                ) -> list[list[bool]]:
+def _dead_units(g: Geometry) -> list[list[bool]]:
     """Per plane, granules that no contract-keeping plan can alias.
 
     A granule can back a region granule wholly inside row k only if its pages lie in
-    C_k; it can back a region granule that holds row boundaries only if, for each row
-    part, the plane bytes under that part touch pages of that row's set only.
+    C_k (the declared conflict set); it can back a region granule that holds row
+    boundaries only if, for each row part, the plane bytes under that part touch pages
+    of that row's set only.
     """
     G = g.granularity
+    conflicts = declared_conflict_ranges(g)
     live = [[False] * (g.plane_bytes(p.name) // G) for p in g.planes]
-    # the declared sets: the labels' joined row parts are computed once per geometry
-    declared = conflicts is declared_conflict_ranges(g)
-    spans = same_set_spans(g) if declared else []
+    spans = same_set_spans(g)  # the labels' joined row parts, once per geometry
     lab = labels(g)
     for r in g.regions:
-        R, end = r.row_bytes, r.rows * r.row_bytes
+        end = r.rows * r.row_bytes
         straddling = {lab.first[l_]: l_ for l_ in range(len(lab.need))
                       if lab.region[l_] == r.name
-                      and granule_row(r, lab.first[l_], G) is None} if declared else {}
+                      and granule_row(r, lab.first[l_], G) is None}
         interior = _interior_units(g, r)
         for k in range(r.rows):
             if interior[k] == 0:
@@ -277,8 +276,7 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
             # (row pages, their starts, offset in unit, end in unit) per row part,
             # adjacent rows of one set joined: the joined bytes touch pages inside one
             # range exactly when each row's do (granules._same_set_spans)
-            parts = [(rs, [a for a, _ in rs], a, b) for a, b, rs in spans[straddling[j]]] \
-                if declared else _straddling_parts(r, j, G, conflicts)
+            parts = [(rs, [a for a, _ in rs], a, b) for a, b, rs in spans[straddling[j]]]
             ranges0, _, a0, _ = parts[0]
             for pi, p in enumerate(g.planes):
                 bpp, n = p.bytes_per_page, len(live[pi])
@@ -295,25 +293,6 @@ def _dead_units(g: Geometry, conflicts: dict[tuple[str, int], tuple[tuple[int, i
                            for ranges, starts, a, b in parts):
                         live[pi][u] = True
     return [[not x for x in plane] for plane in live]
-
-
-def _straddling_parts(r: Region, j: int, G: int,
-                      conflicts: dict[tuple[str, int], tuple[tuple[int, int], ...]]
-                      ) -> list[tuple[tuple[tuple[int, int], ...], list[int], int, int]]:
-    """:func:`_dead_units`'s row parts of region granule ``j`` under ``conflicts``."""
-    R = r.row_bytes
-    lo, hi = j * G, (j + 1) * G
-    parts: list[tuple[tuple[tuple[int, int], ...], list[int], int, int]] = []
-    row = lo // R
-    while row < r.rows and row * R < hi:
-        rs = conflicts[(r.name, row)]
-        b = min(hi, (row + 1) * R) - lo
-        if parts and parts[-1][0] == rs:
-            parts[-1] = parts[-1][:3] + (b,)
-        else:
-            parts.append((rs, [a for a, _ in rs], max(lo, row * R) - lo, b))
-        row += 1
-    return parts
 
 
 def _gap_bound(g: Geometry, dead: list[list[bool]]) -> int:
@@ -556,7 +535,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
             break
         left -= size
         by_bytes += 1
-    unaliased = max(forced, by_bytes, _gap_bound(g, _dead_units(g, conflicts)))
+    unaliased = max(forced, by_bytes, _gap_bound(g, _dead_units(g)))
     relaxation = lagrangian_bound(g)
     total = max(aliased + unaliased, len(g.planes), relaxation)
     return LowerBound(total, aliased, unaliased, len(g.planes), free_pages, tuple(regions),

@@ -217,11 +217,7 @@ def _pieces_numpy(g: "Geometry", spans: list[_Span]) -> Any:
     if any(sp[1] < 0 for sp in spans):  # a negative row would index another region's
         return None
 
-    base: dict[str, int] = {}
-    n = 0
-    for r in g.regions:
-        base[r.name] = n
-        n += r.rows
+    base = g.first_row
     rb = np.array([g.region_by_name[s[0]].row_bytes for s in spans], dtype=np.int64)
     first = np.array([base[s[0]] for s in spans], dtype=np.int64)
     start = np.array([s[1] for s in spans], dtype=np.int64)

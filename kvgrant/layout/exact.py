@@ -43,7 +43,7 @@ from kvgrant.layout.conflicts import (_INT64_SAFE, declared_conflict_arrays,
                                       declared_conflict_ranges)
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
-from kvgrant.layout.granules import Labels, label_units, labels
+from kvgrant.layout.granules import Labels, label_units, labels, straddling_part_arrays
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
@@ -365,11 +365,8 @@ def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
     import numpy as np
 
     G, pages = g.granularity, g.pages
-    base: dict[str, int] = {}
-    total_rows = 0
-    for r in g.regions:
-        base[r.name] = total_rows
-        total_rows += r.rows
+    base = g.first_row
+    total_rows = sum(r.rows for r in g.regions)
     span = max((r.rows * r.row_bytes + r.row_bytes for r in g.regions), default=0)
     far = max((units * G for _, units, _ in m.classes), default=0) + span
     if max((total_rows + 1) * (pages + 1), far) >= _INT64_SAFE:
@@ -387,7 +384,7 @@ def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
                 vals.clear()
 
     for l_, parts in enumerate(lab.parts):
-        got = _tall_label_parts(g, lab, l_, base) if len(parts) > 64 else None
+        got = straddling_part_arrays(g, lab, l_) if len(parts) > 64 else None
         if got is None:
             for region, row, o1, o2 in parts:
                 flat[0].append(base[region] + row)
@@ -466,28 +463,6 @@ def _conflict_pages(g: Geometry) -> int:
     if arr is not None:
         return int((arr[2] - arr[1]).sum())
     return sum(b - a for rs in declared_conflict_ranges(g).values() for a, b in rs)
-
-
-def _tall_label_parts(g: Geometry, lab: Labels, l_: int, base: dict[str, int]
-                      ) -> tuple[object, object, object] | None:
-    """(global row, o1, o2) of the parts of label ``l_`` (a straddling granule of a
-    tall region: one part per row) as int64 arrays, computed from its granule the way
-    :func:`kvgrant.layout.granules._labels` lays the parts out; None (read the parts
-    one by one) unless that agrees with its first and last part."""
-    import numpy as np
-
-    parts = lab.parts[l_]
-    r = g.region_by_name[lab.region[l_]]
-    G, R = g.granularity, r.row_bytes
-    lo = lab.first[l_] * G
-    top = min(lo + G, r.rows * R)
-    k = lo // R + np.arange(len(parts), dtype=np.int64)
-    o1 = np.maximum(k * R, lo) - lo
-    o2 = np.minimum((k + 1) * R, top) - lo
-    want = [(r.name, int(k[i]), int(o1[i]), int(o2[i])) for i in (0, -1)]
-    if want != [tuple(parts[0]), tuple(parts[-1])]:
-        return None
-    return k + base[r.name], o1, o2
 
 
 def _pass_through_cuts(m: _Model, lab: Labels) -> None:

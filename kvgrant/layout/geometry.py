@@ -13,7 +13,7 @@ import os
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -170,6 +170,20 @@ class Geometry(_Strict):
     @cached_property
     def region_by_name(self) -> dict[str, Region]:
         return {r.name: r for r in self.regions}
+
+    @cached_property
+    def first_row(self) -> Mapping[str, int]:
+        """Per region, the number of its first row when the rows of all regions are
+        numbered in geometry order (how the bulk arrays of conflict ranges, labels
+        and the exact model's coverage rows index rows)."""
+        from types import MappingProxyType
+
+        out: dict[str, int] = {}
+        n = 0
+        for r in self.regions:
+            out[r.name] = n
+            n += r.rows
+        return MappingProxyType(out)
 
     @cached_property
     def _declared_ranges(self) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 from kvgrant.layout.geometry import Geometry, Region, round_up
 
 __all__ = ["Labels", "Part", "granule_row", "intersect", "label_units", "labels",
-           "same_set_spans", "unit_ranges"]
+           "same_set_spans", "straddling_part_arrays", "unit_ranges"]
 
 Part = tuple[str, int, int, int]
 """(region, row, first byte in the granule, end byte in the granule)."""
@@ -120,11 +120,8 @@ def _single_range_rows(g: Geometry) -> Any:
     if arr is None:
         return None
     row, lo, hi = arr
-    base: dict[str, int] = {}
-    total = 0
-    for r in g.regions:
-        base[r.name] = total
-        total += r.rows
+    base = g.first_row
+    total = sum(r.rows for r in g.regions)
     cnt = np.bincount(row, minlength=total) if len(row) else np.zeros(total, np.int64)
     lo1 = np.full(total, -1, dtype=np.int64)
     hi1 = np.full(total, -1, dtype=np.int64)
@@ -220,6 +217,29 @@ def _labels(g: Geometry) -> Labels:
             pred.append(prev)
             prev = len(need) - 1
     return Labels(need, pred, parts, region, first)
+
+
+def straddling_part_arrays(g: Geometry, lab: Labels, l_: int
+                           ) -> tuple[Any, Any, Any] | None:
+    """(row, o1, o2) of the parts of label ``l_`` (a straddling granule of a tall
+    region: one part per row) as int64 arrays, rows numbered as in
+    :attr:`Geometry.first_row`: the parts :func:`_labels` lays out, computed from the
+    label's granule; None (read the parts one by one) unless that agrees with its
+    first and last part."""
+    import numpy as np
+
+    parts = lab.parts[l_]
+    r = g.region_by_name[lab.region[l_]]
+    G, R = g.granularity, r.row_bytes
+    lo = lab.first[l_] * G
+    top = min(lo + G, r.rows * R)
+    k = lo // R + np.arange(len(parts), dtype=np.int64)
+    o1 = np.maximum(k * R, lo) - lo
+    o2 = np.minimum((k + 1) * R, top) - lo
+    want = [(r.name, int(k[i]), int(o1[i]), int(o2[i])) for i in (0, -1)]
+    if want != [tuple(parts[0]), tuple(parts[-1])]:
+        return None
+    return k + g.first_row[r.name], o1, o2
 
 
 def unit_ranges(units: int, G: int, bpp: int, pages: int, o1: int, o2: int,
