@@ -135,8 +135,9 @@ def _single_range_rows(g: Geometry) -> Any:
 def _tall_spans(g: Geometry, parts: list[Part], conflicts: Any, single: Any
                 ) -> list[tuple[int, int, tuple[tuple[int, int], ...]]] | None:
     """:func:`_same_set_spans` of a label whose parts are consecutive rows of one
-    region with at most one conflict range each (a straddling granule of a tall
-    region), the set changes found with numpy; None when that does not apply."""
+    region (a straddling granule of a tall region): the set changes found with numpy
+    from each row's range count and first range, and the whole sets compared only
+    next to a row of several ranges; None when that does not apply."""
     import numpy as np
 
     region, k0 = parts[0][0], parts[0][1]
@@ -146,9 +147,11 @@ def _tall_spans(g: Geometry, parts: list[Part], conflicts: Any, single: Any
     base, cnt, lo1, hi1 = single
     at = slice(base[region] + k0, base[region] + k0 + n)
     c, a, b = cnt[at], lo1[at], hi1[at]
-    if len(c) != n or (c > 1).any():
+    if len(c) != n:
         return None
     same = (c[1:] == c[:-1]) & (a[1:] == a[:-1]) & (b[1:] == b[:-1])
+    for i in np.flatnonzero(same & (c[1:] > 1)).tolist():  # first ranges alike
+        same[i] = conflicts[(region, k0 + i)] == conflicts[(region, k0 + i + 1)]
     starts = [0] + (np.flatnonzero(~same) + 1).tolist()
     ends = starts[1:] + [n]
     return [(parts[i][2], parts[j - 1][3], conflicts[(region, parts[i][1])])
