@@ -269,9 +269,10 @@ def needed_cover_rows(sets: Sequence[Sequence[int]]) -> list[bool]:
     Why: both are implied by the row kept (a sum over a superset of non-negative
     columns is at least the sum over the subset), so the model's points, its LP
     relaxation and every bound stay the same; and a tall region repeats one set over
-    thousands of rows (published-dcp8 with 2^20 snapshot rows: 1,062,084 coverage rows,
-    4,443 distinct sets, 3,197 kept), which made its model too large for one solve. The result is a
-    function of the sets alone (so both ways of building the rows agree)."""
+    thousands of rows (published-dcp8 with 2^20 snapshot rows: 1,062,084 coverage
+    rows, 4,443 distinct sets, 3,197 kept), which made its model too large for one
+    solve. The result is a function of the sets alone (so both ways of building the
+    rows agree)."""
     first: dict[tuple[int, ...], int] = {}
     for i, ents in enumerate(sets):
         first.setdefault(tuple(ents), i)
