@@ -56,3 +56,44 @@ def test_a_tall_region_is_solved_at_once_and_proven() -> None:
     res = exact_plan(g, start=reference_plan(g))
     assert res.source == "solver" and res.optimal
     assert check_contract(g, res.plan) == []
+
+
+def test_a_tall_label_with_rows_of_several_ranges_takes_the_bulk_walk_exactly() -> None:
+    """granules._tall_spans finds set changes in bulk, comparing whole sets next to a
+    row of several conflict ranges: the same spans as the row-by-row walk."""
+    from kvgrant.layout import granules
+    from kvgrant.layout.conflicts import declared_conflict_ranges
+
+    g = parse_geometry(runpy.run_path(str(BENCH))["_dcp8"](262_144))  # 82 rows a granule
+    lab, conflicts = granules.labels(g), declared_conflict_ranges(g)
+    single = granules._single_range_rows(g)
+    checked = 0
+    for parts in lab.parts:
+        if len(parts) <= 64 or not any(len(conflicts[p[:2]]) > 1 for p in parts):
+            continue
+        got = granules._tall_spans(g, parts, conflicts, single)
+        assert got is not None and got == granules._same_set_spans(parts, conflicts)
+        checked += 1
+    assert checked > 100
+
+
+_SETS = [(), ((0, 1),), ((0, 2),), ((0, 1), (3, 4)), ((0, 1), (5, 6)), ((2, 3), (5, 6))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(range(len(_SETS))), min_size=1, max_size=40))
+def test_bulk_set_changes_match_the_row_by_row_walk(choice) -> None:
+    """The same spans for any sequence of row sets, rows of several ranges whose
+    first ranges agree included (their whole sets are compared)."""
+    import numpy as np
+
+    from kvgrant.layout import granules
+
+    n = len(choice)
+    parts = [("r", k, 16 * k, 16 * k + 16) for k in range(n)]
+    conflicts = {("r", k): _SETS[c] for k, c in enumerate(choice)}
+    cnt = np.array([len(_SETS[c]) for c in choice], dtype=np.int64)
+    lo1 = np.array([_SETS[c][0][0] if _SETS[c] else -1 for c in choice], dtype=np.int64)
+    hi1 = np.array([_SETS[c][0][1] if _SETS[c] else -1 for c in choice], dtype=np.int64)
+    got = granules._tall_spans(None, parts, conflicts, ({"r": 0}, cnt, lo1, hi1))
+    assert got == granules._same_set_spans(parts, conflicts)
