@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
         if is_group_input(args.trace):
             if getattr(args, "geometry", None) is not None:
                 rc = _check_geometry(
-                    args, lambda: group_geometry_mismatches(args.trace, args.geometry,
-                                                            args.ranks),
+                    args, lambda notes: group_geometry_mismatches(
+                        args.trace, args.geometry, args.ranks, notes),
                     f"every header matches {args.geometry}")
                 if rc is not None:
                     return rc
@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "geometry", None) is not None:
         rc = _check_geometry(
-            args, lambda: geometry_mismatches(trace, args.geometry, args.ranks),
+            args, lambda notes: geometry_mismatches(trace, args.geometry, args.ranks, notes),
             f"header matches {args.geometry} (plan {trace.header.extra.get('plan')!r})")
         if rc is not None:
             return rc
@@ -198,12 +198,17 @@ def _geometry_rejected(args: argparse.Namespace, diffs: list[str]) -> int:
     return 1
 
 
-def _check_geometry(args: argparse.Namespace, mismatches: Callable[[], list[str]],
+def _check_geometry(args: argparse.Namespace,
+                    mismatches: Callable[[list[str]], list[str]],
                     matched: str) -> int | None:
     """``--geometry``: None when the header(s) carry the geometry's plan (the check goes
-    on), else the exit status (1 mismatch, 2 the geometry or plan label is unusable)."""
+    on), else the exit status (1 mismatch, 2 the geometry or plan label is unusable).
+    ``mismatches`` appends notes (a packed plan of another planner version that keeps
+    the contract) to the list it is given; they are printed after ``matched`` (to
+    stderr with ``--json``, whose stdout is the verdict)."""
+    notes: list[str] = []
     try:
-        diffs = mismatches()
+        diffs = mismatches(notes)
     except KVGrantError as err:
         _error(args, f"--geometry {args.geometry}: {err}", kind="geometry")
         return 2
@@ -211,13 +216,17 @@ def _check_geometry(args: argparse.Namespace, mismatches: Callable[[], list[str]
         return _geometry_rejected(args, diffs)
     if not args.json:
         print(matched)
+    for note in notes:
+        print(f"  note: {note}" if not args.json else f"kvgrant conform: note: {note}",
+              file=sys.stderr if args.json else sys.stdout)
     return None
 
 
 def _expected_plan(layout: Any, label: Any, geometry: str, ranks: int | None
-                   ) -> dict[str, Any]:
+                   ) -> tuple[dict[str, Any], Any]:
     """The header fields the runtime derives from ``geometry`` for a plan ``label`` and
-    the header's fitted page count (kvgrant.traceformat.plan_header)."""
+    the header's fitted page count (kvgrant.traceformat.plan_header), and the geometry
+    as the runtime saw it (on ``ranks``, fitted pages)."""
     from kvgrant.layout.geometry import load_geometry, on_ranks
     from kvgrant.layout.plans import make_plan
     from kvgrant.runtime.engine import va_layout
@@ -233,25 +242,65 @@ def _expected_plan(layout: Any, label: Any, geometry: str, ranks: int | None
     want = plan_header(g, plan.allocations, plane_off, region_off, size,
                        {r: None for r in range(g.topology.ranks)})
     want["ranks"] = g.topology.ranks
-    return want
+    return want, g
 
 
-def geometry_mismatches(trace: Any, geometry: str, ranks: int | None = None) -> list[str]:
+_ALLOCATIONS = "header.allocations"
+
+
+def _other_packed_plan(layout: Any, label: Any, g: Any, diffs: list[str],
+                       prefix: str = "") -> str | None:
+    """A note when the header's only differences are the allocations of a ``packed``
+    plan that keeps the layout contract of ``g``, else None (the differences stand).
+
+    Why: the packed plan is the planner's optimum, a function of the geometry *and*
+    of the planner's version (the host plan cache keys on both): a trace recorded
+    by an earlier kvgrant carries that version's packed plan, which may differ
+    allocation by allocation (same count or not) while being a plan of this very
+    geometry. The contract check decides that, as it does for a plan file. The rule
+    plans (``naive``, ``reference``) have one answer and are compared exactly."""
+    from kvgrant.layout.contract import check_contract
+    from kvgrant.layout.plan import Allocation
+
+    if label != "packed" or not diffs or not all(
+            d.startswith(prefix + _ALLOCATIONS) for d in diffs):
+        return None
+    allocs = [Allocation(a.plane, a.plane_offset, a.length, a.region, a.region_offset)
+              for a in layout.allocations]
+    if check_contract(g, allocs):
+        return None
+    return (f"{prefix}the header's packed plan ({len(allocs):,} allocations) is not the one "
+            "this kvgrant plans (another planner version) but keeps the layout contract "
+            "of the geometry")
+
+
+def geometry_mismatches(trace: Any, geometry: str, ranks: int | None = None,
+                        notes: list[str] | None = None) -> list[str]:
     """Where the trace header's plan differs from the one ``geometry`` gives (its plan
-    label, fitted pages and VA layout, as the runtime derives them); [] when equal.
-    Raises KVGrantError when the geometry cannot be read or the header's plan label
-    is not one the geometry can make."""
+    label, fitted pages and VA layout, as the runtime derives them); [] when equal,
+    or when the only difference is a ``packed`` plan of another planner version that
+    keeps the layout contract (said in ``notes``). Raises KVGrantError when the
+    geometry cannot be read or the header's plan label is not one the geometry can
+    make."""
     from kvgrant.conformance.trace_plan import compare_plan
 
     h = trace.header
     if h.layout is None:
         raise TraceError("the trace has no plan in its header (version 1)", line=1)
-    want = _expected_plan(h.layout, h.extra.get("plan"), geometry, ranks)
-    return compare_plan(h.layout, h.ranks, want)
+    label = h.extra.get("plan")
+    want, g = _expected_plan(h.layout, label, geometry, ranks)
+    diffs = compare_plan(h.layout, h.ranks, want)
+    note = _other_packed_plan(h.layout, label, g, diffs)
+    if note is None:
+        return diffs
+    if notes is not None:
+        notes.append(note)
+    return []
 
 
 def group_geometry_mismatches(paths: list[str], geometry: str,
-                              ranks: int | None = None) -> list[str]:
+                              ranks: int | None = None,
+                              notes: list[str] | None = None) -> list[str]:
     """:func:`geometry_mismatches` for each file of a group, each line prefixed with the
     file. Reservation sizes are left to the group reader, which checks them against the
     plan (one slot per rank the process maps)."""
@@ -260,9 +309,15 @@ def group_geometry_mismatches(paths: list[str], geometry: str,
 
     out: list[str] = []
     for path, h in read_group_headers(paths):
-        want = _expected_plan(h.layout, h.extra.get("plan"), geometry, ranks)
+        label = h.extra.get("plan")
+        want, g = _expected_plan(h.layout, label, geometry, ranks)
         want["reservations"] = h.layout.to_json()["reservations"]
-        out += [f"{path}: {d}" for d in compare_plan(h.layout, h.constants.ranks, want)]
+        diffs = [f"{path}: {d}" for d in compare_plan(h.layout, h.constants.ranks, want)]
+        note = _other_packed_plan(h.layout, label, g, diffs, f"{path}: ")
+        if note is None:
+            out += diffs
+        elif notes is not None:
+            notes.append(note)
     return out
 
 

@@ -245,3 +245,78 @@ def test_conform_geometry_checks_the_header_plan(tmp_path) -> None:
     assert forged.returncode == 1
     assert json.loads(forged.stdout)["mismatches"] == [
         "header.topology.declared_readers.2 = [0, 2] but the geometry says [2]"]
+
+
+def _record_plan(geometry: Path, path: Path, allocations, *, check: bool = True) -> None:
+    """A sim trace of ``geometry`` allocated with ``allocations`` under the label
+    ``packed`` (as an earlier kvgrant, whose planner chose other allocations, wrote it)."""
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.plan import PhysicalPlan
+
+    g = load_geometry(geometry)
+    plan = PhysicalPlan("packed", g, tuple(allocations))
+    pub = allocate(g, plan=plan, driver=SimDriver(devices=_ranks(geometry)), trace=path,
+                   check_contract=check)
+    pub.release()
+
+
+def test_conform_geometry_takes_another_versions_packed_plan_that_keeps_the_contract(
+        tmp_path) -> None:
+    """A packed plan is the planner's optimum for one planner version: a trace written
+    by another version carries other allocations of the same geometry. They are taken
+    when they keep the layout contract (with a note), never when they break it."""
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.plan import Allocation
+    from kvgrant.layout.plans import packed_plan, reference_plan
+
+    geometry = ROOT / "examples" / "small.json"
+    g = load_geometry(geometry)
+    other = reference_plan(g).allocations
+    assert other != packed_plan(g).allocations  # (the test needs two different plans)
+    path = tmp_path / "older.ndjson"
+    _record_plan(geometry, path, other)
+    ok = _conform(str(path), "--geometry", str(geometry))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "header matches" in ok.stdout
+    assert f"packed plan ({len(other):,} allocations) is not the one this kvgrant plans" \
+        in ok.stdout and "keeps the layout contract" in ok.stdout
+    as_json = _conform(str(path), "--geometry", str(geometry), "--json")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)
+    assert "note: the header's packed plan" in as_json.stderr
+    # the same allocations, with two aliased ones of one length trading region bytes
+    # when that moves a page into another row's conflict set: the contract is broken
+    aliased = [i for i, a in enumerate(other) if a.aliased]
+    broken = None
+    for i in aliased:
+        for j in aliased:
+            a, b = other[i], other[j]
+            if i < j and a.length == b.length and a.plane != b.plane:
+                swapped = list(other)
+                swapped[i] = Allocation(a.plane, a.plane_offset, a.length, b.region,
+                                        b.region_offset)
+                swapped[j] = Allocation(b.plane, b.plane_offset, b.length, a.region,
+                                        a.region_offset)
+                from kvgrant.layout.contract import check_contract
+                if check_contract(g, swapped):
+                    broken = swapped
+                    break
+        if broken:
+            break
+    assert broken is not None
+    bad = tmp_path / "broken.ndjson"
+    _record_plan(geometry, bad, broken, check=False)
+    no = _conform(str(bad), "--geometry", str(geometry), "--json")
+    assert no.returncode == 1, no.stdout + no.stderr
+    assert all(d.startswith("header.allocations")
+               for d in json.loads(no.stdout)["mismatches"])
+    # a rule plan has one answer: this kvgrant's packed allocations (a plan that keeps
+    # the contract) labelled "reference" stand rejected
+    mine = tmp_path / "mine.ndjson"
+    _record(geometry, mine)
+    head, *rest = mine.read_text().splitlines()
+    doc = json.loads(head)
+    assert doc["plan"] == "packed"
+    doc["plan"] = "reference"
+    (tmp_path / "relabelled.ndjson").write_text("\n".join([json.dumps(doc)] + rest) + "\n")
+    relabelled = _conform(str(tmp_path / "relabelled.ndjson"), "--geometry", str(geometry))
+    assert relabelled.returncode == 1 and "header.allocations" in relabelled.stderr
