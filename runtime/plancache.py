@@ -9,7 +9,8 @@ others wait for it on a lock and read it, and later start-ups read it at once.
 
 The file is the ``kvgrant plan --json`` plan document (so ``kvgrant alloc --plan
 FILE`` takes it too) plus what makes it valid: the key (geometry hash, planner work
-limits, kvgrant and HiGHS versions). A file that does not parse, has another key or
+limits, kvgrant and HiGHS versions, a digest of the planner's source). A file that
+does not parse, has another key or
 breaks the layout contract is ignored and replaced; a cache folder that cannot be
 written is not used. ``KVGRANT_PLAN_CACHE`` names the folder (default
 ``$XDG_CACHE_HOME/kvgrant/plans``, else ``~/.cache/kvgrant/plans``); ``off`` turns the
@@ -34,7 +35,7 @@ from kvgrant.layout.planfile import (geometry_hash, load_plan_document, plan_doc
 from kvgrant.runtime.hostlock import locked
 
 __all__ = ["PLAN_CACHE_ENV", "PLAN_CACHE_WAIT_S", "cache_dir", "cached_packed_plan",
-           "packed_plan"]
+           "packed_plan", "planner_digest"]
 
 PLAN_CACHE_ENV = "KVGRANT_PLAN_CACHE"
 PLAN_CACHE_WAIT_S = 900.0
@@ -64,8 +65,30 @@ def _key(g: Geometry, limits: Mapping[str, Any]) -> str:
     """What a cached plan is valid for; a change of any part is a miss."""
     parts = {"format": _FORMAT, "geometry_hash": geometry_hash(g),
              "limits": dict(sorted(limits.items())), "kvgrant": _version("kvgrant"),
-             "highspy": _version("highspy")}
+             "highspy": _version("highspy"), "planner": planner_digest()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+_DIGEST: list[str] = []  # computed once per process (the sources do not change under it)
+
+
+def planner_digest() -> str:
+    """SHA-256 of the planner's source (every module of :mod:`kvgrant.layout`, by name).
+
+    Why: the packed plan is a function of the geometry *and* of the planner's code, and
+    the version string does not move with every change (8afb9e6 changed the packed
+    allocations of published-dcp8 at version 0.1.0). A host that keeps a cached plan
+    across an upgrade would otherwise serve the old planner's plan while a host
+    without the file plans anew, and ranks that disagree on sizes abort the group."""
+    if not _DIGEST:
+        import kvgrant.layout as layout
+
+        h = hashlib.sha256()
+        folder = Path(layout.__file__).resolve().parent
+        for path in sorted(folder.glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        _DIGEST.append(h.hexdigest())
+    return _DIGEST[0]
 
 
 def _version(dist: str) -> str:

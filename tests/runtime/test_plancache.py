@@ -69,6 +69,25 @@ def test_other_limits_or_layouts_are_a_miss(g, tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 3
 
 
+def test_another_planner_source_is_a_miss(g, tmp_path, monkeypatch):
+    """The key holds a digest of the planner's source: a plan cached by other planner
+    code (an upgrade that kept the version string) is not served."""
+    import kvgrant.runtime.plancache as plancache
+
+    digest = plancache.planner_digest()
+    assert len(digest) == 64 and digest == plancache.planner_digest()
+    env = {PLAN_CACHE_ENV: str(tmp_path)}
+    plans: list[str] = []
+    monkeypatch.setattr(plancache, "_DIGEST", ["an older planner"])
+    cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    assert plans == [g.name]
+    monkeypatch.setattr(plancache, "_DIGEST", [digest])
+    cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    assert plans == [g.name, g.name]
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "broken plan",
                                     "empty", "a folder"])
 def test_an_invalid_cache_file_is_ignored_and_replaced(g, tmp_path, damage):
