@@ -799,6 +799,99 @@ def _runs(units: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return [(p, u, n) for p, u, n in out]
 
 
+def _cut_lost(h: "highspy.Highs", m: _Model, lab: Labels,
+              lost: Iterable[tuple[int, int, int, int]]) -> bool:
+    """Add to ``h`` the rows that cut off each lost join's pattern (class, label, first
+    granule, granules); False when one of them is a restriction (no valid cut for its
+    window), after which the solver's dual bounds no longer hold for every plan."""
+    import highspy
+    import numpy as np
+
+    inf = highspy.kHighsInf
+    valid = True
+    for c, l_, u, k in lost:
+        mult = len(m.classes[c][2])
+        f_in = m.f[(c, u - 1, lab.pred[l_], l_)]
+        f_out = m.f[(c, u + k - 1, l_, lab.succ[l_])]
+        cuts = [] if mult == 1 else _one_run_cuts(m, lab, {(c, l_, u, u + k - 1)})
+        if mult == 1:  # valid for every plan: the one plane holds the whole pattern
+            ents = [(f_in, 1.0), (f_out, 1.0)] + [(m.x[(c, t, l_)], 1.0)
+                                                  for t in range(u, u + k)]
+            h.addRow(-inf, float(k + 1), len(ents), np.array([e[0] for e in ents],
+                     dtype=np.int32), np.array([e[1] for e in ents]))
+        elif cuts:  # valid for every plan (the one-run cuts of this window)
+            for ents in cuts:
+                h.addRow(-inf, 1.0, len(ents), np.array([e[0] for e in ents],
+                         dtype=np.int32), np.array([e[1] for e in ents]))
+        else:  # a restriction: later bounds no longer hold for every plan
+            valid = False
+            h.addRow(-inf, 1.0, 2, np.array([f_in, f_out], dtype=np.int32),
+                     np.array([1.0, 1.0]))
+    return valid
+
+
+_REPAIR_REACH = 2
+"""Labels on either side of a lost join that its repair may change (see :func:`_repair`)."""
+_REPAIR_NODES = 50
+"""Branch-and-bound nodes of one repair solve (a count: the plan stays a function of
+the geometry)."""
+
+
+def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
+            lost: Iterable[tuple[int, int, int, int]], checks: list[int]
+            ) -> list[float] | None:
+    """Column values of a solution that keeps ``vals`` everywhere but near the lost
+    joins (the granules that labels within :data:`_REPAIR_REACH` of a lost join's label
+    may take, and the joins touching them), solved with the cuts just added; None when
+    that neighbourhood has no solution within the limits. The bounds and node limit of
+    ``h`` are restored.
+
+    Why: a solve whose extracted plan lost a join has usually proven a bound the plan
+    misses by that one join (both published examples and exporter-9: 1,311 against
+    1,312), and the join is found by a local change (the pass-through moved to another
+    plane). Solving that neighbourhood takes about 0.03 s where solving the whole model
+    again took 1.1 s. A restricted solve proves nothing: its dual bound is not read."""
+    import numpy as np
+
+    near: set[int] = set()
+    for _, l_, _, _ in lost:
+        a = b = l_
+        for _ in range(_REPAIR_REACH):
+            a = lab.pred[a] if lab.pred[a] >= 0 else a
+            b = lab.succ[b] if lab.succ[b] >= 0 else b
+        while True:
+            near.add(a)
+            if a == b:
+                break
+            a = lab.succ[a]
+    grans = {k for k, ls in m.at.items() if not near.isdisjoint(ls)}
+    free: set[int] = set()
+    for c, u in grans:
+        free.add(m.z[(c, u)])
+        free.update(m.x[(c, u, l_)] for l_ in m.at[(c, u)])
+    free.update(col for (c, u, _, _), col in m.f.items()
+                if (c, u) in grans or (c, u + 1) in grans)
+    n = len(m.lower)
+    every = np.arange(n, dtype=np.int32)
+    lower, upper = np.array(m.lower, dtype=np.float64), np.array(m.upper, dtype=np.float64)
+    lo = np.clip(np.round(np.asarray(vals, dtype=np.float64)), lower, upper)
+    hi = lo.copy()
+    idx = np.fromiter(sorted(free), dtype=np.int64, count=len(free))
+    lo[idx], hi[idx] = lower[idx], upper[idx]
+    nodes = h.getOptionValue("mip_max_nodes")
+    nodes = nodes[1] if isinstance(nodes, tuple) else nodes
+    h.changeColsBounds(n, every, lo, hi)
+    h.setOptionValue("mip_max_nodes", _REPAIR_NODES)
+    checks[0] = 0
+    try:
+        h.run()
+        found = h.getInfo().primal_solution_status == 2
+        return list(h.getSolution().col_value) if found else None
+    finally:
+        h.changeColsBounds(n, every, lower, upper)
+        h.setOptionValue("mip_max_nodes", nodes)
+
+
 def _set_start(h: "highspy.Highs", g: Geometry, m: _Model, lab, plan: PhysicalPlan
                ) -> bool:
     """Give the solver ``plan`` as its incumbent; False when the plan has no values in
@@ -877,7 +970,6 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         :data:`SAFETY_SECONDS` (a broken host, never a plan that depends on it).
     """
     import highspy
-    import numpy as np
 
     t0 = time.perf_counter()
     rc = {k: float(v) for k, v in (region_cost or {}).items()}
@@ -950,7 +1042,6 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             value.append(v)
     h = _mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, starts, index, value,
              node_limit, options)
-    inf = highspy.kHighsInf
     checks = _count_checks(h, max_checks, progress)
     start_cost = None
     if start is not None and _set_start(h, g, m, lab, start):
@@ -978,34 +1069,27 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             dual = max(dual, info.mip_dual_bound)
         if info.primal_solution_status != 2:  # no feasible solution
             break
-        cand, lost = _extract(g, m, lab, h.getSolution().col_value, label)
+        vals = h.getSolution().col_value
+        cand, lost = _extract(g, m, lab, vals, label)
         if not check_contract(g, cand):
             c = _cost(cand, plane_cost, rc)
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
         interrupted = max_checks is not None and checks[0] > max_checks
-        if not lost or best_cost is None or best_cost <= _ceil(dual) \
-                or rounds >= max_solves or interrupted:
+        if not lost or best_cost is None or best_cost <= _ceil(dual):
+            break
+        # a run joined at both ends of a row that has more runs: cut that pattern off,
+        # then look for the lost join near it before solving the whole model again
+        bound_valid = _cut_lost(h, m, lab, lost) and bound_valid
+        repaired = _repair(h, m, lab, vals, lost, checks)
+        size["repairs"] = size.get("repairs", 0) + 1
+        if repaired is not None:
+            cand, _ = _extract(g, m, lab, repaired, label)
+            c = _cost(cand, plane_cost, rc)
+            if c < best_cost and not check_contract(g, cand):
+                best, best_cost, source = cand, c, "solver"
+        if best_cost <= _ceil(dual) or rounds >= max_solves or interrupted:
             break  # (an interrupted solve is not repeated: its work limit is spent)
-        # a run joined at both ends of a row that has more runs: cut that pattern off
-        for c, l_, u, k in lost:
-            mult = len(m.classes[c][2])
-            f_in = m.f[(c, u - 1, lab.pred[l_], l_)]
-            f_out = m.f[(c, u + k - 1, l_, lab.succ[l_])]
-            cuts = [] if mult == 1 else _one_run_cuts(m, lab, {(c, l_, u, u + k - 1)})
-            if mult == 1:  # valid for every plan: the one plane holds the whole pattern
-                ents = [(f_in, 1.0), (f_out, 1.0)] + [(m.x[(c, t, l_)], 1.0)
-                                                      for t in range(u, u + k)]
-                h.addRow(-inf, float(k + 1), len(ents), np.array([e[0] for e in ents],
-                         dtype=np.int32), np.array([e[1] for e in ents]))
-            elif cuts:  # valid for every plan (the one-run cuts of this window)
-                for ents in cuts:
-                    h.addRow(-inf, 1.0, len(ents), np.array([e[0] for e in ents],
-                             dtype=np.int32), np.array([e[1] for e in ents]))
-            else:  # a restriction: later bounds no longer hold for every plan
-                bound_valid = False
-                h.addRow(-inf, 1.0, 2, np.array([f_in, f_out], dtype=np.int32),
-                         np.array([1.0, 1.0]))
         if best is not None:
             _set_start(h, g, m, lab, best)
     if best is None:

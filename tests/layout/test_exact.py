@@ -176,3 +176,57 @@ def test_extraction_keeps_the_joins_of_a_row_chain():
     assert check_contract(g, res.plan) == []
     assert res.model["rounds"] == 1
     assert res.optimal and res.cost == res.bound == len(res.plan.allocations)
+
+
+def test_a_lost_join_is_repaired_near_it_instead_of_solving_again():
+    # published-dcp8: the first solve proves 1,311 but its plan loses one join (a
+    # 1-granule run of label 66 joined at both ends while the row has more runs), so
+    # the extraction plans 1,312; the repair re-solves the labels around it with the
+    # one-run cuts of that window and finds 1,311, proven by the first solve's bound,
+    # without a second solve of the whole model (which took 1.1 s)
+    g = load_geometry(ROOT / "examples" / "published-dcp8.json")
+    res = exact_plan(g, start=reference_plan(g))
+    assert check_contract(g, res.plan) == []
+    assert res.optimal and res.cost == res.bound == len(res.plan.allocations) == 1311
+    assert res.model["rounds"] == 1 and res.model["repairs"] == 1
+    assert res.source == "solver"
+
+
+def test_a_repair_restores_the_model_and_changes_only_the_neighbourhood():
+    g = load_geometry(ROOT / "examples" / "published-dcp8.json")
+    m, lab = exact._build(g, 1.0, {})
+    starts, index, value = [], [], []
+    for ents in m.rows:
+        starts.append(len(index))
+        for col, v in ents:
+            index.append(col)
+            value.append(v)
+    h = exact._mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, starts, index, value,
+                   exact.DEFAULT_NODE_LIMIT)
+    checks = exact._count_checks(h, exact.DEFAULT_MAX_CHECKS)
+    exact._set_start(h, g, m, lab, reference_plan(g))
+    h.run()
+    vals = list(h.getSolution().col_value)
+    plan, lost = exact._extract(g, m, lab, vals, "exact")
+    assert lost and len(plan.allocations) == round(h.getInfo().objective_function_value) + 1
+    assert exact._cut_lost(h, m, lab, lost)  # one-run cuts: valid for every plan
+    repaired = exact._repair(h, m, lab, vals, lost, checks)
+    assert repaired is not None
+    lp = h.getLp()
+    assert list(lp.col_lower_) == list(m.lower) and list(lp.col_upper_) == list(m.upper)
+    nodes = h.getOptionValue("mip_max_nodes")
+    assert (nodes[1] if isinstance(nodes, tuple) else nodes) == exact.DEFAULT_NODE_LIMIT
+    # only the granules that labels within reach of the lost one may take, and the
+    # joins touching them, change
+    changed = {i for i, (a, b) in enumerate(zip(vals, repaired)) if round(a) != round(b)}
+    reach = {lost[0][1]}
+    for _ in range(exact._REPAIR_REACH):
+        reach |= {lab.pred[x] for x in reach if lab.pred[x] >= 0}
+        reach |= {lab.succ[x] for x in reach if lab.succ[x] >= 0}
+    grans = {k for k, ls in m.at.items() if reach & set(ls)}
+    inside = {m.z[k] for k in grans} | {col for k, col in m.x.items() if k[:2] in grans}
+    inside |= {col for (c, u, _, _), col in m.f.items() if (c, u) in grans or (c, u + 1) in grans}
+    assert changed and changed <= inside
+    fixed, again = exact._extract(g, m, lab, repaired, "exact")
+    assert again == [] and check_contract(g, fixed) == []
+    assert len(fixed.allocations) == len(plan.allocations) - 1
