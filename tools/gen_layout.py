@@ -13,8 +13,9 @@ here ("page-group exporter") is fixed and documented in ``docs/layout.md``:
   chunk also touches the next group's first page); ``inward`` takes only the granules
   wholly inside the group's bytes (granules straddling two groups stay unaliased).
 * A row's ``row_bytes`` is what ``groups_per_row`` groups yield on average, rounded
-  down to 4 KiB and never a multiple of G; so row boundaries fall inside chunks and
-  the chunk under a boundary is shared by two rows (its pages are in both conflict sets).
+  down to 4 KiB (G/8 when G is 4 KiB or less) and never a multiple of G; so row
+  boundaries fall inside chunks and the chunk under a boundary is shared by two rows
+  (its pages are in both conflict sets).
 
 Usage::
 
@@ -63,6 +64,11 @@ class RegionSpec:
     rows: int
     groups_per_row: float
     access: str = "importers"
+
+
+class RowBytesError(ValueError):
+    """A region's page groups give too few bytes for a row size that is a positive
+    multiple of the rounding step and not a multiple of G (a small G)."""
 
 
 def _round_up(v: int, m: int) -> int:
@@ -121,7 +127,9 @@ def generate(*, name: str, planes: list[tuple[str, int]], regions: list[RegionSp
     Raises
     ------
     ValueError
-        When the KV pages run out before every region is filled.
+        When the KV pages run out before every region is filled; its subclass
+        :class:`RowBytesError` when a region's groups are too few bytes for its rows
+        (more pages do not help then).
     """
     G = granularity
     aliases: list[dict[str, Any]] = []
@@ -139,9 +147,14 @@ def generate(*, name: str, planes: list[tuple[str, int]], regions: list[RegionSp
                              f"{group_pages} pages from page {page}; only {len(ends)} left")
         last_end = ends[groups - 1]
         total = sum(n for q, _, _, n in sample if q <= last_end)
-        row_bytes = total // spec.rows // 4096 * 4096
-        if row_bytes % G == 0:
-            row_bytes -= 4096
+        step = 4096 if G > 4096 else max(1, G // 8)  # 4 KiB, or finer for a small G
+        row_bytes = total // spec.rows // step * step
+        if G > 1 and row_bytes % G == 0:
+            row_bytes -= step
+        if row_bytes <= 0:
+            raise RowBytesError(f"regions: {spec.name}: {total} bytes of {groups} page "
+                                f"groups over {spec.rows} rows leave no row size that is "
+                                f"a positive multiple of {step} and not of G = {G}")
         need = _round_up(spec.rows * row_bytes, G)
         cursor = 0
         for q, plane, po, n in sample:
@@ -271,6 +284,8 @@ def random_layout(seed: int, *, granularity: int = G_H200) -> dict[str, Any]:
                             group_size=rng.choice([None, 2, 4]),
                             overdeclare=rng.random() < 0.5,
                             rounding=rng.choice(["claim", "inward"]))
+        except RowBytesError:
+            raise
         except ValueError:
             pages *= 2
 
@@ -308,6 +323,8 @@ def exporter_layout(seed: int) -> dict[str, Any]:
                             group_size=rng.choice([ranks // 2, ranks]), overdeclare=True,
                             rounding=rng.choice(["claim", "claim", "inward"]),
                             interleave=rng.choice(["in-order", "zigzag", "shuffled"]))
+        except RowBytesError:
+            raise
         except ValueError:
             pages = pages * 3 // 2
 

@@ -73,3 +73,33 @@ def test_small_example_is_small_with_owner_only_region_and_overdeclared_reader()
     assert any(r.access == "owner" for r in g.regions)
     assert any(set(g.declared_readers(r)) - {r} - set(g.importers(r))
                for r in range(g.topology.ranks))
+
+
+@pytest.mark.parametrize("G", [1, 64, 256, 4096, 8192])
+def test_the_generator_never_writes_a_row_of_zero_bytes(G):
+    """At G <= 4 KiB the 4 KiB rounding made rows of 0 or -4096 bytes (a fuzz finding):
+    every generated region has positive rows that are not a multiple of G (G > 1), or
+    the generator says why it cannot."""
+    from kvgrant.layout.geometry import parse_geometry
+
+    gen = _gen()
+    made = 0
+    for rows in (2, 3, 5):
+        for gpr in (0.5, 1, 1.5):
+            try:
+                doc = gen.generate(name="x", planes=[("p", 1000), ("q", 96)],
+                                    regions=[gen.RegionSpec("r", rows, gpr)], pages=40,
+                                    group_pages=2, granularity=G, rounding="claim")
+            except gen.RowBytesError as err:  # (a ValueError)
+                assert "regions: r:" in str(err) and f"G = {G}" in str(err)
+                continue
+            except ValueError as err:  # the pages ran out (more pages would do)
+                assert "regions: r needs" in str(err)
+                continue
+            made += 1
+            (region,) = doc["regions"]
+            assert region["row_bytes"] > 0
+            if G > 1:
+                assert region["row_bytes"] % G != 0
+            parse_geometry(doc)  # a valid geometry
+    assert made
