@@ -73,7 +73,9 @@ _DIGEST: list[str] = []  # computed once per process (the sources do not change 
 
 
 def planner_digest() -> str:
-    """SHA-256 of the planner's source (every module of :mod:`kvgrant.layout`, by name).
+    """SHA-256 of the planner's source (every module of :mod:`kvgrant.layout`, by name;
+    their compiled files in an install without sources; "" when there is neither, and
+    the cache is then not used).
 
     Why: the packed plan is a function of the geometry *and* of the planner's code, and
     the version string does not move with every change (8afb9e6 changed the packed
@@ -85,9 +87,10 @@ def planner_digest() -> str:
 
         h = hashlib.sha256()
         folder = Path(layout.__file__).resolve().parent
-        for path in sorted(folder.glob("*.py")):
+        sources = sorted(folder.glob("*.py")) or sorted(folder.glob("__pycache__/*.pyc"))
+        for path in sources:
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        _DIGEST.append(h.hexdigest())
+        _DIGEST.append(h.hexdigest() if sources else "")
     return _DIGEST[0]
 
 
@@ -100,7 +103,7 @@ def _version(dist: str) -> str:
 
 def _read(path: Path, g: Geometry, key: str) -> PhysicalPlan | None:
     """The cached plan at ``path`` when it is valid for ``key`` (geometry hash, work
-    limits, kvgrant and HiGHS versions), is a plan document of this version and keeps
+    limits, kvgrant and HiGHS versions, planner digest), is a plan document of this version and keeps
     the layout contract; None otherwise. The file is parsed once."""
     try:
         doc = load_plan_document(path)
@@ -153,7 +156,7 @@ def cached_packed_plan(g: Geometry, plan: Callable[[Geometry], PhysicalPlan],
     plans while the others wait), plan, write, and return.
     """
     folder = cache_dir(env)
-    if folder is None:
+    if folder is None or not planner_digest():  # (no code to tell planners apart)
         return plan(g)
     key = _key(g, limits)
     path = folder / f"{key}.json"

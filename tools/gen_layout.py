@@ -13,9 +13,9 @@ here ("page-group exporter") is fixed and documented in ``docs/layout.md``:
   chunk also touches the next group's first page); ``inward`` takes only the granules
   wholly inside the group's bytes (granules straddling two groups stay unaliased).
 * A row's ``row_bytes`` is what ``groups_per_row`` groups yield on average, rounded
-  down to 4 KiB (G/8 when G is 4 KiB or less) and never a multiple of G; so row
-  boundaries fall inside chunks and the chunk under a boundary is shared by two rows
-  (its pages are in both conflict sets).
+  down to 4 KiB (``max(1, G // 8)`` when G is 4 KiB or less) and, for G > 1, never a
+  multiple of G; so row boundaries fall inside chunks and the chunk under a boundary
+  is shared by two rows (its pages are in both conflict sets).
 
 Usage::
 
@@ -129,7 +129,8 @@ def generate(*, name: str, planes: list[tuple[str, int]], regions: list[RegionSp
     ValueError
         When the KV pages run out before every region is filled; its subclass
         :class:`RowBytesError` when a region's groups are too few bytes for its rows
-        (more pages do not help then).
+        (the groups' bytes set the rows' size: more pages rarely help, so the seeded
+        layouts that retry with more pages on ValueError do not retry on this one).
     """
     G = granularity
     aliases: list[dict[str, Any]] = []

@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
                 rc = _check_geometry(
                     args, lambda notes: group_geometry_mismatches(
                         args.trace, args.geometry, args.ranks, notes),
-                    f"every header matches {args.geometry}")
+                    f"every header matches {args.geometry}",
+                    f"every header keeps the layout contract of {args.geometry}")
                 if rc is not None:
                     return rc
             return run_group(args.trace, args.engine, args.json)
@@ -147,7 +148,9 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "geometry", None) is not None:
         rc = _check_geometry(
             args, lambda notes: geometry_mismatches(trace, args.geometry, args.ranks, notes),
-            f"header matches {args.geometry} (plan {trace.header.extra.get('plan')!r})")
+            f"header matches {args.geometry} (plan {trace.header.extra.get('plan')!r})",
+            f"header keeps the layout contract of {args.geometry} "
+            f"(plan {trace.header.extra.get('plan')!r})")
         if rc is not None:
             return rc
     verdicts = []
@@ -200,11 +203,12 @@ def _geometry_rejected(args: argparse.Namespace, diffs: list[str]) -> int:
 
 def _check_geometry(args: argparse.Namespace,
                     mismatches: Callable[[list[str]], list[str]],
-                    matched: str) -> int | None:
-    """``--geometry``: None when the header(s) carry the geometry's plan (the check goes
-    on), else the exit status (1 mismatch, 2 the geometry or plan label is unusable).
-    ``mismatches`` appends notes (a packed plan of another planner version that keeps
-    the contract) to the list it is given; they are printed after ``matched`` (to
+                    matched: str, kept: str) -> int | None:
+    """``--geometry``: None when the header(s) carry the geometry's plan, or a packed
+    plan other than this kvgrant's that keeps the geometry's layout contract (the check
+    goes on), else the exit status (1 mismatch, 2 the geometry or plan label is
+    unusable). ``mismatches`` appends a note per such packed plan to the list it is
+    given; then ``kept`` is printed instead of ``matched``, and the notes after it (to
     stderr with ``--json``, whose stdout is the verdict)."""
     notes: list[str] = []
     try:
@@ -215,7 +219,7 @@ def _check_geometry(args: argparse.Namespace,
     if diffs:
         return _geometry_rejected(args, diffs)
     if not args.json:
-        print(matched)
+        print(kept if notes else matched)
     for note in notes:
         print(f"  note: {note}" if not args.json else f"kvgrant conform: note: {note}",
               file=sys.stderr if args.json else sys.stdout)
@@ -254,11 +258,13 @@ def _other_packed_plan(layout: Any, label: Any, g: Any, diffs: list[str],
     plan that keeps the layout contract of ``g``, else None (the differences stand).
 
     Why: the packed plan is the planner's optimum, a function of the geometry *and*
-    of the planner's version (the host plan cache keys on both): a trace recorded
-    by an earlier kvgrant carries that version's packed plan, which may differ
-    allocation by allocation (same count or not) while being a plan of this very
-    geometry. The contract check decides that, as it does for a plan file. The rule
-    plans (``naive``, ``reference``) have one answer and are compared exactly."""
+    of the planner's code (the host plan cache keys on both): a trace recorded by an
+    earlier kvgrant carries that planner's packed plan, and ``kvgrant alloc --plan
+    FILE`` allocates a plan file's; either may differ allocation by allocation (same
+    count or not) while being a plan of this very geometry. So a packed plan is
+    checked as a plan of the geometry (the contract check, as for a plan file), not
+    as this planner's answer. The rule plans (``naive``, ``reference``) have one
+    answer and are compared exactly."""
     from kvgrant.layout.contract import check_contract
     from kvgrant.layout.plan import Allocation
 
@@ -270,18 +276,18 @@ def _other_packed_plan(layout: Any, label: Any, g: Any, diffs: list[str],
     if check_contract(g, allocs):
         return None
     return (f"{prefix}the header's packed plan ({len(allocs):,} allocations) is not the one "
-            "this kvgrant plans (another planner version) but keeps the layout contract "
-            "of the geometry")
+            "this kvgrant computes (an earlier planner, or a plan file) but keeps the "
+            "layout contract of the geometry")
 
 
 def geometry_mismatches(trace: Any, geometry: str, ranks: int | None = None,
                         notes: list[str] | None = None) -> list[str]:
     """Where the trace header's plan differs from the one ``geometry`` gives (its plan
     label, fitted pages and VA layout, as the runtime derives them); [] when equal,
-    or when the only difference is a ``packed`` plan of another planner version that
-    keeps the layout contract (said in ``notes``). Raises KVGrantError when the
-    geometry cannot be read or the header's plan label is not one the geometry can
-    make."""
+    or when the only difference is a ``packed`` plan that is not this kvgrant's (an
+    earlier planner's, or a plan file's) and keeps the layout contract (said in
+    ``notes``). Raises KVGrantError when the geometry cannot be read or the header's
+    plan label is not one the geometry can make."""
     from kvgrant.conformance.trace_plan import compare_plan
 
     h = trace.header
@@ -308,7 +314,17 @@ def group_geometry_mismatches(paths: list[str], geometry: str,
     from kvgrant.conformance.trace_plan import compare_plan
 
     out: list[str] = []
+    first: tuple[str, Any] | None = None  # the first file and its allocations
     for path, h in read_group_headers(paths):
+        # every process of a group allocates one plan: other allocations in a second
+        # file are a group whose processes planned differently (the failure the
+        # host's plan cache exists to prevent), whatever the geometry says
+        if first is None:
+            first = (path, h.layout.allocations)
+        elif h.layout.allocations != first[1]:
+            out.append(f"{path}: {_ALLOCATIONS} differ from {first[0]}'s (the processes "
+                       "of one group allocate one plan)")
+            continue
         label = h.extra.get("plan")
         want, g = _expected_plan(h.layout, label, geometry, ranks)
         want["reservations"] = h.layout.to_json()["reservations"]

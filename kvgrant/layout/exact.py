@@ -89,7 +89,8 @@ here came near it."""
 
 _FREE = -1
 DEFAULT_MAX_SOLVES = 6
-"""Solves per plan: the first, then up to 5 more with lost joins forbidden."""
+"""Solves of the whole model per plan: the first, then up to 5 more with lost joins
+cut off (each after a repair of the lost join's neighbourhood, which is not counted)."""
 
 @dataclass(frozen=True)
 class ExactResult:
@@ -538,18 +539,18 @@ def _row(terms: Iterable[tuple[int | None, float]]) -> list[tuple[int, float]]:
 def _count_checks(h: "highspy.Highs", limit: int | None,
                   progress: Callable[[str], None] | None = None) -> list[int]:
     """Count HiGHS's limit checks (see :data:`DEFAULT_MAX_CHECKS`) and interrupt the
-    solve after ``limit`` of them; returns the counter (a one-element list), which
-    the caller resets before each solve. Every 10th check reports the solver's best
+    solve after ``limit`` of them; returns the counter (a list: the checks, which
+    the caller resets before each solve, then 1 to report progress, 0 not to). Every 10th check reports the solver's best
     plan and bound to ``progress`` (a message only: it never changes the solve)."""
     import highspy
 
-    count = [0]
+    count = [0, 1]  # checks of this solve; whether to report progress (0 in a repair)
 
     def on_check(kind: int, message: str, out: object, into: object, user: object) -> None:
         count[0] += 1
         if limit is not None and count[0] > limit:
             into.user_interrupt = True  # type: ignore[attr-defined]
-        elif progress is not None and count[0] % 10 == 0:
+        elif progress is not None and count[1] and count[0] % 10 == 0:
             best = getattr(out, "mip_primal_bound", float("inf"))
             try:  # an exception here would abort the solve (HiGHS sees a failed callback)
                 progress(f"solver: {count[0]}{'' if limit is None else f' of {limit:,}'} "
@@ -838,19 +839,27 @@ the geometry)."""
 
 
 def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
-            lost: Iterable[tuple[int, int, int, int]], checks: list[int]
-            ) -> list[float] | None:
+            lost: Iterable[tuple[int, int, int, int]], checks: list[int],
+            node_limit: int | None = None) -> list[float] | None:
     """Column values of a solution that keeps ``vals`` everywhere but near the lost
     joins (the granules that labels within :data:`_REPAIR_REACH` of a lost join's label
     may take, and the joins touching them), solved with the cuts just added; None when
-    that neighbourhood has no solution within the limits. The bounds and node limit of
-    ``h`` are restored.
+    that neighbourhood has no solution within the limits (:data:`_REPAIR_NODES`, or
+    ``node_limit`` when smaller, and the solve's check limit). The bounds and node limit
+    of ``h`` are restored; ``checks`` holds the repair's checks afterwards.
 
     Why: a solve whose extracted plan lost a join has usually proven a bound the plan
-    misses by that one join (both published examples and exporter-9: 1,311 against
-    1,312), and the join is found by a local change (the pass-through moved to another
-    plane). Solving that neighbourhood takes about 0.03 s where solving the whole model
-    again took 1.1 s. A restricted solve proves nothing: its dual bound is not read."""
+    misses by that one join (both published examples: 1,312 against 1,311; exporter-9:
+    1,059 against 1,058), and the join is found by a local change (the pass-through moved
+    to another plane). Solving that neighbourhood takes about 0.03 s where solving the
+    whole model again took 1.1 s. A restricted solve proves nothing: its dual bound is
+    neither read nor reported as progress.
+
+    Raises
+    ------
+    PlanError
+        When the repair ran past :data:`SAFETY_SECONDS` (as a whole solve does: a plan
+        never depends on the host's speed)."""
     import numpy as np
 
     near: set[int] = set()
@@ -864,6 +873,8 @@ def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
             if a == b:
                 break
             a = lab.succ[a]
+    import highspy
+
     grans = {k for k, ls in m.at.items() if not near.isdisjoint(ls)}
     free: set[int] = set()
     for c, u in grans:
@@ -881,15 +892,21 @@ def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
     nodes = h.getOptionValue("mip_max_nodes")
     nodes = nodes[1] if isinstance(nodes, tuple) else nodes
     h.changeColsBounds(n, every, lo, hi)
-    h.setOptionValue("mip_max_nodes", _REPAIR_NODES)
-    checks[0] = 0
+    h.setOptionValue("mip_max_nodes", _REPAIR_NODES if node_limit is None
+                     else min(int(node_limit), _REPAIR_NODES))
+    checks[0], checks[1] = 0, 0
     try:
         h.run()
+        if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+            raise PlanError(f"one exact repair solve ran past the {SAFETY_SECONDS:g} s "
+                            "safety net; planning refuses a plan that depends on the "
+                            "host's speed")
         found = h.getInfo().primal_solution_status == 2
         return list(h.getSolution().col_value) if found else None
     finally:
         h.changeColsBounds(n, every, lower, upper)
         h.setOptionValue("mip_max_nodes", nodes)
+        checks[1] = 1
 
 
 def _set_start(h: "highspy.Highs", g: Geometry, m: _Model, lab, plan: PhysicalPlan
@@ -941,9 +958,12 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     node_limit
         Branch-and-bound nodes HiGHS may explore per solve (None: no limit).
     max_solves
-        Solves in all: after a solve whose plan lost a join, the pattern is cut off
-        (by valid cuts where there are any, else forbidden) and the model solved
-        again, up to this many times.
+        Solves of the whole model in all: after a solve whose plan lost a join, the
+        pattern is cut off (by valid cuts where there are any, else forbidden), the
+        neighbourhood of the lost join is re-solved (a *repair*: at most 50 nodes,
+        or ``node_limit`` when smaller, and ``max_checks``; counted in the result's
+        ``model["repairs"]``, not here) and, when the plan still misses the bound,
+        the model is solved again, up to this many times.
     max_checks
         HiGHS limit checks per solve (None: no limit), see :data:`DEFAULT_MAX_CHECKS`:
         the solve stops there with its best plan and its dual bound so far.
@@ -1079,17 +1099,19 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         if not lost or best_cost is None or best_cost <= _ceil(dual):
             break
         # a run joined at both ends of a row that has more runs: cut that pattern off,
-        # then look for the lost join near it before solving the whole model again
+        # then look for the lost join near it (a small solve of its own limits, also
+        # after the last or an interrupted solve) before solving the whole model again
         bound_valid = _cut_lost(h, m, lab, lost) and bound_valid
-        repaired = _repair(h, m, lab, vals, lost, checks)
+        repaired = _repair(h, m, lab, vals, lost, checks, node_limit)
         size["repairs"] = size.get("repairs", 0) + 1
+        size["repair_checks"] = size.get("repair_checks", 0) + checks[0]
         if repaired is not None:
             cand, _ = _extract(g, m, lab, repaired, label)
             c = _cost(cand, plane_cost, rc)
             if c < best_cost and not check_contract(g, cand):
                 best, best_cost, source = cand, c, "solver"
         if best_cost <= _ceil(dual) or rounds >= max_solves or interrupted:
-            break  # (an interrupted solve is not repeated: its work limit is spent)
+            break  # (an interrupted solve is not repeated: its check limit is spent)
         if best is not None:
             _set_start(h, g, m, lab, best)
     if best is None:

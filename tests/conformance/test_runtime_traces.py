@@ -277,9 +277,10 @@ def test_conform_geometry_takes_another_versions_packed_plan_that_keeps_the_cont
     _record_plan(geometry, path, other)
     ok = _conform(str(path), "--geometry", str(geometry))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "header matches" in ok.stdout
-    assert f"packed plan ({len(other):,} allocations) is not the one this kvgrant plans" \
-        in ok.stdout and "keeps the layout contract" in ok.stdout
+    assert "header keeps the layout contract of" in ok.stdout
+    assert "header matches" not in ok.stdout
+    assert f"packed plan ({len(other):,} allocations) is not the one this kvgrant " \
+        "computes" in ok.stdout and "keeps the layout contract of the geometry" in ok.stdout
     as_json = _conform(str(path), "--geometry", str(geometry), "--json")
     assert as_json.returncode == 0 and json.loads(as_json.stdout)
     assert "note: the header's packed plan" in as_json.stderr

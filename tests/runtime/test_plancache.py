@@ -86,6 +86,12 @@ def test_another_planner_source_is_a_miss(g, tmp_path, monkeypatch):
     cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
     assert plans == [g.name, g.name]
     assert len(list(tmp_path.glob("*.json"))) == 2
+    # no source to fingerprint (an install without it): the cache is not used at all
+    monkeypatch.setattr(plancache, "_DIGEST", [""])
+    cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    cached_packed_plan(g, _counting(plans), {"a": 1}, env=env)
+    assert plans == [g.name] * 4
+    assert len(list(tmp_path.glob("*.json"))) == 2
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "broken plan",
