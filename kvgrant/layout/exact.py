@@ -606,6 +606,21 @@ def _highs():
     return h
 
 
+def _csr(rows: Sequence[Sequence[tuple[int, float]]]
+         ) -> tuple[list[int], list[int], list[float]]:
+    """``rows`` (one list of (column, coefficient) per row) as CSR: row starts, column
+    indices and values, the form :func:`_mip` takes."""
+    starts: list[int] = []
+    index: list[int] = []
+    value: list[float] = []
+    for ents in rows:
+        starts.append(len(index))
+        for col, v in ents:
+            index.append(col)
+            value.append(v)
+    return starts, index, value
+
+
 def _mip(cost: Sequence[float], lower: Sequence[float], upper: Sequence[float],
          rows_lo: Sequence[float], rows_hi: Sequence[float], starts: Sequence[int],
          index: Sequence[int], values: Sequence[float], node_limit: int | None,
@@ -1054,13 +1069,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                            f"Not solved (model over {max_nonzeros:,} nonzeros)", "start", size)
     if pending is not None:
         pending.add_rows(m)
-    starts, index, value = [], [], []
-    for ents in m.rows:
-        starts.append(len(index))
-        for col, v in ents:
-            index.append(col)
-            value.append(v)
-    h = _mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, starts, index, value,
+    h = _mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, *_csr(m.rows),
              node_limit, options)
     checks = _count_checks(h, max_checks, progress)
     start_cost = None

@@ -195,13 +195,7 @@ def test_a_lost_join_is_repaired_near_it_instead_of_solving_again():
 def test_a_repair_restores_the_model_and_changes_only_the_neighbourhood():
     g = load_geometry(ROOT / "examples" / "published-dcp8.json")
     m, lab = exact._build(g, 1.0, {})
-    starts, index, value = [], [], []
-    for ents in m.rows:
-        starts.append(len(index))
-        for col, v in ents:
-            index.append(col)
-            value.append(v)
-    h = exact._mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, starts, index, value,
+    h = exact._mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, *exact._csr(m.rows),
                    exact.DEFAULT_NODE_LIMIT)
     checks = exact._count_checks(h, exact.DEFAULT_MAX_CHECKS)
     exact._set_start(h, g, m, lab, reference_plan(g))
