@@ -10,9 +10,8 @@ others wait for it on a lock and read it, and later start-ups read it at once.
 The file is the ``kvgrant plan --json`` plan document (so ``kvgrant alloc --plan
 FILE`` takes it too) plus what makes it valid: the key (geometry hash, planner work
 limits, kvgrant and HiGHS versions, a digest of the planner's source). A file that
-does not parse, has another key or
-breaks the layout contract is ignored and replaced; a cache folder that cannot be
-written is not used. ``KVGRANT_PLAN_CACHE`` names the folder (default
+does not parse, has another key or breaks the layout contract is ignored and replaced;
+a cache folder that cannot be written is not used. ``KVGRANT_PLAN_CACHE`` names the folder (default
 ``$XDG_CACHE_HOME/kvgrant/plans``, else ``~/.cache/kvgrant/plans``); ``off`` turns the
 cache off.
 """
@@ -103,8 +102,8 @@ def _version(dist: str) -> str:
 
 def _read(path: Path, g: Geometry, key: str) -> PhysicalPlan | None:
     """The cached plan at ``path`` when it is valid for ``key`` (geometry hash, work
-    limits, kvgrant and HiGHS versions, planner digest), is a plan document of this version and keeps
-    the layout contract; None otherwise. The file is parsed once."""
+    limits, kvgrant and HiGHS versions, planner digest), is a plan document of this
+    version and keeps the layout contract; None otherwise. The file is parsed once."""
     try:
         doc = load_plan_document(path)
     except PlanError:

@@ -539,9 +539,10 @@ def _row(terms: Iterable[tuple[int | None, float]]) -> list[tuple[int, float]]:
 def _count_checks(h: "highspy.Highs", limit: int | None,
                   progress: Callable[[str], None] | None = None) -> list[int]:
     """Count HiGHS's limit checks (see :data:`DEFAULT_MAX_CHECKS`) and interrupt the
-    solve after ``limit`` of them; returns the counter (a list: the checks, which
-    the caller resets before each solve, then 1 to report progress, 0 not to). Every 10th check reports the solver's best
-    plan and bound to ``progress`` (a message only: it never changes the solve)."""
+    solve after ``limit`` of them; returns the counter (a list: the checks, which the
+    caller resets before each solve, then 1 to report progress, 0 not to). Every 10th
+    check reports the solver's best plan and bound to ``progress`` (a message only: it
+    never changes the solve)."""
     import highspy
 
     count = [0, 1]  # checks of this solve; whether to report progress (0 in a repair)
@@ -875,6 +876,7 @@ def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
     PlanError
         When the repair ran past :data:`SAFETY_SECONDS` (as a whole solve does: a plan
         never depends on the host's speed)."""
+    import highspy
     import numpy as np
 
     near: set[int] = set()
@@ -888,8 +890,6 @@ def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
             if a == b:
                 break
             a = lab.succ[a]
-    import highspy
-
     grans = {k for k, ls in m.at.items() if not near.isdisjoint(ls)}
     free: set[int] = set()
     for c, u in grans:
