@@ -249,13 +249,11 @@ def _expected_plan(layout: Any, label: Any, geometry: str, ranks: int | None
     return want, g
 
 
-_ALLOCATIONS = "header.allocations"
-
-
-def _other_packed_plan(layout: Any, label: Any, g: Any, diffs: list[str],
-                       prefix: str = "") -> str | None:
-    """A note when the header's only differences are the allocations of a ``packed``
-    plan that keeps the layout contract of ``g``, else None (the differences stand).
+def _other_packed_plan(layout: Any, ranks: int, label: Any, g: Any,
+                       want: dict[str, Any], prefix: str = "") -> str | None:
+    """A note when the header differs from ``want`` (the fields ``g`` gives) in the
+    allocations of a ``packed`` plan only, and those keep the layout contract of
+    ``g``; else None (the differences stand).
 
     Why: the packed plan is the planner's optimum, a function of the geometry *and*
     of the planner's code (the host plan cache keys on both): a trace recorded by an
@@ -265,11 +263,14 @@ def _other_packed_plan(layout: Any, label: Any, g: Any, diffs: list[str],
     checked as a plan of the geometry (the contract check, as for a plan file), not
     as this planner's answer. The rule plans (``naive``, ``reference``) have one
     answer and are compared exactly."""
+    from kvgrant.conformance.trace_plan import compare_plan
     from kvgrant.layout.contract import check_contract
     from kvgrant.layout.plan import Allocation
 
-    if label != "packed" or not diffs or not all(
-            d.startswith(prefix + _ALLOCATIONS) for d in diffs):
+    # the header against the geometry's fields with its own allocations in: nothing
+    # else may differ
+    if label != "packed" or compare_plan(
+            layout, ranks, {**want, "allocations": layout.to_json()["allocations"]}):
         return None
     allocs = [Allocation(a.plane, a.plane_offset, a.length, a.region, a.region_offset)
               for a in layout.allocations]
@@ -296,7 +297,7 @@ def geometry_mismatches(trace: Any, geometry: str, ranks: int | None = None,
     label = h.extra.get("plan")
     want, g = _expected_plan(h.layout, label, geometry, ranks)
     diffs = compare_plan(h.layout, h.ranks, want)
-    note = _other_packed_plan(h.layout, label, g, diffs)
+    note = _other_packed_plan(h.layout, h.ranks, label, g, want) if diffs else None
     if note is None:
         return diffs
     if notes is not None:
@@ -322,14 +323,15 @@ def group_geometry_mismatches(paths: list[str], geometry: str,
         if first is None:
             first = (path, h.layout.allocations)
         elif h.layout.allocations != first[1]:
-            out.append(f"{path}: {_ALLOCATIONS} differ from {first[0]}'s (the processes "
+            out.append(f"{path}: header.allocations differ from {first[0]}'s (the processes "
                        "of one group allocate one plan)")
             continue
         label = h.extra.get("plan")
         want, g = _expected_plan(h.layout, label, geometry, ranks)
         want["reservations"] = h.layout.to_json()["reservations"]
         diffs = [f"{path}: {d}" for d in compare_plan(h.layout, h.constants.ranks, want)]
-        note = _other_packed_plan(h.layout, label, g, diffs, f"{path}: ")
+        note = _other_packed_plan(h.layout, h.constants.ranks, label, g, want,
+                                  f"{path}: ") if diffs else None
         if note is None:
             out += diffs
         elif notes is not None:
