@@ -40,6 +40,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from kvgrant.cli import one_blas_thread
 from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import exact_plan
@@ -193,6 +194,7 @@ def _large(gen: Any) -> list[Geometry]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_blas_thread()  # as the CLI: OpenBLAS's spinning threads are not planning
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", type=int, default=10, metavar="N",
                     help="exporter family seeds 0..N-1 (default 10)")

@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from kvgrant.cli import one_blas_thread
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -105,6 +107,7 @@ def phases(doc: dict[str, Any]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_blas_thread()  # as the CLI: OpenBLAS's spinning threads are not planning
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", metavar="NAMES",
                     help=f"comma-separated, of: {', '.join(LAYOUTS)}")
