@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
-from kvgrant.conformance.trace_io import PHASES, _parse_lifecycle_header
+from kvgrant.conformance.trace_io import PHASES, _parse_lifecycle_header, unreadable_json
 from kvgrant.conformance.trace_plan import Layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
@@ -115,7 +115,7 @@ class ProcTrace:
         lines = self.text.split("\n")
         try:
             obj = json.loads(lines[k + 1])
-        except (IndexError, json.JSONDecodeError):
+        except (IndexError, ValueError, RecursionError):
             return {"seq": k}
         return obj if isinstance(obj, dict) else {"seq": k}
 
@@ -220,8 +220,8 @@ class _ArgsReader:
         if a is None:
             try:
                 obj = json.loads("{" + text + "}")
-            except json.JSONDecodeError:
-                raise _fail(self.source, line, "args is not a JSON object") from None
+            except (ValueError, RecursionError):  # (also an integer past the digit limit)
+                raise _fail(self.source, line, "args is not a readable JSON object") from None
             a = self.check(action, obj, line)
             self.cache[key] = a
         return a
@@ -299,6 +299,8 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
         head_obj = json.loads(first)
     except json.JSONDecodeError as err:
         raise _fail(source, 1, f"not valid JSON ({err.msg} at column {err.colno})") from None
+    except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
+        raise _fail(source, 1, unreadable_json(err)) from None
     h = _parse_group_header(head_obj, source)
     if group is not None:
         bad = _same_constants(group.header.constants, h.constants) or \
@@ -402,6 +404,8 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
         except json.JSONDecodeError as err:
             raise _fail(source, ln, f"not valid JSON ({err.msg} at column {err.colno})") \
                 from None
+        except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
+            raise _fail(source, ln, unreadable_json(err)) from None
         if type(obj) is not dict or obj.get("kind") != "event":
             raise _fail(source, ln, "every line after the header must be an event object "
                                     "(kind = 'event')")

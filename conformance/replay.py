@@ -98,6 +98,12 @@ def _mismatch(c: Constants, s: ModelState, ev: Event, act: Action,
         return f"{ev.action} is a model-only step but carries result {ev.result}"
     if not guard(c, s, act):
         return f"{act} is not enabled in phase {s.phase}"
+    if act.name == "Abort":  # (KVLifecycleTrace's IsAbort checks the same)
+        named = ev.args.get("failed_rank")
+        failed = [r for r, rs in enumerate(s.ranks) if rs.failed]
+        if named not in failed:
+            return (f"Abort names failed_rank {'null' if named is None else named}, but "
+                    f"the rank whose driver step failed is {', '.join(map(str, failed))}")
     if act.name == "Fail" and not step_guard(c, s, act):
         return (f"{act}: StepEnabled holds but the failed call itself "
                 f"({ev.action} with these arguments) could not run here")
@@ -142,9 +148,9 @@ def _state_mismatch(s: ModelState, ev: Event) -> str:
 _SUCCESS_JSON = '"CUDA_SUCCESS"'
 # positions of the fast reader's row fields (kvgrant.traceformat.ROW_FIELDS)
 (_R_RANK, _R_ACTION, _R_ALLOC, _R_MAPPING, _R_DEVICES, _R_RESULT, _R_STATE, _R_DEVICE,
- _R_VA, _R_SIZE, _R_HANDLE) = (ROW[k] for k in (
+ _R_VA, _R_SIZE, _R_HANDLE, _R_FAILED) = (ROW[k] for k in (
      "rank", "action", "alloc", "mapping", "devices", "result", "state", "device", "va",
-     "size", "handle"))
+     "size", "handle", "failed_rank"))
 
 
 def _int_or_none(text: str) -> int | None:
@@ -166,6 +172,8 @@ class _RowEvent:
         self.mapping = row[_R_MAPPING] or None
         self.result = None if row[_R_RESULT] == "null" else row[_R_RESULT][1:-1]
         self.args = {"devices": json.loads(row[_R_DEVICES])} if row[_R_DEVICES] else {}
+        if row[_R_FAILED]:
+            self.args["failed_rank"] = _int_or_none(row[_R_FAILED])
         self.state: dict[str, object] = json.loads("{" + row[_R_STATE] + "}")
         self.device = _int_or_none(row[_R_DEVICE])
         self.va = _int_or_none(row[_R_VA])

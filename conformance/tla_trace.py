@@ -152,6 +152,8 @@ def trace_module_text(trace: Trace) -> str:
             ("failed", bool(st.get("failed")) if rank_state else False),
             ("device", _or_minus(ev.device)), ("evVa", _granules(ev.va, origin, G)),
             ("size", _granules(ev.size, 0, G)), ("handle", hd),
+            ("failedRank", _or_minus(ev.args.get("failed_rank")
+                                     if ev.action == "Abort" else None)),
         ]
         recs.append("[" + ", ".join(f"{k} |-> {_tla(v)}" for k, v in fields) + "]")
     body = ",\n    ".join(recs)

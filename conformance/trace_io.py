@@ -10,6 +10,7 @@ shows a traceback. Whether the events are *allowed* is the model's job
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -312,6 +313,15 @@ def _too_deep(line: str) -> bool:
     return False
 
 
+def unreadable_json(err: BaseException) -> str:
+    """The message for a line json.loads refused with a ValueError other than a syntax
+    error: in practice an integer longer than Python converts (4,300 digits)."""
+    if "digits" in str(err):
+        return ("unreadable JSON value: an integer of more than 4,300 digits (no value a "
+                "trace names has more than 20)")
+    return f"unreadable JSON value: {str(err)[:200]}"
+
+
 def _json_object(line: str, lineno: int, source: str) -> dict[str, Any]:
     if not isinstance(line, str):
         raise _fail(source, lineno, f"expected a line of text, got {type(line).__name__}")
@@ -325,7 +335,7 @@ def _json_object(line: str, lineno: int, source: str) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise _fail(source, lineno, f"not valid JSON ({err.msg} at column {err.colno})") from None
     except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
-        raise _fail(source, lineno, f"unreadable JSON value: {str(err)[:100]}") from None
+        raise _fail(source, lineno, unreadable_json(err)) from None
     if not isinstance(obj, dict):
         raise _fail(source, lineno, f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -518,9 +528,9 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
                                     "'plane' or 'alias'")
     if action == "Grant":
         devs = args.get("devices")
-        if type(devs) is not list or not all(type(d) is int for d in devs):
-            raise _fail(source, lineno, f"args.devices = {devs!r}: Grant needs a list of "
-                                        "CUDA ordinals")
+        if type(devs) is not list or not all(type(d) is int and d >= 0 for d in devs):
+            raise _fail(source, lineno, f"args.devices = {_show(devs)}: Grant needs a list "
+                                        "of CUDA ordinals (integers >= 0)")
         if len(set(devs)) != len(devs):
             raise _fail(source, lineno, f"args.devices = {devs!r}: duplicate device")
     elif action == "Abort" and args.get("failed_rank") is not None:
@@ -533,6 +543,11 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
                                     f"{RANK_ACTIONS.get(action)!r}")
     if result is not None and type(result) is not str:
         raise _fail(source, lineno, f"result = {result!r}: must be a string or null")
+    if RANK_ACTIONS.get(action) is not None and (call is None or result is None):
+        raise _fail(source, lineno, f"call = {json.dumps(call)}, result = "
+                                    f"{json.dumps(result)}: {action} is a "
+                                    f"driver step: it names its call "
+                                    f"({RANK_ACTIONS[action]!r}) and the CUresult it returned")
     state = get("state")
     if type(state) is not dict:
         raise _fail(source, lineno, f"state = {state!r}: must be an object (abstract state "
@@ -550,8 +565,10 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
             if type(v) is not int or v < 0:
                 raise _fail(source, lineno, f"state.{key} = {v!r}: must be an integer >= 0")
     t = get("t")
-    if t is not None and type(t) is not float and type(t) is not int:
-        raise _fail(source, lineno, f"t = {t!r}: must be a number of seconds")
+    if t is not None and (type(t) is not float and type(t) is not int
+                          or not math.isfinite(t) or t < 0):
+        raise _fail(source, lineno, f"t = {_show(t)}: must be a finite number of seconds "
+                                    ">= 0")
     objs = []
     for key in _OBJECT_FIELDS:
         v = get(key)
@@ -579,11 +596,12 @@ _FAST_EVENT = FAST_EVENT
 _SEQ = itemgetter(ROW["seq"])
 _ALLOC = itemgetter(ROW["alloc"])
 _COMBO = itemgetter(*(ROW[k] for k in ("rank", "action", "has_alloc", "mapping", "devices",
-                                       "failed_rank", "call", "has_counters")))
+                                       "failed_rank", "call", "result", "has_counters")))
 
 
 def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
-              devices: str, failed_rank: str, call: str, has_counters: str) -> bool:
+              devices: str, failed_rank: str, call: str, result: str,
+              has_counters: str) -> bool:
     """The per-event rules of :func:`_parse_event` for one distinct field combination
     (the regex already fixed every type); False sends the text to the detailed reader."""
     if action in GROUP_ACTIONS:
@@ -604,7 +622,10 @@ def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
     if action == "Abort" and failed_rank and failed_rank != "null" \
             and int(failed_rank) >= h.ranks:
         return False
-    return call == "null" or call[1:-1] == RANK_ACTIONS.get(action)
+    want = RANK_ACTIONS.get(action)
+    if want is None:
+        return call == "null"
+    return call[1:-1] == want and result != "null"  # a driver step names both
 
 
 def _parse_fast(text: str, source: str) -> Trace | None:

@@ -224,8 +224,12 @@ def format_event(ev: Mapping[str, Any], version: int = LIFECYCLE_VERSION) -> str
 
 
 # --- the fast reader, derived from the same line ------------------------------------------
-_INT = r"(?:0|[1-9][0-9]*)"
-_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+# Integers of at most 39 digits (2^128 has 39; every value a trace names fits in 64 bits)
+# and times as the writer prints them (%.6f: no sign, no exponent). Anything longer or
+# other goes to the detailed reader, which names the line and the field (and never meets
+# Python's limit on int() of more than 4,300 digits in the fast path).
+_INT = r"(?:0|[1-9][0-9]{0,38})"
+_NUM = r"(?:0|[1-9][0-9]{0,15})(?:\.[0-9]+)?"
 _BOOL = r"(?:true|false)"
 _ALT_ACTIONS = "|".join(sorted(ACTIONS, key=lambda a: (-len(a), a)))
 _ALT_PHASES = "|".join(sorted(PHASES, key=lambda a: (-len(a), a)))
@@ -367,8 +371,8 @@ def format_group_event(ev: Mapping[str, Any]) -> str:
 #: device, va, size, handle and the text inside ``state``'s braces.
 # Possessive repeats and atomic groups: each token's class excludes the delimiter after
 # it, so nothing is ever given back (the same language, less work for the engine).
-_PINT = r"(?>0|[1-9][0-9]*+)"
-_PNUM = r"-?+(?>0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+"
+_PINT = r"(?>0|[1-9][0-9]{0,38}+)"  # as _INT: at most 39 digits
+_PNUM = r"(?>0|[1-9][0-9]{0,15}+)(?:\.[0-9]++)?+"
 _GROUP_VALUE = {
     "kind": '"event"',
     "seq": "(" + _PINT + ")",

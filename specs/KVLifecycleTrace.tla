@@ -39,7 +39,8 @@ EXTENDS KVLifecycle, KVTraceData, Integers, Sequences, FiniteSets
 \*   action, rank, alloc, mapping, devices (ranks), ok (driver result was
 \*   CUDA_SUCCESS or null), hasResult, phase, va, created, mapped,
 \*   aliasMapped, grants, ready, failed, device (CUDA ordinal), evVa (granules
-\*   from the rank's base), size (granules), handle (id by appearance).
+\*   from the rank's base), size (granules), handle (id by appearance),
+\*   failedRank (an Abort's args.failed_rank).
 
 VARIABLE l     \* cursor: 1-based position of the next trace event to match
 VARIABLE hdl   \* hdl[r][a]: id of allocation a's live handle on rank r (-1: none)
@@ -147,7 +148,9 @@ IsFail(e) ==
     /\ FailedCallCouldRun(e)
     /\ Fail(e.rank, e.action)
 
-IsAbort(e)     == e.action = "Abort"     /\ ModelOnly(e) /\ Abort
+\* Abort names a rank whose driver step failed (failedRank; -1 for null).
+IsAbort(e)     == e.action = "Abort"     /\ ModelOnly(e)
+                  /\ e.failedRank \in Ranks /\ failed[e.failedRank] /\ Abort
 IsUnpublish(e) == e.action = "Unpublish" /\ ModelOnly(e) /\ Unpublish
 IsUnmap(e)     == e.action = "Unmap"     /\ e.ok /\ Unmap(e.rank, e.alloc, e.mapping)
 IsRelease(e)   == e.action = "Release"   /\ e.ok /\ Release(e.rank, e.alloc)

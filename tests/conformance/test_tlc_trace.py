@@ -47,7 +47,7 @@ def test_trace_module_holds_objects_in_tlc_sized_integers(header) -> None:
     assert f"TraceMapOff == [x \\in 0..3 |-> <<{', '.join(str(o // G) for o in lay.map_off)}>>" \
         in text
     maps = [line for line in text.splitlines() if '[action |-> "Map", rank |-> 0' in line]
-    assert "evVa |-> 0, size |-> 1, handle |-> 0]" in maps[0]      # alloc 0, first handle
+    assert "evVa |-> 0, size |-> 1, handle |-> 0, failedRank |-> -1]" in maps[0]  # alloc 0
     model_only = trace_module_text(reference_trace(make_header(2, 1, importers={0: [1]})))
     assert "TraceChecksObjects == FALSE" in model_only
 
