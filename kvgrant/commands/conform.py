@@ -138,20 +138,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvgrant.conformance import load_trace, replay
+    from kvgrant.conformance import load_trace
 
     try:
         trace = load_trace(args.trace)
         # (a fast-read trace builds its events lazily: a line the fast reader vouched for
         # but the detailed one refuses would raise here, and is bad input all the same)
-        return _check(args, trace, replay)
+        return _check(args, trace)
     except TraceError as err:
         _error(args, f"malformed trace: {err}", kind="malformed", line=err.line)
         return 2
 
 
-def _check(args: argparse.Namespace, trace: Any, replay: Callable[[Any], Any]) -> int:
+def _check(args: argparse.Namespace, trace: Any) -> int:
     """The geometry comparison and the engines' verdicts on a parsed trace."""
+    from kvgrant.conformance import replay
+
     if getattr(args, "geometry", None) is not None:
         rc = _check_geometry(
             args, lambda notes: geometry_mismatches(trace, args.geometry, args.ranks, notes),
