@@ -18,6 +18,7 @@ from kvgrant.errors import PlanFileError
 from kvgrant.layout.contract import _MAX_LISTED, check_contract
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.layout.rules import naive_plan, reference_plan
 
 __all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "load_plan_document",
            "plan_document", "plan_from_document", "read_plan_file"]
@@ -124,7 +125,33 @@ def plan_from_document(doc: Any, g: Geometry, path: str | Path) -> PhysicalPlan:
     plan = PhysicalPlan(label, g, _allocations(path, doc.get("allocations"), g),
                         (f"read from {path}",))
     _check_fits(path, g, plan)
+    _check_rule_label(path, g, plan)
     return plan
+
+
+def _check_rule_label(path: Path, g: Geometry, plan: PhysicalPlan) -> None:
+    """A ``naive`` or ``reference`` plan is exactly the plan its rule gives ``g``.
+
+    Why: the label travels into the trace header, and ``kvgrant conform --geometry``
+    re-derives the plan of a rule label from the geometry: a packed plan relabelled
+    ``naive`` would be allocated and its trace then rejected. Only ``packed`` plans
+    may differ from this kvgrant's (another planner version's optimum)."""
+    if plan.label == "packed":
+        return
+    want = (naive_plan if plan.label == "naive" else reference_plan)(g).allocations
+    if plan.allocations == want:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(plan.allocations, want)) if a != b),
+             min(len(plan.allocations), len(want)))
+    if i < len(plan.allocations):
+        field, value = f"allocations[{i}]", plan.allocations[i].to_json()
+    else:
+        field, value = "allocations", len(plan.allocations)
+    shown = (f"the rule gives {want[i].to_json()}" if i < len(want) else
+             f"the rule gives {len(want):,} allocations")
+    raise _fail(path, field, value, f"a plan labelled {plan.label!r} must be the "
+                f"{plan.label} rule's plan of {g.name!r} ({len(want):,} allocations; "
+                f"{shown}); label other plans 'packed'")
 
 
 def _allocations(path: Path, allocs: Any, g: Geometry) -> tuple[Allocation, ...]:

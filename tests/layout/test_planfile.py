@@ -17,6 +17,7 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import load_geometry, parse_geometry
 from kvgrant.layout.planfile import geometry_hash, plan_document, read_plan_file
 from kvgrant.layout.plans import packed_plan
+from kvgrant.layout.rules import naive_plan, reference_plan
 from layout_builders import geometry_dict
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -193,3 +194,25 @@ def test_a_malformed_plan_file_with_json_names_the_field(tmp_path: Path, capsys:
     assert rc == 2
     assert (out["ok"], out["kind"], out["field"], out["value"]) == (
         False, "PlanFileError", "version", 7)
+
+
+def test_a_packed_plan_relabelled_as_a_rule_is_refused(tmp_path: Path, capsys: Any) -> None:
+    """A rule label promises the rule's plan: conform --geometry re-derives it, so a
+    packed plan called 'naive' would be allocated and its trace rejected later."""
+    doc = _small_plan_doc()
+    assert len(doc["allocations"]) != len(plan_document(
+        naive_plan(load_geometry(EXAMPLES / "small.json")))["allocations"])
+    doc["label"] = "naive"
+    rc, err = _alloc_plan_file(tmp_path, capsys, doc)
+    assert rc == 2, err
+    assert "allocations[" in err and "labelled 'naive' must be the naive rule's plan" in err, err
+
+
+@pytest.mark.parametrize("rule", [naive_plan, reference_plan])
+def test_a_rule_plan_under_its_own_label_is_read_back(tmp_path: Path, rule: Any) -> None:
+    g = load_geometry(EXAMPLES / "small.json")
+    want = rule(g)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_document(want)))
+    got = read_plan_file(path, g)
+    assert got.label == want.label and got.allocations == want.allocations
