@@ -343,10 +343,42 @@ def load_geometry(path: str | Path) -> Geometry:
     return parse_geometry(data)
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object names one key twice (json.loads would keep the last silently)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {json.dumps(key)} appears twice in one object: each field "
+                         "must be named once")
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """object_pairs_hook: the object, or DuplicateKeyError for a repeated key."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKeyError(k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    """parse_constant: NaN and Infinity are not JSON (json.loads accepts them)."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def strict_json_loads(text: str) -> Any:
+    """json.loads refusing what a hand-edited input file gets wrong unseen: a key
+    named twice in one object (the last would win) and NaN / Infinity."""
+    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
 def _decode_json(text: str, where: str) -> Any:
     """json.loads with every failure turned into a GeometryError naming the place."""
     try:
-        return json.loads(text)
+        return strict_json_loads(text)
+    except DuplicateKeyError as err:
+        raise GeometryError(f"{where}: {err}", field=err.key, value=where) from None
     except json.JSONDecodeError as err:
         raise GeometryError(f"{where}: not valid JSON at line {err.lineno} column {err.colno}: "
                             f"{err.msg}", field="<file>", value=where) from None

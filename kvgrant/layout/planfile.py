@@ -16,7 +16,8 @@ from typing import Any
 
 from kvgrant.errors import PlanFileError
 from kvgrant.layout.contract import _MAX_LISTED, check_contract
-from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
+from kvgrant.layout.geometry import (MAX_FILE_BYTES, DuplicateKeyError, Geometry, show_value,
+                                     strict_json_loads)
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import naive_plan, reference_plan
 
@@ -94,7 +95,9 @@ def load_plan_document(path: str | Path) -> Any:
         raise _file_fail(path, f"larger than {MAX_FILE_BYTES:,} bytes (a "
                     "plan document is a small JSON file written by kvgrant plan --json)")
     try:
-        return json.loads(raw.decode("utf-8"))
+        return strict_json_loads(raw.decode("utf-8"))
+    except DuplicateKeyError as err:
+        raise _file_fail(path, f"not a plan document: {err}") from None
     except (UnicodeDecodeError, ValueError) as err:
         raise _file_fail(path, f"not JSON: {str(err)[:120]}") from None
     except RecursionError:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvgrant.cli import main
-from kvgrant.errors import ArgumentError, PlanFileError
+from kvgrant.errors import ArgumentError, GeometryError, PlanFileError
 from kvgrant.layout.conflicts import conflict_ranges
 from kvgrant.layout.geometry import load_geometry
 from kvgrant.layout.plan import Allocation
@@ -71,3 +71,36 @@ def test_a_copied_geometry_does_not_share_or_keep_cached_values() -> None:
     assert "x" not in c._memo and "x" in g._memo
     assert max(b for rs in c._declared_ranges.values() for _, b in rs) <= 30
     assert copy.deepcopy(g) == g  # refused before: the cached mappingproxy
+
+
+def _with_a_repeated_key(text: str, key: str) -> str:
+    """``text`` with the first ``"key": value`` pair's key written twice (the copy
+    first, holding another value), as a hand edit leaves it."""
+    at = text.index(f'"{key}"')
+    return text[:at] + f'"{key}": 1, ' + text[at:]
+
+
+@pytest.mark.parametrize("key", ["name", "granularity", "bytes_per_page"])
+def test_a_geometry_file_naming_a_key_twice_is_refused(tmp_path: Path, key: str) -> None:
+    # was: json.loads kept the last value silently, so the file meant two things
+    path = tmp_path / "dup.json"
+    path.write_text(_with_a_repeated_key(SMALL.read_text(), key))
+    with pytest.raises(GeometryError, match=f'key "{key}" appears twice') as err:
+        load_geometry(path)
+    assert err.value.field == key
+
+
+def test_a_geometry_file_with_nan_is_refused(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "nan.json"
+    path.write_text(SMALL.read_text().replace('"granularity": ', '"granularity": NaN, "x": ', 1))
+    assert main(["plan", str(path)]) == 2
+    assert "NaN is not a JSON number" in capsys.readouterr().err
+
+
+def test_a_plan_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
+    g = load_geometry(SMALL)
+    path = tmp_path / "plan.json"
+    path.write_text(_with_a_repeated_key(json.dumps(plan_document(reference_plan(g))),
+                                         "plane_offset"))
+    with pytest.raises(PlanFileError, match='key "plane_offset" appears twice'):
+        read_plan_file(path, g)
