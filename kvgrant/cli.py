@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
-from typing import Sequence
+from functools import partial
+from typing import NoReturn, Sequence
 
-from kvgrant.commands._args import exit_status
+from kvgrant.commands._report import error_document, report_error
 from kvgrant.errors import KVGrantError
 
 __all__ = ["main"]
@@ -21,11 +23,41 @@ __all__ = ["main"]
 SUBCOMMANDS = ("plan", "alloc", "verify", "conform", "budget")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvgrant",
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors (exit 2) also print the ``--json`` error
+    document on stdout when the command line asks for ``--json``.
+
+    Why: argparse reports them before ``args.json`` exists, so ``kvgrant alloc G --json
+    --fail-at=0`` printed nothing on stdout while every other refusal printed a
+    document. Subcommand parsers are made with the same class and setting."""
+
+    def __init__(self, *args: object, json_errors: bool = False, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.json_errors = json_errors
+
+    def error(self, message: str) -> NoReturn:
+        if self.json_errors:
+            print(json.dumps(error_document("ArgumentError", message, 2)), flush=True)
+        super().error(message)  # usage and message on stderr, exit 2
+
+
+def asks_for_json(argv: Sequence[str]) -> bool:
+    """Whether ``--json`` (or an abbreviation argparse accepts, ``--js``) is among the
+    options, before any ``--`` (after it every token is an operand)."""
+    for token in argv:
+        if token == "--":
+            return False
+        if len(token) >= 3 and "--json".startswith(token):
+            return True
+    return False
+
+
+def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="kvgrant", json_errors=json_errors,
         description="Allocate a multi-GPU KV cache through CUDA VMM in few driver objects.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=partial(_Parser, json_errors=json_errors))
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"kvgrant.commands.{name}")
         module.add_parser(sub)
@@ -48,13 +80,13 @@ def one_blas_thread() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     one_blas_thread()
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(json_errors=asks_for_json(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
-    except KVGrantError as err:
-        print(f"kvgrant {args.command}: error: {err}", file=sys.stderr)
-        return exit_status(err)
+    except KVGrantError as err:  # with --json also the error document on stdout
+        return report_error(args.command, err, as_json=bool(getattr(args, "json", False)))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `kvgrant conform T | head`: the reader went away

@@ -16,6 +16,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kvgrant.errors import ArgumentError
 
+#: Values that switch something on or off, never paths: refused where an environment
+#: variable names a file (KVGRANT_TRACE=1 once wrote a trace to a file named "1").
+SWITCH_WORDS = frozenset({"0", "1", "true", "false", "yes", "no", "on", "off", "y", "n",
+                          "none"})
+
+
+def is_switch_word(raw: str) -> bool:
+    """Is ``raw`` a switch word (or blank) rather than a path?"""
+    return raw.strip().lower() in SWITCH_WORDS or not raw.strip()
+
 __all__ = [
     "MAX_DEVICE_ORDINAL",
     "TRACE_ERRORS",
@@ -211,13 +221,15 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
                         check_contract: Any, trace: Any) -> tuple[list[int] | None, Any]:
     """Check the flat arguments of :func:`~kvgrant.runtime.allocator.allocate` before
     any work (the grouped ones checked themselves: :mod:`kvgrant.runtime.options`);
-    ``trace`` is the trace target. Returns ``devices`` as a list (or None) and ``plan``
-    (a planner callable wrapped so its result is checked).
+    ``trace`` is the trace target (None: the path ``KVGRANT_TRACE`` names, checked the
+    same way, its errors naming the variable). Returns ``devices`` as a list (or None)
+    and ``plan`` (a planner callable wrapped so its result is checked).
 
     Raises
     ------
     ArgumentError
-        The first argument that is not accepted, with its value and the accepted forms.
+        The first argument (or KVGRANT_TRACE) that is not accepted, with its value and
+        the accepted forms.
     """
     from kvgrant.layout.geometry import Geometry
     from kvgrant.layout.plan import PhysicalPlan
@@ -246,9 +258,14 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
             raise fail("memory_limit", memory_limit, "must be None, a size such as '-1G' or "
                                                      "'40G', a byte count or a MemoryLimit")
     check_flag("check_contract", check_contract)
+    name = "trace"
+    if trace is None:  # KVGRANT_TRACE: its errors name the variable, not an argument
+        from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
+
+        name, trace = TRACE_ENV, env_trace_path()
     if same_file(geometry, trace):
-        raise fail("trace", trace, f"is the geometry file {show(os.fspath(geometry))}; "
-                                   "writing the trace there would overwrite it")
+        raise fail(name, trace, f"is the geometry file {show(os.fspath(geometry))}; "
+                                "writing the trace there would overwrite it")
     if callable(plan) and not isinstance(plan, (str, PhysicalPlan)):
         plan = checked_planner(plan)
     return devs, plan

@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvgrant.errors import HandleBudgetError, LedgerError, LedgerLockTimeout
+from kvgrant.errors import ArgumentError, HandleBudgetError, LedgerError, LedgerLockTimeout
+from kvgrant.runtime.arguments import is_switch_word
 from kvgrant.runtime.hostlock import current_process, locked, process_state
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "LEDGER_VERSION",
     "Lease",
     "default_ledger_path",
+    "env_ledger_path",
 ]
 
 LEDGER_ENV = "KVGRANT_LEDGER"
@@ -66,12 +68,39 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "devices": list, "since": (int, float)}
 
 
+
+
+def env_ledger_path() -> Path | None:
+    """The ledger file ``$KVGRANT_LEDGER`` names; None when it is unset or empty.
+
+    Why a rule: the variable is a path (the docs say the sim backend uses a ledger "when
+    ``KVGRANT_LEDGER`` is set"), and ``KVGRANT_LEDGER=1`` made a ledger file named ``1``
+    in the working folder, one no other process on the host shares. A switch word is
+    refused rather than guessed.
+
+    Raises
+    ------
+    ArgumentError
+        The value is a switch word or blank (``argument`` is ``KVGRANT_LEDGER``).
+    """
+    raw = os.environ.get(LEDGER_ENV)
+    if not raw:
+        return None
+    if is_switch_word(raw):
+        raise ArgumentError(
+            f"{LEDGER_ENV} = {raw!r}: must be the path of the host's ledger file (such as "
+            f"{DEFAULT_LEDGER_PATH}), not a switch; unset it for the default (that file "
+            "for the cuda backend, no ledger for sim)",
+            argument=LEDGER_ENV, value=raw)
+    return Path(raw)
+
+
 def default_ledger_path() -> Path:
-    """``$KVGRANT_LEDGER``, else ``/dev/shm/kvgrant-ledger.json`` (the temp dir where
-    there is no /dev/shm)."""
-    env = os.environ.get(LEDGER_ENV)
-    if env:
-        return Path(env)
+    """``$KVGRANT_LEDGER`` (see :func:`env_ledger_path`), else
+    ``/dev/shm/kvgrant-ledger.json`` (the temp dir where there is no /dev/shm)."""
+    env = env_ledger_path()
+    if env is not None:
+        return env
     if os.path.isdir("/dev/shm"):
         return Path(DEFAULT_LEDGER_PATH)
     return Path(tempfile.gettempdir()) / "kvgrant-ledger.json"
@@ -132,51 +161,52 @@ class _File:
     def read(self) -> tuple[dict[str, Any], list[Holder]]:
         """Parse and check the file; raise LedgerError on anything not a v1 ledger."""
         path = self.ledger.path
+        name = self.ledger.name
         raw = self.raw()
         fix = (f"kvgrant will not guess who holds driver handles on this host. If no "
                f"kvgrant process is running here, repair it with `kvgrant budget --repair "
                f"--ledger {path}` (the old content is kept next to it)")
         if not raw.strip():
-            raise LedgerError(f"ledger {path} is empty (truncated?): {fix}", path=str(path))
+            raise LedgerError(f"{name} is empty (truncated?): {fix}", path=str(path))
         if len(raw) > MAX_LEDGER_BYTES:
-            raise LedgerError(f"ledger {path} is not a kvgrant ledger (larger than "
+            raise LedgerError(f"{name} is not a kvgrant ledger (larger than "
                               f"{MAX_LEDGER_BYTES:,} bytes): {fix}", path=str(path))
         line = raw.split(b"\n", 1)[0]
         try:
             doc = json.loads(line)
         except (UnicodeDecodeError, ValueError) as e:
-            raise LedgerError(f"ledger {path} is not a kvgrant ledger (garbage or truncated: "
+            raise LedgerError(f"{name} is not a kvgrant ledger (garbage or truncated: "
                               f"{str(e)[:120]}): {fix}", path=str(path)) from None
         except RecursionError:
-            raise LedgerError(f"ledger {path} is not a kvgrant ledger (JSON nested too "
+            raise LedgerError(f"{name} is not a kvgrant ledger (JSON nested too "
                               f"deeply): {fix}", path=str(path)) from None
         if not isinstance(doc, dict) or doc.get("format") != LEDGER_FORMAT:
-            raise LedgerError(f"ledger {path} is not a kvgrant ledger (no "
+            raise LedgerError(f"{name} is not a kvgrant ledger (no "
                               f"\"format\": {LEDGER_FORMAT!r}): {fix}", path=str(path))
         version = doc.get("version")
         if not isinstance(version, int) or isinstance(version, bool):
-            raise LedgerError(f"ledger {path}: version = {version!r} is not an integer: "
+            raise LedgerError(f"{name}: version = {version!r} is not an integer: "
                               f"{fix}", path=str(path))
         if version > LEDGER_VERSION:
             raise LedgerError(
-                f"ledger {path} was written by a newer kvgrant (ledger version {version}; "
+                f"{name} was written by a newer kvgrant (ledger version {version}; "
                 f"this kvgrant reads version {LEDGER_VERSION}): use the same kvgrant version "
                 f"on the whole host, or give this one its own ledger with {LEDGER_ENV}= "
                 f"(then neither sees the other's handles)", path=str(path))
         holders_raw = doc.get("holders")
         if not isinstance(holders_raw, list):
-            raise LedgerError(f"ledger {path}: \"holders\" is not a list: {fix}",
+            raise LedgerError(f"{name}: \"holders\" is not a list: {fix}",
                               path=str(path))
         try:
             holders = [_holder(h, i) for i, h in enumerate(holders_raw)]
         except ValueError as e:
-            raise LedgerError(f"ledger {path}: {e}: {fix}", path=str(path)) from None
+            raise LedgerError(f"{name}: {e}: {fix}", path=str(path)) from None
         me = current_process()
         host, boot = doc.get("host"), doc.get("boot_id")
         if boot and me.boot_id and boot != me.boot_id:
             if host != socket.gethostname():
                 raise LedgerError(
-                    f"ledger {path} belongs to host {host!r} (boot {boot}), not this host "
+                    f"{name} belongs to host {host!r} (boot {boot}), not this host "
                     f"{socket.gethostname()!r}: the handle budget is per host; give each host "
                     f"its own ledger (a path not shared between hosts)", path=str(path))
             holders = []  # same host, another boot: every holder is gone
@@ -205,7 +235,7 @@ class _File:
             os.pwrite(self.fd, data, 0)
             os.ftruncate(self.fd, len(data))
         except OSError as e:
-            raise LedgerError(f"ledger {self.ledger.path}: cannot write it: {e}",
+            raise LedgerError(f"{self.ledger.name}: cannot write it: {e}",
                               path=str(self.ledger.path)) from None
 
 
@@ -240,6 +270,9 @@ class HostLedger:
     def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
                  lock_timeout_s: float = _DEFAULT_TIMEOUT_S) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
+        #: what named the path: ``KVGRANT_LEDGER`` when it came from the environment
+        #: (its errors then name the variable, not ``--ledger``), else None
+        self.source: str | None = LEDGER_ENV if path is None and env_ledger_path() else None
         if not (isinstance(lock_timeout_s, (int, float)) and lock_timeout_s > 0):
             raise ValueError(f"lock_timeout_s = {lock_timeout_s!r}: must be a number > 0")
         self.lock_timeout_s = float(lock_timeout_s)
@@ -247,6 +280,18 @@ class HostLedger:
 
     def __repr__(self) -> str:
         return f"HostLedger({str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        """The ledger as error messages name it: ``ledger PATH``, and the variable that
+        named the path when it came from the environment."""
+        return f"ledger {self.path}" + (f" (named by {self.source})" if self.source else "")
+
+    @property
+    def _named(self) -> str:
+        """``KVGRANT_LEDGER = 'PATH'`` when the variable named the path (an error about
+        the path is then about the variable's value), else ``ledger PATH``."""
+        return f"{self.source} = {str(self.path)!r}" if self.source else f"ledger {self.path}"
 
     # ------------------------------------------------------------------ plumbing
     def _create(self) -> None:
@@ -256,7 +301,7 @@ class HostLedger:
         try:
             fd, tmp = tempfile.mkstemp(prefix=".kvgrant-ledger-", dir=d)
         except OSError as e:
-            raise LedgerError(f"ledger {self.path}: cannot create it in {d}: {e}",
+            raise LedgerError(f"{self._named}: cannot create it in {d}: {e}",
                               path=str(self.path)) from None
         try:
             os.fchmod(fd, 0o666)
@@ -266,7 +311,7 @@ class HostLedger:
             except FileExistsError:
                 pass  # someone else created it first: use theirs
             except OSError as e:
-                raise LedgerError(f"ledger {self.path}: cannot create it: {e}",
+                raise LedgerError(f"{self._named}: cannot create it: {e}",
                                   path=str(self.path)) from None
         finally:
             os.close(fd)
@@ -280,11 +325,13 @@ class HostLedger:
             except FileNotFoundError:
                 self._create()
             except OSError as e:
+                where = (f"point {LEDGER_ENV} at another file" if self.source else
+                         f"set {LEDGER_ENV}")
                 raise LedgerError(
-                    f"ledger {self.path}: cannot open it for reading and writing: {e} (every "
+                    f"{self._named}: cannot open it for reading and writing: {e} (every "
                     f"kvgrant process on the host must be able to write it; fix its mode, or "
-                    f"set {LEDGER_ENV})", path=str(self.path)) from None
-        raise LedgerError(f"ledger {self.path}: it disappeared while being created",
+                    f"{where})", path=str(self.path)) from None
+        raise LedgerError(f"{self.name}: it disappeared while being created",
                           path=str(self.path))
 
     def _session(self) -> "_Session":
@@ -349,7 +396,7 @@ class HostLedger:
             f"[{who}], with a reserve of {h.reserve:,} for users kvgrant cannot see: "
             f"{held:,} + {h.handles:,} + {h.reserve:,} = {total:,}, over by "
             f"{total - h.budget:,}. The budget is one pool for every process and GPU of the "
-            f"host (ledger {self.path}; `kvgrant budget` lists it)",
+            f"host ({self.name}; `kvgrant budget` lists it)",
             demand=h.handles, budget=h.budget, reserve=h.reserve, held=held,
             holders=[o.as_dict() for o in others])
 
@@ -391,7 +438,7 @@ class HostLedger:
             try:
                 aside.write_bytes(raw)
             except OSError as e:
-                raise LedgerError(f"ledger {self.path}: cannot keep the bad content at "
+                raise LedgerError(f"{self.name}: cannot keep the bad content at "
                                   f"{aside}: {e}", path=str(self.path)) from None
             f.write([])
             return aside
@@ -416,7 +463,7 @@ class _Session:
             who = (f"process {pid} holds it" + _cmdline(pid)) if pid else \
                 "the holder could not be found in /proc/locks"
             raise LedgerLockTimeout(
-                f"ledger {self.ledger.path}: its lock is still held after "
+                f"{self.ledger.name}: its lock is still held after "
                 f"{self.ledger.lock_timeout_s:g} s ({who}); a kvgrant process holds it only "
                 f"for microseconds, so that process is stuck: end it, then retry",
                 path=str(self.ledger.path), holder_pid=pid,

@@ -13,7 +13,9 @@ limits, kvgrant and HiGHS versions, a digest of the planner's source). A file th
 does not parse, has another key or breaks the layout contract is ignored and replaced;
 a cache folder that cannot be written is not used. ``KVGRANT_PLAN_CACHE`` names the folder (default
 ``$XDG_CACHE_HOME/kvgrant/plans``, else ``~/.cache/kvgrant/plans``); ``off`` turns the
-cache off.
+cache off. A ``KVGRANT_PLAN_CACHE`` that names a file (not a folder) is an error, not a
+folder that cannot be written: it is the user's mistake, and ignoring it hid that every
+start-up planned anew.
 """
 
 from __future__ import annotations
@@ -45,7 +47,14 @@ _FORMAT = "kvgrant-plan-cache/1"
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
-    """The cache folder ``KVGRANT_PLAN_CACHE`` names (None: the cache is off)."""
+    """The cache folder ``KVGRANT_PLAN_CACHE`` names (None: the cache is off).
+
+    Raises
+    ------
+    ArgumentError
+        ``KVGRANT_PLAN_CACHE`` is blank or names an existing file: it must be a folder
+        or ``off``. (A path below a file is a folder that cannot be made: not used.)
+    """
     env = os.environ if env is None else env
     raw = env.get(PLAN_CACHE_ENV)
     if raw is not None:
@@ -55,9 +64,23 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
             raise ArgumentError(f"{PLAN_CACHE_ENV} = {raw!r}: must be a folder path, or "
                                 "'off' to turn the plan cache off", argument=PLAN_CACHE_ENV,
                                 value=raw)
-        return Path(raw).expanduser()
+        folder = Path(raw).expanduser()
+        if _is_file(folder):
+            raise ArgumentError(f"{PLAN_CACHE_ENV} = {raw!r}: must be a folder or 'off' (to "
+                                "turn the plan cache off); it is a file",
+                                argument=PLAN_CACHE_ENV, value=raw)
+        return folder
     base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or "~", ".cache"))
     return Path(base).expanduser() / "kvgrant" / "plans"
+
+
+def _is_file(folder: Path) -> bool:
+    """Is ``folder`` an existing non-folder (a user's mistake, unlike a folder that
+    cannot be written, which is just not used)?"""
+    try:
+        return folder.exists() and not folder.is_dir()
+    except OSError:  # no search permission above it: a folder we cannot use, not a file
+        return False
 
 
 def _key(g: Geometry, limits: Mapping[str, Any]) -> str:

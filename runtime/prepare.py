@@ -8,7 +8,6 @@ opened and the ledger lease; :meth:`Prepared.discard` does exactly that.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Sequence
@@ -147,8 +146,9 @@ def prepare(geometry: "Geometry | str | Path", *,
         for d in sorted(set(devs)):
             gran = driver.granularity(d)
             if g.granularity % gran:
-                raise PlanError(f"granularity = {g.granularity}: not a multiple of device {d}'s "
-                                f"allocation granularity {gran}")
+                raise PlanError(f"granularity = {g.granularity}: not a multiple of the "
+                                f"allocation granularity {gran} of device {d} (rank "
+                                f"{devs.index(d)})")
         free_before = _free_map(driver, devs)
         fit = fit_pages(g, free_before, limit)
         if fit.reduced:
@@ -172,10 +172,12 @@ def prepare(geometry: "Geometry | str | Path", *,
         tw.close()
         if owns:
             driver.close()
+        rank = devs.index(e.device) if e.device in devs else None
         err = AllocationError(
-            f"{e.call} failed with {e.result_name} on device {e.device} before anything was "
-            f"created; nothing was published. Cause: {e}", cause=e, device=e.device,
-            call=e.call, result_name=e.result_name, live=driver.live().as_dict())
+            f"{e.call} failed with {e.result_name} on {_where(rank, e.device)} before "
+            f"anything was created (no address reserved, so no byte range); nothing was "
+            f"published. Cause: {e}", cause=e, rank=rank, device=e.device, call=e.call,
+            result_name=e.result_name, live=driver.live().as_dict())
         _drop_lease(lease, err)
         raise err from e
     except BaseException as e:
@@ -192,6 +194,16 @@ def prepare(geometry: "Geometry | str | Path", *,
 
     return Prepared(g, the_plan, devs, driver, owns, backend_reason, capacity, fit,
                     free_before, lease, tw, declared)
+
+
+def _where(rank: int | None, device: int | None) -> str:
+    """``rank R (device D)`` for a failed query before any reservation: the project's
+    failure messages name the rank as well as the device (was: the device only)."""
+    if device is None:
+        return "no device (a query of the whole driver)"
+    if rank is None:
+        return f"device {device} (no rank of this allocation)"
+    return f"rank {rank} (device {device})"
 
 
 def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"
@@ -217,14 +229,15 @@ def _free_map(driver: Driver, devices: Sequence[int]) -> dict[int, int]:
 def host_ledger(ledger: "HostLedger | str | Path | bool | None", backend: str
                 ) -> "HostLedger | None":
     """The ledger to reserve in (see ``allocate``'s ``ledger``), or None."""
-    from kvgrant.runtime.ledger import LEDGER_ENV, HostLedger
+    from kvgrant.runtime.ledger import HostLedger, env_ledger_path
 
     if ledger is False:
         return None
     if isinstance(ledger, HostLedger):
         return ledger
     if ledger is None or ledger is True:
-        if backend == "cuda" or ledger is True or os.environ.get(LEDGER_ENV):
+        # env_ledger_path: KVGRANT_LEDGER=1 is refused, not taken as a file named "1"
+        if backend == "cuda" or ledger is True or env_ledger_path() is not None:
             return HostLedger()
         return None
     return HostLedger(ledger)

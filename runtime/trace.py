@@ -27,12 +27,21 @@ What a crash loses: the renderer runs in its own session and writes everything i
 sent, so a SIGKILL of the allocating process loses only the records not yet shipped (at
 most one chunk's worth plus the events of the allocation in progress). Streams (and hosts where
 no process can start) are formatted in the shipping thread. Tracing is switched on by a
-path, an open text stream, or ``KVGRANT_TRACE``.
+path, an open text stream, or ``KVGRANT_TRACE`` (a file path; a switch word such as
+``1`` is refused, it once wrote a trace to a file named ``1``).
+
+When the file is made: at the first line shipped, not when the writer is made. The
+renderer process starts up front (it takes ~25 ms, more than a small start-up), but the
+file is created or truncated only once there is a line to write and its descriptor is
+then handed to the renderer over a socket; a run refused before its first event (bad
+options, too few devices, a ledger refusal) leaves the file the user named as it was.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -40,14 +49,15 @@ import weakref
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
-from kvgrant.errors import TraceError
+from kvgrant.errors import ArgumentError, TraceError
 from kvgrant.runtime import trace_render
+from kvgrant.runtime.arguments import is_switch_word
 from kvgrant.traceformat import LIFECYCLE_VERSION, encode_json, event_line, event_template
 from kvgrant.runtime.trace_render import (ALLOC_ENTRY, ALLOCS, DEFINE, FLUSH, HEADER, STOP,
                                           Renderer, alloc_spec, frame, read_frame)
 
 __all__ = ["ALLOC_ENTRY", "DEFAULT_CHUNK", "TRACE_ENV", "TRACE_VERSION", "TraceWriter",
-           "alloc_spec", "clock", "event_template", "open_trace"]
+           "alloc_spec", "clock", "env_trace_path", "event_template", "open_trace"]
 
 TRACE_ENV = "KVGRANT_TRACE"
 #: Header version of a lifecycle trace (kvgrant.traceformat owns the format).
@@ -64,20 +74,121 @@ clock: Callable[[], float] = time.perf_counter
 DEFAULT_CHUNK = 512
 _RENDER_SCRIPT = os.path.abspath(trace_render.__file__)
 
+#: The renderer process's start: import the renderer, say ready, wait for the trace
+#: file's descriptor (sent once there is a line to write) and run the renderer on it;
+#: no descriptor (the writer closed without a line) means no file: exit at once.
+_BOOT = """import socket, sys
+sys.path.insert(0, sys.argv[1])
+import trace_render
+del sys.path[0]
+sock = socket.socket(fileno=int(sys.argv[2]))
+sock.sendall(b"R")
+try:
+    fds = socket.recv_fds(sock, 1, 1)[1]
+except OSError:
+    fds = []
+sock.close()
+sys.exit(trace_render.main(["trace_render", str(fds[0])]) if fds else 0)
+"""
+
+
+def _refusal(path: Path) -> str | None:
+    """Why ``path`` cannot be opened for writing, found without creating or truncating
+    anything (None: as far as can be told, it can). Why: the file is opened only at the
+    first line, but a path that can never be written must still fail up front, before
+    any driver exists."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:  # a parent that is a file, a loop of links, no search right
+        return err.strerror or str(err)
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            return "Is a directory"
+        return None if os.access(path, os.W_OK) else "Permission denied"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # the parents are made later
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"Permission denied (cannot create files in {folder})"
+    return None
+
+
+def _create(path: Path, label: str) -> int:
+    """Create or truncate the trace file (and its folders), at its first line: inside
+    the timed start-up, so the folders are made only when they are missing."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        try:
+            return os.open(path, flags, 0o666)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(path, flags, 0o666)
+    except OSError as err:
+        raise TraceError(f"{label}: cannot open for writing: {err.strerror or err}"
+                         ) from None
+
+
+def _is_line(item: Any) -> bool:
+    """Does record ``item`` write a line (an event, the header, allocation entries)?"""
+    return item.__class__ is tuple or item[0] == HEADER or (item[0] == ALLOCS
+                                                            and len(item[2]) > 0)
+
+
+class _PendingFile:
+    """The trace file of the in-process renderer, created (or truncated) at its first
+    write: a run refused before its first event leaves the file as it was."""
+
+    def __init__(self, path: Path, label: str) -> None:
+        self.path = path
+        self.label = label  # "trace = 'PATH'" or "KVGRANT_TRACE = 'PATH'", for errors
+        self.fh: IO[str] | None = None
+
+    def write(self, text: str) -> int:
+        if self.fh is None:
+            self.fh = os.fdopen(_create(self.path, self.label), "w", encoding="ascii",
+                                buffering=1 << 16)
+        return self.fh.write(text)
+
+    def flush(self) -> None:
+        if self.fh is not None:
+            self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
 
 class _InProcess:
     """Ships records to a renderer process (trace files): this process only marshals
-    them and writes them to a pipe; the renderer formats and writes the lines."""
+    them and writes them to a pipe; the renderer formats and writes the lines. The file
+    is opened here at the first line and its descriptor sent to the renderer."""
 
-    def __init__(self, fd: int, errors: list[BaseException]) -> None:
+    def __init__(self, path: Path, label: str, errors: list[BaseException]) -> None:
         self.errors = errors
         self.seq = 0
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", _RENDER_SCRIPT, str(fd)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, pass_fds=(fd,), bufsize=0,
-            # its own session: a Ctrl-C meant for the allocation (which then unwinds
-            # and traces Abort) must not kill the renderer first
-            start_new_session=True)
+        self.path = path
+        self.label = label  # "trace = 'PATH'" or "KVGRANT_TRACE = 'PATH'", for errors
+        self.opened = False          # the file exists and the renderer has it
+        self.held: list[Any] = []    # spec definitions received before the first line
+        self.dead = False
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _BOOT, os.path.dirname(_RENDER_SCRIPT),
+                 str(child.fileno())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                pass_fds=(child.fileno(),), bufsize=0,
+                # its own session: a Ctrl-C meant for the allocation (which then unwinds
+                # and traces Abort) must not kill the renderer first
+                start_new_session=True)
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            child.close()
         self.to_child = self.proc.stdin.fileno()  # type: ignore[union-attr]
         self.from_child = self.proc.stdout  # type: ignore[assignment]
         try:  # room for a whole chunk while the renderer catches up (Linux)
@@ -86,14 +197,33 @@ class _InProcess:
             fcntl.fcntl(self.to_child, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
         except (ImportError, OSError):
             pass
-        self.dead = False
         try:  # handshake: a renderer that cannot run fails here, not mid-allocation
-            os.write(self.to_child, frame([[FLUSH]]))
-            read_frame(self.from_child)  # type: ignore[arg-type]
-        except (EOFError, OSError, ValueError) as err:
+            ready = self.sock.recv(1)
+        except OSError as err:
+            ready = str(err).encode()
+        if ready != b"R":
+            self.sock.close()
             self.proc.kill()
             self.proc.communicate()  # reaps it and closes both pipes
-            raise OSError(f"trace renderer process did not start: {err}") from None
+            raise OSError(f"trace renderer process did not start: {ready!r}")
+
+    def _open(self) -> None:
+        """Create the file and hand its descriptor to the renderer (first line)."""
+        self.opened = True
+        try:
+            fd = _create(self.path, self.label)
+        except TraceError as err:
+            self.errors.append(err)
+            self.dead = True   # nothing more is sent; the renderer exits without a file
+            self.sock.close()
+            return
+        try:
+            socket.send_fds(self.sock, [b"F"], [fd])
+        except OSError:
+            self._lost()
+        finally:
+            os.close(fd)
+            self.sock.close()
 
     def _lost(self) -> None:
         if not self.dead:
@@ -106,6 +236,16 @@ class _InProcess:
     def feed(self, items: list[Any]) -> bool:
         """Ship ``items``; after a FLUSH or STOP (always the last record) wait for the
         renderer's acknowledgement; True after STOP."""
+        if not self.opened:
+            if not any(_is_line(item) for item in items):  # no file yet, none needed
+                self.held += [x for x in items if x.__class__ is list and x[0] == DEFINE]
+                if items[-1].__class__ is list and items[-1][0] == STOP:
+                    self._end()
+                    return True
+                return False
+            items = self.held + items
+            self.held = []
+            self._open()
         if not self.dead:
             try:
                 view = memoryview(frame(items))
@@ -125,6 +265,13 @@ class _InProcess:
                 self._lost()
         if last[0] != STOP:
             return False
+        self._end()
+        return True
+
+    def _end(self) -> None:
+        """Close the pipes (and the socket, if the file was never sent) and reap the
+        renderer."""
+        self.sock.close()
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()  # type: ignore[union-attr]
@@ -135,7 +282,6 @@ class _InProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        return True
 
 
 def _no_ack(_item: list[Any]) -> None:
@@ -157,8 +303,10 @@ class TraceWriter:
     Parameters
     ----------
     target
-        A path (the file is created or truncated), an open text stream (left open
-        on :meth:`close`), or None (tracing off).
+        A path (the file is created or truncated at the first line written, so a run
+        refused before its first event leaves it as it was; a path that cannot be
+        written is refused here), an open text stream (left open on :meth:`close`),
+        or None (tracing off).
     renderer
         Where a trace *file* is formatted: ``"process"`` (default; a small Python
         process fed through a pipe, so formatting never runs in this process, and
@@ -169,6 +317,9 @@ class TraceWriter:
         Records :meth:`ship_if_full` lets pile up before it ships them: the most a
         SIGKILL of this process can lose. Each ship costs a pipe write (~10-20 us);
         the marshal costs the same per record however the records are batched.
+    source
+        What named the path, for error messages: ``"trace"`` (the argument) or
+        ``KVGRANT_TRACE`` when :func:`open_trace` read it from the environment.
 
     Notes
     -----
@@ -182,7 +333,8 @@ class TraceWriter:
                  "_finalizer", "renderer", "_line", "__weakref__")
 
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
-                 renderer: str = "process", chunk: int = DEFAULT_CHUNK) -> None:
+                 renderer: str = "process", chunk: int = DEFAULT_CHUNK,
+                 source: str = "trace") -> None:
         if renderer not in ("process", "thread"):
             raise ValueError(f"renderer = {renderer!r}: must be 'process' or 'thread'")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -199,21 +351,20 @@ class TraceWriter:
         self._finalizer: weakref.finalize | None = None
         if isinstance(target, (str, os.PathLike)):
             self.path = Path(target)
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fh = open(self.path, "w", encoding="ascii", buffering=1 << 16)
-            except OSError as err:
-                raise TraceError(f"trace = {str(self.path)!r}: cannot open for writing: "
-                                 f"{err.strerror or err}") from None
+            where = Path(os.path.abspath(self.path))  # opened later: not in another cwd
+            label = f"{source} = {str(self.path)!r}"
+            why = _refusal(where)
+            if why is not None:
+                raise TraceError(f"{label}: cannot open for writing: {why}")
             if renderer == "process":
                 try:
-                    self._sink = _InProcess(fh.fileno(), self._errors)
-                    fh.close()  # the renderer has its own descriptor of the file
+                    self._sink = _InProcess(where, label, self._errors)
                     self.renderer = "process"
                 except (OSError, ValueError):
                     pass  # no process here (no executable, no pass_fds): format in-process
             if self._sink is None:
-                self._sink = Renderer(fh, True, _no_ack, self._errors)
+                self._sink = Renderer(_PendingFile(where, label), True,  # type: ignore[arg-type]
+                                      _no_ack, self._errors)
                 self.renderer = "thread"
         elif target is not None:
             self._sink = Renderer(target, False, _no_ack, self._errors)
@@ -381,17 +532,41 @@ class TraceWriter:
         self.close()
 
 
+def env_trace_path(env: Mapping[str, str] | None = None) -> str | None:
+    """The trace path ``KVGRANT_TRACE`` names; None when it is unset or empty.
+
+    Why a rule: the variable is a file path, and ``KVGRANT_TRACE=1`` (or ``true``,
+    ``yes``, ``on``) wrote the trace to a file named ``1`` in the working folder, while
+    ``0``/``off`` wrote one named ``0``. A switch word is refused rather than guessed.
+
+    Raises
+    ------
+    ArgumentError
+        The value is a switch word or blank (``argument`` is ``KVGRANT_TRACE``).
+    """
+    environ = os.environ if env is None else env
+    raw = environ.get(TRACE_ENV, "")
+    if not raw:
+        return None
+    if is_switch_word(raw):
+        raise ArgumentError(
+            f"{TRACE_ENV} = {raw!r}: must be a file path (the trace file to write), not a "
+            "switch; set it to a path such as trace.ndjson, or unset it (or set it empty) "
+            "for no trace", argument=TRACE_ENV, value=raw)
+    return raw
+
+
 def open_trace(trace: "str | os.PathLike[str] | IO[str] | TraceWriter | None" = None, *,
                env: Mapping[str, str] | None = None) -> TraceWriter:
     """The writer for an ``allocate(trace=...)`` argument.
 
-    An explicit ``trace`` wins; else ``KVGRANT_TRACE=path`` switches tracing on;
-    else a disabled writer. A :class:`TraceWriter` passes through unchanged.
+    An explicit ``trace`` wins; else ``KVGRANT_TRACE=path`` switches tracing on (see
+    :func:`env_trace_path`; its errors name the variable); else a disabled writer. A
+    :class:`TraceWriter` passes through unchanged.
     """
     if isinstance(trace, TraceWriter):
         return trace
     if trace is not None:
         return TraceWriter(trace)
-    environ = os.environ if env is None else env
-    path = environ.get(TRACE_ENV, "")
-    return TraceWriter(path) if path else TraceWriter(None)
+    path = env_trace_path(env)
+    return TraceWriter(path, source=TRACE_ENV) if path else TraceWriter(None)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 
 from kvgrant.errors import (ArgumentError, GeometryError, KVGrantError, PlanFileError, ToolError,
                             TraceError)
 
-__all__ = ["MAX_COUNT", "count", "device_list", "exit_status", "positive_int",
-           "positive_seconds"]
+__all__ = ["MAX_COUNT", "check_ledger_path", "check_new_file_path", "count", "device_list",
+           "exit_status", "positive_int", "positive_seconds"]
 
 #: Largest integer option accepted (no count kvgrant takes comes near it).
 MAX_COUNT = 10**15
@@ -77,3 +78,42 @@ def positive_seconds(text: str) -> float:
     if not 0 < value < 10**7:
         raise argparse.ArgumentTypeError(f"{value}: must be > 0 and below 10,000,000 s")
     return value
+
+
+def check_new_file_path(field: str, path: str, what: str) -> None:
+    """Refuse, before any work, a path where the command cannot make the file ``what``
+    (its folder is missing or is a file, or the path is a folder): bad input, exit 2.
+
+    Why: the file is made only when it is first used (the ledger: after planning, just
+    before the first driver call), and then the error was an exit-1 failure naming a
+    temporary file, as if the host had refused the request.
+
+    Raises
+    ------
+    ArgumentError
+        ``FIELD = VALUE: rule``, naming the folder that is wrong.
+    """
+    if "\0" in path:
+        raise ArgumentError(f"{field} = {path!r}: a path cannot hold a NUL byte",
+                            argument=field.lstrip("-"), value=path)
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        rule = f"is a folder; name the {what} file itself (e.g. {os.path.join(path, 'x.json')!r})"
+    elif not os.path.exists(folder):
+        rule = f"its folder {folder!r} does not exist (the {what} file is made there)"
+    elif not os.path.isdir(folder):
+        rule = f"its folder {folder!r} is a file, not a folder"
+    else:
+        return
+    raise ArgumentError(f"{field} = {path!r}: {rule}", argument=field.lstrip("-"), value=path)
+
+
+def check_ledger_path(option: str | None) -> None:
+    """:func:`check_new_file_path` for the host ledger the command would use: the
+    option's value, else ``KVGRANT_LEDGER`` when set (the default folder is the system's)."""
+    from kvgrant.runtime.ledger import LEDGER_ENV, env_ledger_path
+
+    if option is not None:
+        check_new_file_path("--ledger", option, "ledger")
+    elif (named := env_ledger_path()) is not None:  # refuses a switch word such as 1
+        check_new_file_path(LEDGER_ENV, str(named), "ledger")

@@ -18,10 +18,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvgrant.errors import (AllocationError, ArgumentError, GeometryError, HandleBudgetError,
-                            KVGrantError, PlanFileError)
+from kvgrant.errors import ArgumentError, KVGrantError, ToolError, TraceError
 
-from kvgrant.commands._args import count, device_list, exit_status, positive_int, positive_seconds
+from kvgrant.commands._args import (check_ledger_path, count, device_list, positive_int,
+                                    positive_seconds)
+from kvgrant.commands._report import error_document, error_fields, report_error
 
 if TYPE_CHECKING:
     from kvgrant.runtime.options import HandleBudget
@@ -99,15 +100,9 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _json_value(value: object) -> object:
-    """``value`` when JSON holds it in at most 200 characters, else a short repr (an
-    error's offending value may be a whole plan file's allocation list)."""
-    try:
-        if len(json.dumps(value)) <= 200:
-            return value
-    except (TypeError, ValueError):
-        pass
-    return repr(value)[:200]
+def _error(args: argparse.Namespace, err: KVGrantError) -> int:
+    """Report ``err`` (stderr; the error document with --json) and give its exit status."""
+    return report_error("alloc", err, as_json=args.json)
 
 
 def _budget(args: argparse.Namespace) -> "HandleBudget":
@@ -117,9 +112,9 @@ def _budget(args: argparse.Namespace) -> "HandleBudget":
                         preflight=not args.no_preflight, ledger=args.ledger)
 
 
-def _driver_options(args: argparse.Namespace) -> dict[str, Any]:
+def _driver_options(args: argparse.Namespace, faults: bool = True) -> dict[str, Any]:
     opts: dict[str, Any] = {}
-    if args.fail_at is not None:
+    if faults and args.fail_at is not None:
         from kvgrant.runtime.faults import Fault
 
         opts["faults"] = [Fault(nth=args.fail_at)]
@@ -159,26 +154,22 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
     """``--procs N``: one process per rank (kvgrant.runtime.group)."""
     from kvgrant.layout.geometry import load_geometry, on_ranks
 
+    fail_rank = 0 if args.fail_rank is None else args.fail_rank
+    plan: Any = args.plan
     try:
+        check_ledger_path(args.ledger)
         g = load_geometry(args.geometry)
         if args.ranks is not None:
             g = on_ranks(g, args.ranks)
-    except KVGrantError as err:
-        print(f"kvgrant alloc: error: {err}", file=sys.stderr)
-        return exit_status(err)
-    if g.topology.ranks != args.procs:
-        print(f"kvgrant alloc: error: --procs = {args.procs}: the layout has "
-              f"topology.ranks = {g.topology.ranks} (one process per rank; use --ranks "
-              f"{args.procs} to run it on {args.procs} ranks)", file=sys.stderr)
-        return 2
-    fail_rank = 0 if args.fail_rank is None else args.fail_rank
-    if fail_rank >= args.procs:
-        # was: the fault went to no process, and the group published (exit 0)
-        print(f"kvgrant alloc: error: --fail-rank = {fail_rank}: must be a rank of the "
-              f"group, 0..{args.procs - 1}", file=sys.stderr)
-        return 2
-    plan: Any = args.plan
-    try:
+        if g.topology.ranks != args.procs:
+            raise ArgumentError(f"--procs = {args.procs}: the layout has topology.ranks = "
+                                f"{g.topology.ranks} (one process per rank; use --ranks "
+                                f"{args.procs} to run it on {args.procs} ranks)",
+                                argument="procs", value=args.procs)
+        if fail_rank >= args.procs:
+            # was: the fault went to no process, and the group published (exit 0)
+            raise ArgumentError(f"--fail-rank = {fail_rank}: must be a rank of the group, "
+                                f"0..{args.procs - 1}", argument="fail-rank", value=fail_rank)
         if args.trace is not None and os.path.exists(args.trace) \
                 and not os.path.isdir(args.trace):
             raise ArgumentError(f"--trace = {args.trace!r}: with --procs, --trace names a "
@@ -190,15 +181,13 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
             from kvgrant.layout.planfile import read_plan_file
 
             plan = read_plan_file(plan, g)
+        try:
+            from kvgrant.runtime import group_launch
+        except ModuleNotFoundError as err:  # pragma: no cover - torch missing
+            raise ToolError(f"--procs needs torch: pip install 'kvgrant[group]' ({err})"
+                            ) from None
     except KVGrantError as err:
-        print(f"kvgrant alloc: error: {err}", file=sys.stderr)
-        return exit_status(err)
-    try:
-        from kvgrant.runtime import group_launch
-    except ModuleNotFoundError as err:  # pragma: no cover - torch missing
-        print(f"kvgrant alloc: error: --procs needs torch: pip install 'kvgrant[group]' "
-              f"({err})", file=sys.stderr)
-        return 2
+        return _error(args, err)
     spec: dict[str, Any] = {
         "geometry": g.model_dump(), "procs": args.procs, "plan": plan,
         "backend": args.backend, "memory_limit": args.memory_limit,
@@ -217,10 +206,19 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
     # every rank published and released: had the fault fired, rank fail_rank's start-up
     # or release would have failed (was: exit 0, as if the fault had been watched)
     unfired = ok and args.fail_at is not None
+    first = None if ok else next(r for r in reports if not r.get("ok"))
+    problem = None if first is None else f"rank {first['rank']}: {first.get('error')}"
+    if unfired:
+        problem = (f"--fail-at {args.fail_at}: the fault never fired: rank {fail_rank}'s "
+                   "start-up and release made fewer driver calls (choose a smaller K)")
     if args.json:
-        print(json.dumps({"ok": ok and not unfired, "procs": args.procs, "mode": "group",
-                          **({"fault_fired": False} if unfired else {}),
-                          "ranks": reports}))
+        doc: dict[str, Any] = {"ok": ok and not unfired, "procs": args.procs, "mode": "group",
+                               **({"fault_fired": False} if unfired else {}),
+                               "ranks": reports}
+        if problem is not None:  # the error document's fields, the ranks' reports kept
+            kind = "KVGrantError" if first is None else str(first.get("kind"))
+            doc = {**doc, **error_document(kind, problem, 1), "ranks": reports}
+        print(json.dumps(doc))
     else:
         for r in reports:
             if r.get("ok"):
@@ -232,42 +230,41 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
                       f"{c['grants']:,} grants; start-up {r['startup_s'] * 1e3:.1f} ms; "
                       "live after release: " + ("nothing" if not any(
                           r["live_after_release"].values()) else str(r["live_after_release"])))
-    if not ok:
-        first = next(r for r in reports if not r.get("ok"))
-        print(f"kvgrant alloc: error: rank {first['rank']}: {first.get('error')}",
-              file=sys.stderr)
-        return 1
-    if unfired:
-        print(f"kvgrant alloc: error: --fail-at {args.fail_at}: the fault never fired: rank "
-              f"{fail_rank}'s start-up and release made fewer driver calls (choose a "
-              "smaller K)", file=sys.stderr)
+    if problem is not None:
+        print(f"kvgrant alloc: error: {problem}", file=sys.stderr)
         return 1
     return 0
 
 
-def _check_trace_target(geometry: str, trace: str | None, force: bool) -> None:
+def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
     """Refuse a trace path that would destroy data: the geometry file itself (same
     inode), or an existing non-empty file that does not start with a trace header
-    (unless ``--force``). ``kvgrant alloc G.json --trace G.json`` overwrote G.json."""
+    (unless ``--force``). ``kvgrant alloc G.json --trace G.json`` overwrote G.json.
+    The path is ``--trace``'s, else ``KVGRANT_TRACE``'s (the errors name which)."""
+    from kvgrant.layout.geometry import strict_json_loads
     from kvgrant.runtime.arguments import same_file
+    from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
 
+    field, trace = ("--trace", option) if option else (TRACE_ENV, env_trace_path())
     if trace is None:
         return
     if same_file(geometry, trace):
-        raise ArgumentError(f"--trace = {trace!r}: is the geometry file {geometry!r}; the "
-                            "trace would overwrite it", argument="trace", value=trace)
+        raise ArgumentError(f"{field} = {trace!r}: is the geometry file {geometry!r}; the "
+                            "trace would overwrite it", argument=field.lstrip("-"),
+                            value=trace)
     if force or not os.path.isfile(trace) or os.path.getsize(trace) == 0:
         return
     try:
         with open(trace, "rb") as fh:
             first = fh.readline(1 << 16)
-        is_trace = json.loads(first).get("kind") == "header"
+        # strictly: a first line naming "kind" twice is not a header (the last would win)
+        is_trace = strict_json_loads(first).get("kind") == "header"
     except (OSError, ValueError, AttributeError, RecursionError):
         is_trace = False
     if not is_trace:
-        raise ArgumentError(f"--trace = {trace!r}: exists and is not a kvgrant trace; "
+        raise ArgumentError(f"{field} = {trace!r}: exists and is not a kvgrant trace; "
                             "refusing to overwrite it (pass --force to overwrite)",
-                            argument="trace", value=trace)
+                            argument=field.lstrip("-"), value=trace)
 
 
 def _release_failed(args: argparse.Namespace, pub: Any, err: KVGrantError) -> int:
@@ -295,31 +292,75 @@ def _release_failed(args: argparse.Namespace, pub: Any, err: KVGrantError) -> in
             + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
             + f"; left live after release: {left}")
     if args.json:
-        print(json.dumps({"ok": False, "kind": type(err).__name__, "error": text,
-                          "live_after_release": live}))
+        print(json.dumps(error_document(type(err).__name__, text, 1, **error_fields(err),
+                                        live_after_release=live)))
     print(f"kvgrant alloc: error: {text}", file=sys.stderr)
     return 1
+
+
+def _check_fail_at(args: argparse.Namespace, geometry: Any, plan: Any,
+                   devices: list[int] | None) -> None:
+    """Refuse ``--fail-at K`` past the last driver call this plan makes, before anything
+    is allocated (was: the run went ahead, published, released, and then said the fault
+    never fired).
+
+    The count is the allocator's: what :func:`~kvgrant.runtime.prepare.prepare` asks
+    the driver (granularity and free memory of each device: the pages are fitted to
+    what is free, so the plan and its allocations are known only then), counted by a
+    prepare of its own on the same backend with no fault, no ledger and no trace,
+    which creates nothing; then per rank a reserve, per allocation a create, per
+    mapping (the plane's, and the alias of an aliased allocation) a map and a
+    cuMemSetAccess; and in the release an unmap per mapping, a release per allocation
+    and a free per rank (:class:`~kvgrant.runtime.engine.Engine`).
+
+    Raises
+    ------
+    ArgumentError
+        ``--fail-at = K: must be at most N (the driver calls this plan makes)``.
+    """
+    from kvgrant.runtime.options import Backend, HandleBudget
+    from kvgrant.runtime.prepare import prepare
+    from kvgrant.runtime.trace import TraceWriter
+
+    prep = prepare(geometry, plan=plan, backend=Backend(args.backend,
+                                                        _driver_options(args, faults=False)),
+                   devices=devices, memory_limit=args.memory_limit,
+                   budget=HandleBudget(handles=args.handle_budget, reserve=args.handle_reserve,
+                                       preflight=not args.no_preflight, ledger=False),
+                   trace=TraceWriter(None))
+    before = sum(prep.driver.calls.values())
+    ranks = len(prep.devices)
+    allocs = len(prep.plan.allocations)
+    mappings = allocs + sum(a.region is not None for a in prep.plan.allocations)
+    prep.discard(KVGrantError("--fail-at: counting driver calls"))  # nothing to give back
+    startup = ranks * (1 + allocs + 2 * mappings)
+    release = ranks * (mappings + allocs + 1)
+    last = before + startup + release
+    if args.fail_at > last:
+        raise ArgumentError(
+            f"--fail-at = {args.fail_at}: must be at most {last} (the driver calls this plan "
+            f"makes: {before} before the start-up, {startup} in it, {release} in the "
+            "release)", argument="fail-at", value=args.fail_at)
 
 
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
     from kvgrant.runtime.options import Backend
-    from kvgrant.runtime.trace import TRACE_ENV
 
     devices = args.devices
     if args.procs is not None:
         return _run_group(args, devices)
-    if args.fail_rank is not None:
-        # was: silently ignored (one process runs every rank; --fail-at picks the call)
-        print(f"kvgrant alloc: error: --fail-rank = {args.fail_rank}: only with --procs "
-              "(one process per rank); without it --fail-at K fails the K-th driver call "
-              "of the one process", file=sys.stderr)
-        return 2
     geometry: Any = args.geometry
     plan: Any = args.plan
     try:
-        _check_trace_target(args.geometry, args.trace or os.environ.get(TRACE_ENV) or None,
-                            args.force)
+        if args.fail_rank is not None:
+            # was: silently ignored (one process runs every rank; --fail-at picks the call)
+            raise ArgumentError(f"--fail-rank = {args.fail_rank}: only with --procs (one "
+                                "process per rank); without it --fail-at K fails the K-th "
+                                "driver call of the one process", argument="fail-rank",
+                                value=args.fail_rank)
+        check_ledger_path(args.ledger)
+        _check_trace_target(args.geometry, args.trace, args.force)
         from kvgrant.layout.geometry import load_geometry, on_ranks
 
         if args.ranks is not None or plan not in _LABELS:
@@ -330,28 +371,14 @@ def run(args: argparse.Namespace) -> int:
             from kvgrant.layout.planfile import read_plan_file
 
             plan = read_plan_file(plan, geometry)
+        if args.fail_at is not None:
+            _check_fail_at(args, geometry, plan, devices)
         pub = allocate(geometry, plan=plan,
                        backend=Backend(args.backend, _driver_options(args)),
                        devices=devices, memory_limit=args.memory_limit,
                        budget=_budget(args), trace=args.trace)
     except KVGrantError as err:
-        if args.json:
-            out: dict[str, object] = {"ok": False, "kind": type(err).__name__,
-                                      "error": str(err)}
-            if isinstance(err, (GeometryError, PlanFileError)):  # bad input: where
-                out.update({"field": err.field, "value": _json_value(err.value)})
-            if isinstance(err, HandleBudgetError):
-                out.update({"demand": err.demand, "budget": err.budget,
-                            "reserve": err.reserve, "held": err.held,
-                            "holders": err.holders})
-            if isinstance(err, AllocationError):
-                out.update({"call": err.call, "rank": err.rank, "device": err.device,
-                            "result": err.result_name, "target": err.target,
-                            "byte_range": err.byte_range, "live": err.live,
-                            "free_before": err.free_before, "free_after": err.free_after})
-            print(json.dumps(out))
-        print(f"kvgrant alloc: error: {err}", file=sys.stderr)
-        return exit_status(err)
+        return _error(args, err)
     summary = pub.summary()
     trace = str(pub.trace_path) if pub.trace_path else None
     try:
@@ -360,25 +387,30 @@ def run(args: argparse.Namespace) -> int:
         return _release_failed(args, pub, err)
     live_after = pub.driver.live().as_dict()
     trace_error = pub.trace_error
-    # the fault never fired: had it, the start-up or the release would have failed
+    problem: tuple[str, str] | None = None  # (error kind, message)
+    if trace_error is not None:
+        problem = (TraceError.__name__, f"the trace {trace} is incomplete: writing it "
+                                        f"failed: {trace_error}")
+    # the fault never fired: had it, the start-up or the release would have failed (the
+    # count checked up front was the plan's; this is the net should the run differ)
     unfired = args.fail_at is not None
+    if unfired and problem is None:
+        calls = sum(pub.driver.calls.values())
+        problem = (KVGrantError.__name__, f"--fail-at {args.fail_at}: the fault never "
+                   f"fired: the start-up and release made {calls} driver calls (choose K "
+                   f"in 1..{calls})")
     if args.json:
-        summary.update({"ok": trace_error is None and not unfired,
+        summary.update({"ok": problem is None,
                         "fault_fired": False if unfired else None,
                         "release_s": round(pub.release_s or 0.0, 6),
                         "live_after_release": live_after, "trace": trace,
                         "trace_error": None if trace_error is None else str(trace_error)})
+        if problem is not None:
+            summary.update(error_document(problem[0], problem[1], 1))
         print(json.dumps(summary))
     else:
         _print_text(summary, pub.release_s, live_after, trace)
-    if trace_error is not None:
-        print(f"kvgrant alloc: error: the trace {trace} is incomplete: writing it failed: "
-              f"{trace_error}", file=sys.stderr)
-        return 1
-    if unfired:
-        calls = sum(pub.driver.calls.values())
-        print(f"kvgrant alloc: error: --fail-at {args.fail_at}: the fault never fired: the "
-              f"start-up and release made {calls} driver calls (choose K in 1..{calls})",
-              file=sys.stderr)
+    if problem is not None:
+        print(f"kvgrant alloc: error: {problem[1]}", file=sys.stderr)
         return 1
     return 0

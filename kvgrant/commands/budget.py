@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from kvgrant.commands._args import count
+from kvgrant.commands._args import check_ledger_path, count
 
 __all__ = ["add_parser", "run"]
 
@@ -40,6 +40,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.ledger import HostLedger
 
+    check_ledger_path(args.ledger)  # a missing folder is bad input (exit 2), not a failure
     ledger = HostLedger(args.ledger)
     aside = ledger.repair() if args.repair else None
     holders = ledger.holders()

@@ -20,7 +20,8 @@ import sys
 from typing import Any, Callable, Iterable
 
 from kvgrant.commands._args import count, positive_int, positive_seconds
-from kvgrant.errors import KVGrantError, ToolError, TraceError
+from kvgrant.commands._report import error_document
+from kvgrant.errors import ArgumentError, KVGrantError, ToolError, TraceError
 
 __all__ = ["TLC_MAX_EVENTS", "add_parser", "run"]
 
@@ -121,6 +122,18 @@ def run(args: argparse.Namespace) -> int:
     from kvgrant.conformance.group_check import is_group_input, run_group
     from kvgrant.conformance.tlc import exit_on_signals
 
+    if getattr(args, "ranks", None) is not None and getattr(args, "geometry", None) is None:
+        # was: ignored; the trace's header says its ranks, --ranks only says how the
+        # geometry was run (kvgrant alloc --ranks N) for the --geometry comparison
+        err = ArgumentError(f"--ranks = {args.ranks}: needs --geometry (it says the "
+                            f"geometry was run on {args.ranks} ranks, as `kvgrant alloc "
+                            f"--ranks {args.ranks}` ran it, for the comparison with the trace "
+                            "header; a trace's own ranks are in its header)",
+                            argument="ranks", value=args.ranks)
+        if len(args.trace) == 1:
+            args.trace = args.trace[0]  # as the other documents name a single file
+        _error(args, str(err), kind="argument", error_class=ArgumentError)
+        return 2
     # TLC and its temp folders must go on SIGTERM/SIGHUP/SIGINT too (issue #16).
     with exit_on_signals():
         if is_group_input(args.trace):
@@ -146,7 +159,8 @@ def _run(args: argparse.Namespace) -> int:
         # but the detailed one refuses would raise here, and is bad input all the same)
         return _check(args, trace)
     except TraceError as err:
-        _error(args, f"malformed trace: {err}", kind="malformed", line=err.line)
+        _error(args, f"malformed trace: {err}", kind="malformed", error_class=TraceError,
+               line=err.line)
         return 2
 
 
@@ -176,12 +190,13 @@ def _check(args: argparse.Namespace, trace: Any) -> int:
                          "machine: 3,000 events in 148 s, 5,000 in 485 s). Check it with "
                          "--engine python, or record a shorter trace (e.g. kvgrant alloc "
                          "--ranks 1 on a smaller layout), or raise --tlc-max-events and "
-                         "--tlc-timeout", kind="too_long")
+                         "--tlc-timeout", kind="too_long", error_class=ToolError)
             return 2
         try:
             verdicts.append(_check_tlc(trace, args))
         except ToolError as err:
-            _error(args, f"TLC could not check the trace: {err}", kind="tool")
+            _error(args, f"TLC could not check the trace: {err}", kind="tool",
+                   error_class=type(err))
             return 2
         if not args.json:
             _print_verdict(verdicts[-1])
@@ -223,7 +238,8 @@ def _check_geometry(args: argparse.Namespace,
     try:
         diffs = mismatches(notes)
     except KVGrantError as err:
-        _error(args, f"--geometry {args.geometry}: {err}", kind="geometry")
+        _error(args, f"--geometry {args.geometry}: {err}", kind="geometry",
+               error_class=type(err))
         return 2
     if diffs:
         return _geometry_rejected(args, diffs)
@@ -359,8 +375,14 @@ def _check_tlc(trace: Any, args: argparse.Namespace) -> Any:
 
 
 def _error(args: argparse.Namespace, message: str, *, kind: str,
+           error_class: type[BaseException],
            line: int | None = None) -> None:
+    """An exit-2 error: stderr, and with --json conform's error document (``error`` is
+    the short ``kind``, ``message`` the text), with the fields every kvgrant error
+    document has (kvgrant.commands._report: ``ok``, ``kind`` the error class,
+    ``exit_status``)."""
     if args.json:
-        print(json.dumps({"trace": args.trace, "engine": args.engine, "error": kind,
-                          "line": line, "message": message}, indent=2))
+        doc = {**error_document(error_class.__name__, message, 2), "trace": args.trace,
+               "engine": args.engine, "error": kind, "line": line}
+        print(json.dumps(doc, indent=2))
     print(f"kvgrant conform: error: {message}", file=sys.stderr)

@@ -20,8 +20,9 @@ import sys
 import time
 from typing import Any
 
-from kvgrant.commands._args import count, exit_status
-from kvgrant.errors import GeometryError, KVGrantError
+from kvgrant.commands._args import count
+from kvgrant.commands._report import report_error
+from kvgrant.errors import KVGrantError
 
 __all__ = ["add_parser", "run"]
 
@@ -72,22 +73,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except KVGrantError as err:
-        if args.json:
-            out: dict[str, object] = {"ok": False, "kind": type(err).__name__,
-                                      "error": str(err)}
-            if isinstance(err, GeometryError):
-                out.update({"field": err.field, "value": _jsonable(err.value)})
-            print(json.dumps(out))
-        print(f"kvgrant plan: error: {err}", file=sys.stderr)
-        return exit_status(err)
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)[:200]
+        return report_error("plan", err, as_json=args.json)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -97,7 +97,8 @@ def load_plan_document(path: str | Path) -> Any:
     try:
         return strict_json_loads(raw.decode("utf-8"))
     except DuplicateKeyError as err:
-        raise _file_fail(path, f"not a plan document: {err}") from None
+        raise PlanFileError(f"plan file {_shown(path)}: not a plan document: {err}",
+                            path=str(path), field=err.key, value=str(path)) from None
     except (UnicodeDecodeError, ValueError) as err:
         raise _file_fail(path, f"not JSON: {str(err)[:120]}") from None
     except RecursionError:

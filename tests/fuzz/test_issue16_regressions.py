@@ -192,9 +192,12 @@ def test_leaving_the_with_block_releases_the_views() -> None:
 # ---------------------------------------------------------------- 7. silently accepted
 
 def test_fail_at_past_the_last_call_says_the_fault_never_fired() -> None:
+    # was: the run went ahead, published and released, then said the fault never fired
+    # (exit 1); now refused up front, before anything is allocated
     res = run_cli(["alloc", str(SMALL), "--backend", "sim", "--fail-at", "1000"])
     assert_clean(res, invalid=True)
-    assert res.rc == 1 and "never fired" in res.err
+    assert res.rc == 2 and "--fail-at = 1000: must be at most" in res.err, res.err
+    assert "published" not in res.out, res.out
 
 
 @pytest.mark.parametrize("flag", [

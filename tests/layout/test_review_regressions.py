@@ -102,5 +102,6 @@ def test_a_plan_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text(_with_a_repeated_key(json.dumps(plan_document(reference_plan(g))),
                                          "plane_offset"))
-    with pytest.raises(PlanFileError, match='key "plane_offset" appears twice'):
+    with pytest.raises(PlanFileError, match='key "plane_offset" appears twice') as err:
         read_plan_file(path, g)
+    assert err.value.field == "plane_offset"
