@@ -154,24 +154,40 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
     ref = reference_plan(g)
     start = ref
     exact: ExactResult | None = None
+    memo: list[LowerBound] = []
+
+    def lower_bound() -> LowerBound:
+        """The combinatorial bound, computed once (before windows, or for the gap)."""
+        if not memo:
+            memo.append(allocation_lower_bound(g))
+        return memo[0]
+
     try:
         exact = exact_plan(g, start=ref, label="packed", progress=progress,
                            node_limit=node_limit, max_nonzeros=max_nonzeros,
                            max_solves=max_solves, max_checks=max_checks,
-                           max_windowed_nonzeros=max_windowed_nonzeros)
+                           max_windowed_nonzeros=max_windowed_nonzeros,
+                           lower_bound=lambda: lower_bound().total)
     except ImportError:  # pragma: no cover - highspy is a dependency
         exact = None
+    if exact is not None and exact.optimal and memo and exact.source == "start" \
+            and exact.bound == memo[0].total:  # the start met the combinatorial bound
+        plan = PhysicalPlan("packed", g, ref.allocations,
+                            (f"reference rule: optimal ({exact.bound:,} allocations, the "
+                             "combinatorial lower bound; the model was not solved)",))
+        return PackedResult(plan, exact.bound, True, "reference", time.perf_counter() - t0,
+                            exact, "combinatorial", memo[0])
     if exact is not None and exact.optimal:
         plan = PhysicalPlan("packed", g, exact.plan.allocations,
                             (f"exact: optimal ({exact.bound:,} allocations proven by "
                              "the solver's dual bound)",))
         return PackedResult(plan, exact.bound, True, "exact", time.perf_counter() - t0, exact)
     best = exact.plan if exact is not None else start
-    if progress:
+    if progress and not memo:
         progress("combinatorial lower bound, for the gap")
     # the combinatorial bound is sound for every plan (docs/layout.md), and the
     # solver's may be the trivial floor when the model was not solved
-    lower = allocation_lower_bound(g)
+    lower = lower_bound()
     comb = lower.total
     if exact is not None and exact.source == "windows":
         # the windows beat the reference rule already; the heuristic packer would

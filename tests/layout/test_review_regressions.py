@@ -11,7 +11,7 @@ import pytest
 from kvgrant.cli import main
 from kvgrant.errors import ArgumentError, GeometryError, PlanFileError
 from kvgrant.layout.conflicts import conflict_ranges
-from kvgrant.layout.geometry import load_geometry
+from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import Allocation
 from kvgrant.layout.planfile import plan_document, read_plan_file
 from kvgrant.layout.rules import reference_plan
@@ -105,3 +105,41 @@ def test_a_plan_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PlanFileError, match='key "plane_offset" appears twice') as err:
         read_plan_file(path, g)
     assert err.value.field == "plane_offset"
+
+
+def _mid_plane_geometry() -> "Geometry":
+    """Two chunks in the middle of their planes: the reference rule's 6 allocations
+    are optimal (the combinatorial bound is 6), the trivial floor is 3."""
+    from kvgrant.layout.geometry import parse_geometry
+
+    return parse_geometry({
+        "name": "mid-plane", "granularity": 96, "pages": 40, "page_tokens": 16,
+        "topology": {"ranks": 2},
+        "planes": [{"name": "p0", "bytes_per_page": 959},
+                   {"name": "p1", "bytes_per_page": 959}],
+        "regions": [{"name": "r0", "rows": 4, "row_bytes": 2510},
+                    {"name": "r1", "rows": 1, "row_bytes": 4800}],
+        "aliases": [{"region": "r0", "offset": 0, "plane": "p1", "plane_offset": 9600,
+                     "length": 10080},
+                    {"region": "r1", "offset": 0, "plane": "p0", "plane_offset": 14400,
+                     "length": 4800}]})
+
+
+def test_a_model_for_windows_is_not_solved_when_the_bound_proves_the_start(
+        monkeypatch) -> None:
+    # was: a 2-chunk layout at G = 96 B (365,001 nonzeros) ran its windows for over
+    # 5 minutes, where the combinatorial bound (1.6 s) proves the reference rule optimal
+    from kvgrant.layout import windows
+    from kvgrant.layout.planner import plan_packed
+
+    g = _mid_plane_geometry()
+
+    def no_windows(*a, **k):
+        raise AssertionError("the windows ran although the bound proves the start")
+
+    monkeypatch.setattr(windows, "solve_windows", no_windows)
+    res = plan_packed(g, max_nonzeros=1)
+    assert res.optimal and res.bound == 6 and res.bound_source == "combinatorial"
+    assert res.plan.allocations == reference_plan(g).allocations
+    assert res.source == "reference" and res.exact is not None
+    assert res.exact.status.startswith("Optimal (start meets the combinatorial bound")
