@@ -58,6 +58,9 @@ _ARGS: Mapping[str, tuple[str, ...]] = {
     a: tuple(k for k in s.args if k != "error") for a, s in GROUP_SHAPES.items()}
 _GROUP_ACTIONS = frozenset(GROUP_ACTIONS)
 assert _GROUP_ACTIONS == frozenset(GROUP_SHAPES), "the format and the model list the same actions"
+#: Actions that are a call (a driver call, sendmsg, all_gather), as the format's table
+#: says: they record a ``result``; the model-only steps record null.
+_CALLED = frozenset(a for a, s in GROUP_SHAPES.items() if s.call is not None)
 #: An object field of a row: (device, va, size, handle), None for null.
 Objs = tuple["int | None", "int | None", "int | None", "int | None"]
 #: The same, as positions in :class:`Args` (for the fast reader).
@@ -351,6 +354,8 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
              None if sz == nul else int(sz), None if hd == nul else int(hd))
             for (_s, _r, _a, _g, _res, dv, va, sz, hd, _st) in m]
     for k, (seq, r, action, args, result, _dv, _va, _sz, _hd, state) in enumerate(m):
+        if (result == nul) is (action in _CALLED):  # the detailed reader names the line
+            return None
         a = cache.get((action, args)) or shared.get((action, args))
         if a is None:
             # the forward and unwinding steps' args (owner, alloc, mapping, devices, to)
@@ -426,6 +431,12 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
         call = obj.get("call")
         if call is not None and type(call) is not str:
             raise _fail(source, ln, f"call = {call!r}: must be a string or null")
+        if (result is None) is (action in _CALLED):
+            raise _fail(source, ln, (
+                f"result = null: {action} is a call ({GROUP_SHAPES[action].call}): it "
+                "records what it returned (a CUresult name, SUCCESS, or the error)")
+                if result is None else (
+                f"result = {result!r}: {action} is a model-only step: its result is null"))
         state = obj.get("state")
         if type(state) is not dict:
             raise _fail(source, ln, f"state = {state!r}: must be an object")

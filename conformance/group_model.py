@@ -403,11 +403,16 @@ FORWARD_GUARDS: dict[str, Callable[[GroupConstants, GroupState, int, Args], str]
 
 
 def _fail_extra(c: GroupConstants, g: GroupState, p: int, x: str, e: Args) -> str:
-    """A failed Import must name one of p's owners (StepEnabled quantifies over Sources)."""
+    """A failed Import must name one of p's owners (StepEnabled quantifies over Sources);
+    a failed Send, Grant or ImportGrant was given its target too: an importer, the own
+    device (a cuMemSetAccess to another device is the wrong call even when it fails)."""
     if x == "Import" and e.owner not in c.sources[p]:
         return f"rank {e.owner} is not an owner rank {p} imports from"
     if x == "Send" and e.to not in c.importers[p]:
         return _send_target(c, p, e)
+    if (x == "Grant" or x == "ImportGrant") and e.devices != frozenset({p}):
+        return (f"a failed {x} was asked to grant ranks {sorted(e.devices or ())}: a "
+                f"process grants its own device only (rank {p})")
     return ""
 
 

@@ -2,8 +2,9 @@
 
 Each event must act on the object the header's plan names
 (:mod:`kvgrant.conformance.objects`: device, VA, size, handle), be an enabled action of
-the model (a failed driver call is ``Fail(r, x)``), a Grant must name exactly
-``GrantSet(r, a, m)`` (importers derived from the header's import groups), and the
+the model (a failed driver call is ``Fail(r, x)``), a Grant -- a failed one too: it
+names the devices it was given -- must name exactly ``GrantSet(r, a, m)`` (importers
+derived from the header's import groups), and the
 event's recorded abstract state must equal the model's state after it. The trace is
 accepted when every event matches and the last state is terminal (Published,
 Aborted or Shutdown). A rejection names the first unmatched event with the model
@@ -107,7 +108,7 @@ def _mismatch(c: Constants, s: ModelState, ev: Event, act: Action,
     if act.name == "Fail" and not step_guard(c, s, act):
         return (f"{act}: StepEnabled holds but the failed call itself "
                 f"({ev.action} with these arguments) could not run here")
-    if act.name == "Grant":
+    if ev.action == "Grant":  # a failed Grant too: it names the devices it was given
         want = c.grant_set(act.rank, act.alloc, act.mapping)
         key = tuple(ev.args.get("devices") or ())
         got = dev_to_rank.get(key)  # type: ignore[call-overload]
@@ -117,7 +118,8 @@ def _mismatch(c: Constants, s: ModelState, ev: Event, act: Action,
         if got != want:
             extra = sorted(d for d in got if d not in want)
             missing = sorted(want - got)
-            return (f"grants to ranks {sorted(got)} but GrantSet is {sorted(want)}"
+            what = "grants to" if ev.ok else f"was asked (and failed, {ev.result}) to grant"
+            return (f"{what} ranks {sorted(got)} but GrantSet is {sorted(want)}"
                     + (f" (not owner or importer: {extra})" if extra else "")
                     + (f" (missing: {missing})" if missing else ""))
     return ""

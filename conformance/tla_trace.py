@@ -59,7 +59,10 @@ def _tla(v: Any) -> str:
     if isinstance(v, bool):
         return "TRUE" if v else "FALSE"
     if isinstance(v, int):
-        return str(v)
+        # TLC's integers are 32-bit and it refuses a larger literal ("can't handle a
+        # number this big"): an event's device, counter or Grant ordinal past them is no
+        # device, count or rank the model has, and becomes _NOWHERE (-2), which none is
+        return str(v) if -_MAX <= v <= _MAX else str(_NOWHERE)
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, (set, frozenset)):

@@ -61,6 +61,11 @@ MAX_NESTING = 32
 _MAX_ORDINAL = (1 << 31) - 1
 _NEEDS_ALLOC = frozenset(a for a, sh in ACTIONS.items() if "alloc" in sh.args)
 _NEEDS_MAPPING = frozenset(a for a, sh in ACTIONS.items() if "mapping" in sh.args)
+#: The args keys the format gives some action, and per action those it does not take:
+#: such a key is refused, never read (a RankReady naming an alloc past the plan made the
+#: object check index the plan with it, and a Map naming devices broke the TLC module).
+_ARG_KEYS = frozenset(k for sh in ACTIONS.values() for k in sh.args)
+_NOT_ARGS = {a: _ARG_KEYS - frozenset(sh.args) for a, sh in ACTIONS.items()}
 MAPPINGS = ("plane", "alias")
 SUCCESS = "CUDA_SUCCESS"
 
@@ -519,6 +524,11 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
         args = {}
     elif type(args) is not dict:
         raise _fail(source, lineno, f"args = {args!r}: must be an object")
+    elif args and not _NOT_ARGS[action].isdisjoint(args):
+        key = min(_NOT_ARGS[action].intersection(args))
+        takes = ", ".join(ACTIONS[action].args) or "none"
+        raise _fail(source, lineno, f"args.{key} = {_show(args[key])}: {action} takes no "
+                                    f"{key} (its args: {takes})")
     alloc = args.get("alloc")
     mapping = args.get("mapping")
     if action in _NEEDS_ALLOC and (type(alloc) is not int or not 0 <= alloc < h.allocs):
@@ -612,6 +622,10 @@ def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
     if action in _NEEDS_ALLOC and not has_alloc:
         return False
     if action in _NEEDS_MAPPING and not mapping:
+        return False
+    not_args = _NOT_ARGS[action]  # a key the action does not take: the detailed reader names it
+    if (has_alloc and "alloc" in not_args) or (mapping and "mapping" in not_args) \
+            or (devices and "devices" in not_args) or (failed_rank and "failed_rank" in not_args):
         return False
     if action == "Grant":
         if not devices:

@@ -183,18 +183,20 @@ IsCrash(e) == e.action = "Crash" /\ Crash(e.p)
 
 \* A failed step is Fail(p, x); the call itself, with its own arguments,
 \* must have been able to run (a failed Import needs no Send: the deadline).
+\* A failed Grant / ImportGrant was given its devices: the own device only.
 FailedCallCouldRun(e) ==
     CASE e.action = "Reserve"     -> CanReserve(e.p)
       [] e.action = "Create"      -> CanCreate(e.p, e.alloc)
       [] e.action = "Map"         -> CanMap(e.p, e.alloc)
       [] e.action = "MapAlias"    -> CanMapAlias(e.p, e.alloc)
-      [] e.action = "Grant"       -> CanGrant(e.p, e.alloc, e.mapping)
+      [] e.action = "Grant"       -> CanGrant(e.p, e.alloc, e.mapping) /\ e.devices = {e.p}
       [] e.action = "Export"      -> CanExport(e.p, e.alloc)
       [] e.action = "Send"        -> CanSend(e.p, e.alloc, e.to) /\ e.to \in Importers[e.p]
       [] e.action = "Import"      -> CanImport(e.p, e.owner, e.alloc)
                                      /\ e.owner \in Sources(e.p)
       [] e.action = "ImportMap"   -> CanImportMap(e.p, e.owner, e.alloc, e.mapping)
-      [] e.action = "ImportGrant" -> CanImportGrant(e.p, e.owner, e.alloc, e.mapping)
+      [] e.action = "ImportGrant" -> /\ CanImportGrant(e.p, e.owner, e.alloc, e.mapping)
+                                     /\ e.devices = {e.p}
       [] OTHER                    -> FALSE
 
 IsFail(e) ==

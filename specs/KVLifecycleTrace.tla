@@ -133,13 +133,16 @@ IsRankReady(e) == e.action = "RankReady" /\ ModelOnly(e) /\ RankReady(e.rank)
 IsPublish(e)   == e.action = "Publish"   /\ ModelOnly(e) /\ Publish
 
 \* A failed driver call is Fail(r, x); the call itself, with its own
-\* arguments, must have been able to run.
+\* arguments, must have been able to run.  A failed Grant was given its
+\* devices too: they are the model's (a cuMemSetAccess to a declared reader
+\* that failed, e.g. at the handle budget, is still the wrong call).
 FailedCallCouldRun(e) ==
     CASE e.action = "Reserve"  -> CanReserve(e.rank)
       [] e.action = "Create"   -> CanCreate(e.rank, e.alloc)
       [] e.action = "Map"      -> CanMap(e.rank, e.alloc)
       [] e.action = "MapAlias" -> CanMapAlias(e.rank, e.alloc)
-      [] e.action = "Grant"    -> CanGrant(e.rank, e.alloc, e.mapping)
+      [] e.action = "Grant"    -> /\ CanGrant(e.rank, e.alloc, e.mapping)
+                                  /\ e.devices = GrantSet(e.rank, e.alloc, e.mapping)
       [] OTHER                 -> FALSE
 
 IsFail(e) ==
