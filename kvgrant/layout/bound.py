@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
-from kvgrant.layout.granules import granule_row, label_units, labels, same_set_spans
+from kvgrant.layout.granules import (eligible_pairs, granule_row, label_units, labels,
+                                     same_set_spans)
 
 __all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
            "lagrangian_bound"]
@@ -245,6 +246,33 @@ def _inside(ranges: tuple[tuple[int, int], ...], starts: list[int], p0: int, p1:
     return i >= 0 and p1 <= ranges[i][1]
 
 
+MAX_DEAD_UNIT_WORK = 20_000_000
+"""Most (straddling granule, candidate plane granule) tests :func:`_dead_units` makes;
+past it no granule is counted dead (a weaker, still sound bound: dead granules only
+add unaliased allocations). A count of the geometry, never a clock. Why: a layout of
+121,000 rows of 4 bytes at G = 64 bytes has a straddling label at nearly every region
+granule and 20,000 candidates each (over 10^9 tests)."""
+
+
+def _straddling_work(g: Geometry, spans: Any, lab: Any) -> int:
+    """The candidate tests :func:`_dead_units` would make for straddling labels: per
+    straddling label and plane, the granules its first part's pages (or the plane's
+    tail) allow, counted from the ranges without listing them."""
+    G = g.granularity
+    work = 0
+    for r in g.regions:
+        for l_ in range(len(lab.need)):
+            if lab.region[l_] != r.name or granule_row(r, lab.first[l_], G) is not None:
+                continue
+            a0, _b0, ranges0 = spans[l_][0]
+            for p in g.planes:
+                bpp, n = p.bytes_per_page, g.plane_bytes(p.name) // G
+                work += n - max(0, (g.pages * bpp - a0) // G)
+                work += sum(max(0, min(n, (pb * bpp - a0) // G + 1)
+                                - max(0, (pa * bpp - a0) // G)) for pa, pb in ranges0)
+    return work
+
+
 def _dead_units(g: Geometry) -> list[list[bool]]:
     """Per plane, granules that no contract-keeping plan can alias.
 
@@ -259,17 +287,19 @@ def _dead_units(g: Geometry) -> list[list[bool]]:
     spans = same_set_spans(g)  # the labels' joined row parts, once per geometry
     lab = labels(g)
     for r in g.regions:
+        interior = _interior_units(g, r)
+        # once per distinct conflict set: the rows of a tall region share a few
+        for rs in {conflicts[(r.name, k)] for k in range(r.rows) if interior[k]}:
+            for pi, units in enumerate(_eligible_units(g, rs)):
+                for u in units:
+                    live[pi][u] = True
+    if _straddling_work(g, spans, lab) > MAX_DEAD_UNIT_WORK:
+        return [[False] * len(plane) for plane in live]  # none dead: weaker, still sound
+    for r in g.regions:
         end = r.rows * r.row_bytes
         straddling = {lab.first[l_]: l_ for l_ in range(len(lab.need))
                       if lab.region[l_] == r.name
                       and granule_row(r, lab.first[l_], G) is None}
-        interior = _interior_units(g, r)
-        for k in range(r.rows):
-            if interior[k] == 0:
-                continue
-            for pi, units in enumerate(_eligible_units(g, conflicts[(r.name, k)])):
-                for u in units:
-                    live[pi][u] = True
         for j in range(round_up(end, G) // G):
             if granule_row(r, j, G) is not None:
                 continue
@@ -420,9 +450,36 @@ def _sharing_rows(elig: list[list[frozenset[int]] | None], needs: list[int]
             for k in range(len(elig))]
 
 
+MAX_COMPETITION_PAIRS = 5_000_000
+"""Most (row, row) pairs sharing an eligible granule that the competition step (C)
+examines; past it the step is left out and each row keeps its bound (A), a weaker but
+still sound bound (the step only raises rows). A count, not a clock: the bound stays a
+function of the geometry. Why: the pairs grow with the square of the rows that share
+granules; a layout of 2 pages and 121,000 rows (G = 64 bytes) has 2.2 * 10^10 of them
+and the step ran for over 9 minutes. Every example and benchmark layout has at most
+about 15,000 (published-dcp8: 14,325)."""
+
+
+def _competition_pairs(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
+                       needs: list[int]) -> int:
+    """The pairs :func:`_sharing_rows` would walk (sum over granules of the square of
+    the rows that may use it), counted per distinct conflict set: rows with the same
+    set have the same eligible granules, so this is cheap where the walk is not."""
+    times = Counter(rs for rs, need in zip(rows, needs) if need > 0)
+    per_unit: Counter[tuple[int, int]] = Counter()
+    for rs, n in times.items():
+        for pi, units in enumerate(_eligible_units(g, rs)):
+            for u in units:
+                per_unit[(pi, u)] += n
+    return sum(c * c for c in per_unit.values() if c > 1)
+
+
 def _with_competition(g: Geometry, rows: list[tuple[tuple[int, int], ...]],
                       needs: list[int], base: list[int]) -> list[int]:
-    """Raise each row's bound by the granules its page-sharing neighbours must take."""
+    """Raise each row's bound by the granules its page-sharing neighbours must take
+    (left out past :data:`MAX_COMPETITION_PAIRS`)."""
+    if _competition_pairs(g, rows, needs) > MAX_COMPETITION_PAIRS:
+        return list(base)
     memo: dict[tuple[tuple[int, int], ...], list[frozenset[int]]] = {}
     elig: list[list[frozenset[int]] | None] = []
     for rs, need in zip(rows, needs):  # one (read-only) list per distinct conflict set
@@ -545,6 +602,14 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
 # --- (D) Lagrangian relaxation of the granule assignment -------------------------------
 
 
+MAX_LAGRANGIAN_PAIRS = 3_000_000
+"""Most (granule, label) pairs (:func:`kvgrant.layout.granules.eligible_pairs`) the
+Lagrangian bound walks, 300 times; past it the bound (D) is 0, its trivial value (the
+other parts still count). A count of the geometry, not a clock. The published example
+at 20 times its scale has about 130,000; a tall layout of 2 pages at G = 64 bytes has
+229 million."""
+
+
 @gc_paused()
 def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
                      region_cost: dict[str, int] | None = None, patience: int = 12) -> int:
@@ -571,8 +636,8 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     G = g.granularity
     lab = labels(g)
     need, pred, parts = lab.need, lab.pred, lab.parts
-    if not need:
-        return 0
+    if not need or eligible_pairs(g) > MAX_LAGRANGIAN_PAIRS:
+        return 0  # no labels, or too many pairs to walk: the trivial (sound) bound
     nl = len(need)
     # per plane class (bytes per page, granules): per granule the eligible labels
     classes: dict[tuple[int, int], int] = {}

@@ -43,7 +43,8 @@ from kvgrant.layout.conflicts import (_INT64_SAFE, declared_conflict_arrays,
                                       declared_conflict_ranges)
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
-from kvgrant.layout.granules import Labels, label_units, labels, straddling_part_arrays
+from kvgrant.layout.granules import (Labels, eligible_pairs, label_units, labels,
+                                     straddling_part_arrays)
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
@@ -162,6 +163,15 @@ def _classes(g: Geometry) -> list[tuple[int, int, list[int]]]:
     for i, p in enumerate(g.planes):
         out.setdefault((p.bytes_per_page, g.plane_bytes(p.name) // G), []).append(i)
     return [(bpp, units, idx) for (bpp, units), idx in out.items()]
+
+
+def _least_nonzeros(g: Geometry) -> int:
+    """A lower bound on the model's nonzeros, without building it: every label column
+    ``X[c,u,l]`` sits in its granule's assign row and its label's need row (the
+    columns are counted by :func:`kvgrant.layout.granules.eligible_pairs`). Why:
+    :func:`_build` makes one column at a time, and a model far over every limit
+    (229 million label columns) ran for minutes before the size limit refused it."""
+    return 2 * eligible_pairs(g)
 
 
 def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
@@ -1023,6 +1033,25 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             plan = PhysicalPlan(label, g, start.allocations, start.notes)
             return ExactResult(plan, floor, floor, True, time.perf_counter() - t0,
                                "Optimal (start meets the trivial bound)", "start")
+    # a model too large for any solve is refused before it is built (its label
+    # columns are counted from the eligible granule ranges, in well under a second)
+    least = _least_nonzeros(g)
+    if max_nonzeros is not None and max_windowed_nonzeros is not None \
+            and least > max_windowed_nonzeros:
+        limit = max_windowed_nonzeros
+        if start is None:
+            raise PlanError(f"geometry {g.name!r}: the exact model has at least {least:,} "
+                            f"nonzeros (limit {limit:,}) and no start plan was given")
+        if progress:
+            progress(f"exact model: at least {least:,} nonzeros, over the {limit:,} limit "
+                     "even in windows; not built")
+        floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
+        cost = _cost(start, plane_cost, rc)
+        plan = PhysicalPlan(label, g, start.allocations, start.notes)
+        return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
+                           time.perf_counter() - t0,
+                           f"Not solved (model of at least {least:,} nonzeros, over "
+                           f"{limit:,})", "start", {"nonzeros": least})
     # the coverage rows are counted first and built only when the model is solved
     # (at once or in windows): a refused model is never built whole
     m, lab = _build(g, float(plane_cost), rc, cover=False)
