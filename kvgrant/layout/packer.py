@@ -467,6 +467,15 @@ def _pack_units(g: Geometry, start: list, steal: bool = False) -> list[Allocatio
     return out
 
 
+MAX_RESPLIT_STATES = 400_000
+"""Largest ``(granules of row a + 1) * (granules of row b + 1) * planes`` of a pair of
+rows that :func:`_improve_pairs` re-splits; larger pairs keep their granules (the
+re-split only improves a valid plan). A count of the geometry, never a clock. Why:
+the dynamic programme's work grows with it times the stretch lengths; two rows of a
+40-plane layout at G = 64 bytes (2,766,760) ran for minutes. The examples and the
+benchmark family stay under about 31,000."""
+
+
 def _improve_pairs(pl: _Planes, rows, row_units: list[set], owner, covers, eligible,
                    sweeps: int = 2) -> bool:
     """Re-split the granules of each pair of consecutive rows, plane by plane.
@@ -494,6 +503,8 @@ def _improve_pairs(pl: _Planes, rows, row_units: list[set], owner, covers, eligi
                 continue
             ea, eb = elig_sets(a), elig_sets(b)
             na, nb = len(row_units[a]), len(row_units[b])
+            if (na + 1) * (nb + 1) * nplanes > MAX_RESPLIT_STATES:
+                continue  # the programme's states (and loops) would be too many
             stretches = []
             ok = True
             for pi in range(nplanes):

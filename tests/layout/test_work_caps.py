@@ -69,3 +69,16 @@ def test_the_heuristic_packer_is_not_run_past_its_cap(monkeypatch: Any) -> None:
     monkeypatch.setattr(planner, "pack", _fail)
     ref = reference_plan(g)
     assert planner._better_heuristic(g, ref, None) is None
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_packer_keeps_the_contract_when_no_pair_of_rows_is_re_split(
+        monkeypatch: Any, name: str) -> None:
+    from kvgrant.layout import packer
+    from kvgrant.layout.contract import check_contract
+
+    monkeypatch.setattr(packer, "MAX_RESPLIT_STATES", 0)
+    g = load_geometry(EXAMPLES / name)
+    plan = packer.pack(g)
+    assert check_contract(g, plan) == []
+    assert len(plan.allocations) <= len(reference_plan(g).allocations)
