@@ -67,10 +67,12 @@ def run_group(paths: Sequence[str], engine: str, as_json: bool) -> int:
     try:
         verdicts = check_group(paths, engine)
     except TraceError as err:
-        _error(paths, engine, as_json, f"malformed trace: {err}", "malformed", err.line)
+        _error(paths, engine, as_json, f"malformed trace: {err}", "malformed", err.line,
+               error_class=TraceError)
         return 2
     except ToolError as err:
-        _error(paths, engine, as_json, f"TLC could not check the traces: {err}", "tool")
+        _error(paths, engine, as_json, f"TLC could not check the traces: {err}", "tool",
+               error_class=type(err))
         return 2
     agree = len({(v.accepted, v.rank, v.index) for v in verdicts}) == 1
     if as_json:
@@ -89,8 +91,15 @@ def run_group(paths: Sequence[str], engine: str, as_json: bool) -> int:
 
 
 def _error(paths: Sequence[str], engine: str, as_json: bool, message: str, kind: str,
-           line: int | None = None) -> None:
+           line: int | None = None, *, error_class: type[BaseException] = TraceError) -> None:
+    """An exit-2 error: stderr, and with --json the group's error document, with the
+    fields every kvgrant error document has (``ok``, ``kind`` the error class,
+    ``message``, ``exit_status``; kvgrant.commands._report); ``error`` is the short
+    code, as for a single trace."""
     if as_json:
-        print(json.dumps({"traces": list(paths), "mode": "group", "engine": engine,
-                          "error": kind, "line": line, "message": message}, indent=2))
+        from kvgrant.commands._report import error_document
+
+        doc = {**error_document(error_class.__name__, message, 2), "traces": list(paths),
+               "mode": "group", "engine": engine, "error": kind, "line": line}
+        print(json.dumps(doc, indent=2))
     print(f"kvgrant conform: error: {message}", file=sys.stderr)

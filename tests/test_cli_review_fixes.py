@@ -306,3 +306,21 @@ def test_a_switch_word_in_kvgrant_ledger_is_refused_up_front(monkeypatch: Any) -
     res = cli(["alloc", str(SMALL), *SIM, "--json"])
     assert res.rc == 2 and res.doc()["argument"] == "KVGRANT_LEDGER", res.err
     assert not Path("yes").exists()
+
+
+def test_a_malformed_group_trace_with_json_prints_the_common_error_document(
+        tmp_path: Path) -> None:
+    # was: group mode printed {"traces", "mode", "engine", "error", "line", "message"}
+    # without ok, kind and exit_status, unlike every other error document
+    import shutil
+
+    src = ROOT / "tests" / "fixtures" / "group" / "2proc-owner-crashes"
+    bad = tmp_path / "group"
+    shutil.copytree(src, bad)
+    with (bad / "rank1.ndjson").open("a") as fh:
+        fh.write("garbage\n")
+    res = cli(["conform", str(bad), "--json"])
+    assert res.rc == 2, res.err
+    doc = res.doc()
+    assert doc["ok"] is False and doc["kind"] == "TraceError" and doc["exit_status"] == 2
+    assert doc["mode"] == "group" and doc["error"] == "malformed" and doc["line"]
