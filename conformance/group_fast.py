@@ -40,6 +40,7 @@ from kvgrant.conformance.group_replay import GroupVerdict
 from kvgrant.conformance.trace_plan import Layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
+from kvgrant.strict_json import unique_keys_loads
 from kvgrant.traceformat import GROUP_SHAPES, GROUP_STATE, GROUP_STRIP, GROUP_STRIPPED_LINE
 
 __all__ = ["MIN_PARALLEL_CPUS", "PARALLEL_BYTES", "fast_accept", "fast_accept_texts", "program"]
@@ -331,7 +332,7 @@ def _check_file(source: str, text: str, shapes: "_Shapes") -> "_Checked | None":
     if nl < 0:
         return None
     try:
-        h: GroupHeader = _parse_group_header(json.loads(text[:nl]), source)
+        h: GroupHeader = _parse_group_header(unique_keys_loads(text[:nl]), source)
     except (TraceError, ValueError, RecursionError):
         return None
     c, p, lay = h.constants, h.rank, h.layout

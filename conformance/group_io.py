@@ -32,6 +32,7 @@ from kvgrant.conformance.trace_io import PHASES, _parse_lifecycle_header, unread
 from kvgrant.conformance.trace_plan import Layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
+from kvgrant.strict_json import unique_keys_loads
 from kvgrant.traceformat import (GROUP_FAST_ARGS, GROUP_FAST_EVENT, GROUP_SHAPES,
                                  GROUP_STATE_KEYS, GROUP_VERSION)
 
@@ -117,7 +118,7 @@ class ProcTrace:
         """Event k as written (for reports)."""
         lines = self.text.split("\n")
         try:
-            obj = json.loads(lines[k + 1])
+            obj = unique_keys_loads(lines[k + 1])
         except (IndexError, ValueError, RecursionError):
             return {"seq": k}
         return obj if isinstance(obj, dict) else {"seq": k}
@@ -144,7 +145,7 @@ def is_group_trace(path: str | Path) -> bool:
     try:
         with open(path, encoding="utf-8") as f:
             first = f.readline(1 << 16)  # bounded: /dev/zero has no newline
-        obj = json.loads(first)
+        obj = unique_keys_loads(first)
     except (OSError, ValueError, RecursionError):  # JSON and UTF-8 errors are ValueErrors
         return False
     return isinstance(obj, dict) and obj.get("mode") == "group"
@@ -222,7 +223,7 @@ class _ArgsReader:
         a = self.cache.get(key)
         if a is None:
             try:
-                obj = json.loads("{" + text + "}")
+                obj = unique_keys_loads("{" + text + "}")
             except (ValueError, RecursionError):  # (also an integer past the digit limit)
                 raise _fail(self.source, line, "args is not a readable JSON object") from None
             a = self.check(action, obj, line)
@@ -299,7 +300,7 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
     nl = text.find("\n")
     first = text if nl < 0 else text[:nl]
     try:
-        head_obj = json.loads(first)
+        head_obj = unique_keys_loads(first)
     except json.JSONDecodeError as err:
         raise _fail(source, 1, f"not valid JSON ({err.msg} at column {err.colno})") from None
     except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
@@ -405,7 +406,7 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
         if not line.strip():
             raise _fail(source, ln, "blank line: every line must be one JSON object")
         try:
-            obj = json.loads(line)
+            obj = unique_keys_loads(line)
         except json.JSONDecodeError as err:
             raise _fail(source, ln, f"not valid JSON ({err.msg} at column {err.colno})") \
                 from None
@@ -491,7 +492,7 @@ def read_group_headers(paths: Iterable[str | Path]) -> list[tuple[str, GroupHead
         try:
             with open(f, encoding="utf-8") as fh:
                 first = fh.readline(MAX_HEADER_BYTES)
-            obj = json.loads(first)
+            obj = unique_keys_loads(first)
         except OSError as err:
             raise TraceError(f"{f}: cannot read: {err.strerror or err}", line=None) from None
         except (ValueError, RecursionError):

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 from kvgrant.conformance.trace_plan import Layout, derive_importers, parse_layout
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
+from kvgrant.strict_json import DuplicateKeyError, unique_keys_loads
 from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, FAST_EVENT, GROUP_ACTIONS,
                                  LIFECYCLE_VERSION, PHASES, RANK_ACTIONS, RANK_COUNTERS, ROW,
                                  ROW_FIELDS)
@@ -242,7 +243,7 @@ def _decode_all(lines: list[str]) -> list[Any] | None:
     if any(not ln.strip() or "\n" in ln or _too_deep(ln) for ln in lines):
         return None
     try:
-        objs = json.loads("[" + ",".join(lines) + "]")
+        objs = unique_keys_loads("[" + ",".join(lines) + "]")
     except (ValueError, RecursionError):  # JSONDecodeError, digit limit, deep nesting
         return None
     return objs if len(objs) == len(lines) else None
@@ -336,7 +337,9 @@ def _json_object(line: str, lineno: int, source: str) -> dict[str, Any]:
         raise _fail(source, lineno, f"JSON nested deeper than {MAX_NESTING} levels (a trace "
                                     "line nests 3)")
     try:
-        obj = json.loads(line)
+        obj = unique_keys_loads(line)
+    except DuplicateKeyError as err:  # json.loads would keep the last value silently
+        raise _fail(source, lineno, f"not a trace line: {err}") from None
     except json.JSONDecodeError as err:
         raise _fail(source, lineno, f"not valid JSON ({err.msg} at column {err.colno})") from None
     except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit

@@ -241,7 +241,7 @@ def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
     inode), or an existing non-empty file that does not start with a trace header
     (unless ``--force``). ``kvgrant alloc G.json --trace G.json`` overwrote G.json.
     The path is ``--trace``'s, else ``KVGRANT_TRACE``'s (the errors name which)."""
-    from kvgrant.layout.geometry import strict_json_loads
+    from kvgrant.strict_json import strict_json_loads
     from kvgrant.runtime.arguments import same_file
     from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgrant.errors import ArgumentError, GeometryError
+from kvgrant.strict_json import DuplicateKeyError, strict_json_loads
 # validate.py imports nothing from this module at run time (only for type checking),
 # so the two never form an import cycle (issue #15).
 from kvgrant.layout.validate import check_geometry_rules, show_value
@@ -341,36 +342,6 @@ def load_geometry(path: str | Path) -> Geometry:
                             field="<file>", value=str(path)) from None
     data = _decode_json(text, show_value(str(path)))
     return parse_geometry(data)
-
-
-class DuplicateKeyError(ValueError):
-    """A JSON object names one key twice (json.loads would keep the last silently)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"key {json.dumps(key)} appears twice in one object: each field "
-                         "must be named once")
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """object_pairs_hook: the object, or DuplicateKeyError for a repeated key."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise DuplicateKeyError(k)
-        out[k] = v
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    """parse_constant: NaN and Infinity are not JSON (json.loads accepts them)."""
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def strict_json_loads(text: str) -> Any:
-    """json.loads refusing what a hand-edited input file gets wrong unseen: a key
-    named twice in one object (the last would win) and NaN / Infinity."""
-    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
 
 
 def _decode_json(text: str, where: str) -> Any:

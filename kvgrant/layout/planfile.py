@@ -16,10 +16,10 @@ from typing import Any
 
 from kvgrant.errors import PlanFileError
 from kvgrant.layout.contract import _MAX_LISTED, check_contract
-from kvgrant.layout.geometry import (MAX_FILE_BYTES, DuplicateKeyError, Geometry, show_value,
-                                     strict_json_loads)
+from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import naive_plan, reference_plan
+from kvgrant.strict_json import DuplicateKeyError, strict_json_loads
 
 __all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "load_plan_document",
            "plan_document", "plan_from_document", "read_plan_file"]

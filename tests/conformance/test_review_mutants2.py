@@ -282,3 +282,40 @@ def test_a_group_call_names_its_result_and_a_model_step_none(tmp_path, action, r
     assert err.value.line == k + 2
     assert (f"result = null: {action} is a call" if result is None else
             f"result = {result!r}: {action} is a model-only step") in str(err.value)
+
+
+# --- 5. a key named twice in one JSON object (json.loads kept the last silently) -------
+
+def _twice(line: str, key: str, value: str) -> str:
+    """``line`` with ``"key": value`` inserted before its first ``"key"``."""
+    at = line.index(f'"{key}"')
+    return line[:at] + f'"{key}": {value}, ' + line[at:]
+
+
+@pytest.mark.parametrize("where, key, value", [(0, "ranks", "2"), (5, "rank", "2"),
+                                               (5, "action", '"Publish"')])
+def test_a_trace_line_naming_a_key_twice_is_refused(tmp_path: Path, capsys,
+                                                    where: int, key: str, value: str) -> None:
+    lines = _record(tmp_path)
+    lines[where] = _twice(lines[where], key, value)
+    with pytest.raises(TraceError, match=f'key "{key}" appears twice') as err:
+        parse_trace("\n".join(lines) + "\n")
+    assert err.value.line == where + 1
+    path = tmp_path / "dup.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()  # the recording's own output
+    assert main(["conform", str(path), "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"] == "malformed"
+
+
+def test_a_group_trace_line_naming_a_key_twice_is_refused(tmp_path: Path, capsys) -> None:
+    import shutil
+
+    d = tmp_path / "g"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "group" / "2proc-published-shutdown", d)
+    f = d / "rank1.ndjson"
+    lines = f.read_text().splitlines()
+    lines[3] = _twice(lines[3], "rank", "0")
+    f.write_text("\n".join(lines) + "\n")
+    assert main(["conform", str(d)]) == 2
+    assert 'key "rank" appears twice' in capsys.readouterr().err
