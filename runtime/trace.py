@@ -31,8 +31,8 @@ path, an open text stream, or ``KVGRANT_TRACE`` (a file path; a switch word such
 ``1`` is refused, it once wrote a trace to a file named ``1``).
 
 When the file is made: at the first line shipped, not when the writer is made. The
-renderer process starts up front (it takes ~25 ms, more than a small start-up), but the
-file is created or truncated only once there is a line to write and its descriptor is
+renderer process starts up front (27-37 ms on the 2-core machine, more than a small
+start-up), but the file is created or truncated only once there is a line to write and its descriptor is
 then handed to the renderer over a socket; a run refused before its first event (bad
 options, too few devices, a ledger refusal) leaves the file the user named as it was.
 """

@@ -1045,13 +1045,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         if progress:
             progress(f"exact model: at least {least:,} nonzeros, over the {limit:,} limit "
                      "even in windows; not built")
-        floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
-        cost = _cost(start, plane_cost, rc)
-        plan = PhysicalPlan(label, g, start.allocations, start.notes)
-        return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
-                           time.perf_counter() - t0,
-                           f"Not solved (model of at least {least:,} nonzeros, over "
-                           f"{limit:,})", "start", {"nonzeros": least})
+        return _unsolved(g, start, label, plane_cost, rc, t0, f"Not solved (model of at "
+                         f"least {least:,} nonzeros, over {limit:,})", {"nonzeros": least})
     # the coverage rows are counted first and built only when the model is solved
     # (at once or in windows): a refused model is never built whole
     m, lab = _build(g, float(plane_cost), rc, cover=False)
@@ -1110,12 +1105,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         if progress:
             progress(f"exact model: {nnz:,} nonzeros, over the {max_nonzeros:,} limit; "
                      "not solved")
-        floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
-        cost = _cost(start, plane_cost, rc)
-        plan = PhysicalPlan(label, g, start.allocations, start.notes)
-        return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
-                           time.perf_counter() - t0,
-                           f"Not solved (model over {max_nonzeros:,} nonzeros)", "start", size)
+        return _unsolved(g, start, label, plane_cost, rc, t0,
+                         f"Not solved (model over {max_nonzeros:,} nonzeros)", size)
     if pending is not None:
         pending.add_rows(m)
     h = _mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, *_csr(m.rows),
@@ -1205,6 +1196,18 @@ def _windowed(g: Geometry, m: _Model, lab: Labels, label: str, start: PhysicalPl
         return None
     return plan, cost, {"windows": res.windows, "window_merges": res.merges,
                         "largest_window_nonzeros": max(res.sizes, default=0)}
+
+
+def _unsolved(g: Geometry, start: PhysicalPlan, label: str, plane_cost: int,
+              rc: dict[str, float], t0: float, status: str,
+              size: dict[str, int]) -> ExactResult:
+    """``start`` as the result of a model that was not solved (too large): its cost,
+    and the trivial floor as the bound when the cost counts allocations."""
+    floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
+    cost = _cost(start, plane_cost, rc)
+    plan = PhysicalPlan(label, g, start.allocations, start.notes)
+    return ExactResult(plan, int(cost), min(floor, int(cost)), cost <= floor,
+                       time.perf_counter() - t0, status, "start", size)
 
 
 def _floor(g: Geometry) -> int:

@@ -101,11 +101,15 @@ def eligible_pairs(g: Geometry) -> int:
     Why: both walk these pairs in Python, one at a time; a layout of 2 pages and
     22,923 labels (tall regions at G = 64 bytes) has 229 million, which ran for
     minutes. The planners check this count against their limits first."""
-    G = g.granularity
-    total = 0
-    for bpp, units in {(p.bytes_per_page, g.plane_bytes(p.name) // G) for p in g.planes}:
-        total += sum(hi - lo for rng in label_units(g, bpp, units) for lo, hi in rng)
-    return total
+    got = g._memo.get("eligible_pairs")
+    if got is None:
+        G = g.granularity
+        got = g._memo["eligible_pairs"] = sum(
+            hi - lo
+            for bpp, units in {(p.bytes_per_page, g.plane_bytes(p.name) // G)
+                               for p in g.planes}
+            for rng in label_units(g, bpp, units) for lo, hi in rng)
+    return got  # type: ignore[no-any-return]
 
 
 def same_set_spans(g: Geometry) -> list[list[tuple[int, int, tuple[tuple[int, int], ...]]]]:

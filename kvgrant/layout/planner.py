@@ -144,10 +144,11 @@ def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None
                       ) -> PhysicalPlan | None:
     """The heuristic packer's plan when it keeps the contract with fewer allocations
     than ``best``, else None."""
-    if eligible_pairs(g) > MAX_HEURISTIC_PAIRS:
+    pairs = eligible_pairs(g)
+    if pairs > MAX_HEURISTIC_PAIRS:
         if progress:
-            progress(f"solver gave no proof; the layout has {eligible_pairs(g):,} (granule, "
-                     f"label) pairs, over the heuristic packer's {MAX_HEURISTIC_PAIRS:,}")
+            progress(f"solver gave no proof; the layout has {pairs:,} (granule, label) "
+                     f"pairs, over the heuristic packer's {MAX_HEURISTIC_PAIRS:,}")
         return None
     if progress:
         progress("solver gave no proof within its work limits; running the heuristic "

@@ -17,21 +17,13 @@ from kvgrant.conformance.tla_trace import check_traces_tlc
 from kvgrant.conformance.trace_io import load_trace, parse_trace, parse_trace_lines
 from kvgrant.errors import TraceError
 
-from _conform_support import needs_java
+from _conform_support import needs_java, record_small_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = ROOT / "tests" / "fixtures" / "group" / "2proc-published-shutdown"
 HUGE = "9" * 5000  # past Python's 4,300-digit limit on int()
 
 
-def _record(tmp_path: Path, *extra: str) -> list[str]:
-    """A fresh sim trace of examples/small.json (3 ranks), as lines."""
-    path = tmp_path / "t.ndjson"
-    assert main(["alloc", str(ROOT / "examples" / "small.json"), "--backend", "sim",
-                 "--trace", str(path), *extra]) in (0, 1)
-    lines = path.read_text().splitlines()
-    assert replay(load_trace(path)).accepted
-    return lines
 
 
 def _first(lines: list[str], action: str) -> int:
@@ -49,7 +41,7 @@ def _both_readers_refuse(lines: list[str], field: str) -> str:
 
 
 def test_a_grant_to_a_negative_ordinal_is_refused(tmp_path, capsys) -> None:
-    lines = _record(tmp_path)
+    lines = record_small_trace(tmp_path)
     i = _first(lines, "Grant")
     ev = json.loads(lines[i])
     ev["args"]["devices"] = [-1, -2]  # read as ranks 0 and 1 by the old fallback
@@ -61,7 +53,7 @@ def test_a_grant_to_a_negative_ordinal_is_refused(tmp_path, capsys) -> None:
 @pytest.mark.parametrize("field", ["alloc", "handle", "va", "size", "device"])
 def test_an_integer_past_the_digit_limit_is_refused_not_a_traceback(tmp_path, capsys,
                                                                     field) -> None:
-    lines = _record(tmp_path)
+    lines = record_small_trace(tmp_path)
     i = _first(lines, "Create" if field in ("alloc", "handle", "size") else "Map")
     lines[i], n = re.subn(rf'"{field}": \d+', f'"{field}": {HUGE}', lines[i], count=1)
     assert n == 1
@@ -90,7 +82,7 @@ def test_a_group_trace_with_a_huge_integer_is_refused(tmp_path) -> None:
 
 @pytest.mark.parametrize("action", ["Create", "Grant", "Release"])
 def test_a_driver_step_without_its_call_and_result_is_refused(tmp_path, action) -> None:
-    lines = _record(tmp_path)
+    lines = record_small_trace(tmp_path)
     i = _first(lines, action)
     ev = json.loads(lines[i])
     ev["call"] = ev["result"] = None
@@ -100,14 +92,14 @@ def test_a_driver_step_without_its_call_and_result_is_refused(tmp_path, action) 
 
 @pytest.mark.parametrize("t", ["-1.0", "NaN", "1e400", "Infinity"])
 def test_a_time_that_is_negative_or_not_finite_is_refused(tmp_path, t) -> None:
-    lines = _record(tmp_path)
+    lines = record_small_trace(tmp_path)
     i = _first(lines, "Create")
     lines[i] = re.sub(r'"t": [0-9.]+', f'"t": {t}', lines[i], count=1)
     assert "finite number of seconds >= 0" in _both_readers_refuse(lines, "t = ")
 
 
 def _aborted(tmp_path: Path) -> list[str]:
-    lines = _record(tmp_path, "--fail-at", "40")
+    lines = record_small_trace(tmp_path, "--fail-at", "40")
     assert '"failed_rank": 0' in lines[_first(lines, "Abort")]
     return lines
 

@@ -37,7 +37,7 @@ from kvgrant.conformance.tla_trace import (check_group_tlc, check_traces_tlc,
 from kvgrant.conformance.trace_io import load_trace, parse_trace, parse_trace_lines
 from kvgrant.errors import TraceError
 
-from _conform_support import needs_java
+from _conform_support import needs_java, record_small_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 FAILED = ("CUDA_SUCCESS", "SUCCESS", None)
@@ -47,15 +47,6 @@ C3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [0], 2: []},
                     {r: [0, 1, 2] for r in range(3)})
 
 
-def _record(tmp_path: Path, *extra: str) -> list[str]:
-    """A fresh sim trace of examples/small.json (3 ranks: 0 and 1 import each other, 2 is
-    a declared reader of rank 0 that imports nothing), as lines in the writer's format."""
-    path = tmp_path / "t.ndjson"
-    assert main(["alloc", str(ROOT / "examples" / "small.json"), "--backend", "sim",
-                 "--trace", str(path), *extra]) in (0, 1)
-    lines = path.read_text().splitlines()
-    assert replay(load_trace(path)).accepted
-    return lines
 
 
 def _text(lines: list[str]) -> str:
@@ -65,7 +56,7 @@ def _text(lines: list[str]) -> str:
 def _failed_grant(tmp_path: Path) -> tuple[list[str], int]:
     """The --fail-at 40 trace: rank 0's plane Grant of alloc 6 fails (devices [0, 1]),
     then Abort and the unwinding."""
-    lines = _record(tmp_path, "--fail-at", "40")
+    lines = record_small_trace(tmp_path, "--fail-at", "40")
     i = next(k for k, ln in enumerate(lines) if k and json.loads(ln)["result"] not in FAILED)
     ev = json.loads(lines[i])
     assert ev["action"] == "Grant" and ev["rank"] == 0 and ev["args"]["devices"] == [0, 1]
@@ -177,7 +168,7 @@ _MISPLACED = [
 
 
 def _misplaced(tmp_path: Path, action: str, key: str, value) -> tuple[list[str], int]:
-    lines = _record(tmp_path)
+    lines = record_small_trace(tmp_path)
     i = next(k for k, ln in enumerate(lines) if k and json.loads(ln)["action"] == action)
     ev = json.loads(lines[i])
     ev["args"][key] = value
@@ -220,7 +211,7 @@ def _huge_mutants(tmp_path: Path) -> list[tuple[list[str], int]]:
     for action, edit in (("Map", lambda ev: ev.update(device=_HUGE)),
                          ("Grant", lambda ev: ev["state"].update(grants=_HUGE)),
                          ("Grant", lambda ev: ev["args"].update(devices=[0, _HUGE]))):
-        lines = _record(tmp_path)
+        lines = record_small_trace(tmp_path)
         i = next(k for k, ln in enumerate(lines) if k and json.loads(ln)["action"] == action)
         ev = json.loads(lines[i])
         edit(ev)
@@ -296,7 +287,7 @@ def _twice(line: str, key: str, value: str) -> str:
                                                (5, "action", '"Publish"')])
 def test_a_trace_line_naming_a_key_twice_is_refused(tmp_path: Path, capsys,
                                                     where: int, key: str, value: str) -> None:
-    lines = _record(tmp_path)
+    lines = record_small_trace(tmp_path)
     lines[where] = _twice(lines[where], key, value)
     with pytest.raises(TraceError, match=f'key "{key}" appears twice') as err:
         parse_trace("\n".join(lines) + "\n")
