@@ -78,17 +78,57 @@ def one_blas_thread() -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+#: The exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it.
+_INTERRUPTED_STATUS = 130
+
+
+def _interrupted(command: str | None, as_json: bool, err: BaseException) -> int:
+    """Ctrl-C (SIGINT) stopped the command: with ``--json`` the error document on
+    stdout (``kind`` ``Interrupted``, ``exit_status`` 130, ``signal``); stderr stays as
+    it was (nothing: the terminal shows the ``^C``) unless an undo of the unwinding
+    failed, which is named there and in the document (``cleanup_errors``). Returns 130.
+
+    Why: a script reading ``--json`` got no document at all (empty stdout, exit 130),
+    unlike every other way a command ends. What the command had made is unwound before
+    this runs (the allocator and the group runtime unwind at the next allocation
+    boundary; ``kvgrant alloc`` holds the Ctrl-C back during its release)."""
+    text = "interrupted (Ctrl-C, SIGINT) before the command finished"
+    failed = (getattr(err, "cleanup_errors", None)  # the group's: on the cause
+              or getattr(err.__cause__, "cleanup_errors", None) or [])
+    undos = [f"{type(e).__name__}: {e}" for e in failed]
+    if undos:
+        text += (f"; unwinding then failed: {len(undos)} undo step(s) failed: "
+                 + "; ".join(undos[:5]) + (f"; and {len(undos) - 5} more"
+                                           if len(undos) > 5 else ""))
+    if as_json:
+        doc = error_document("Interrupted", text, _INTERRUPTED_STATUS, signal="SIGINT",
+                             **({"cleanup_errors": undos[:100]} if undos else {}))
+        try:
+            print(json.dumps(doc), flush=True)
+        except BrokenPipeError:  # the reader went away too
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if undos:
+        who = f"kvgrant {command}" if command else "kvgrant"
+        print(f"{who}: error: {text}", file=sys.stderr)
+    return _INTERRUPTED_STATUS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     one_blas_thread()
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(json_errors=asks_for_json(argv))
-    args = parser.parse_args(argv)
+    args: argparse.Namespace | None = None
     try:
-        return int(args.run(args))
-    except KVGrantError as err:  # with --json also the error document on stdout
-        return report_error(args.command, err, as_json=bool(getattr(args, "json", False)))
-    except KeyboardInterrupt:
-        return 130
+        # inside: a Ctrl-C while the subcommands are imported is an interruption too
+        parser = build_parser(json_errors=asks_for_json(argv))
+        args = parser.parse_args(argv)
+        try:
+            return int(args.run(args))
+        except KVGrantError as err:  # with --json also the error document on stdout
+            return report_error(args.command, err, as_json=bool(getattr(args, "json", False)))
+    except KeyboardInterrupt as err:
+        if args is None:
+            return _interrupted(None, asks_for_json(argv), err)
+        return _interrupted(args.command, bool(getattr(args, "json", False)), err)
     except BrokenPipeError:  # e.g. `kvgrant conform T | head`: the reader went away
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a shell reports SIGPIPE

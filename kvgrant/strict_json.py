@@ -8,9 +8,11 @@ import pydantic with the geometry module to get it.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-__all__ = ["DuplicateKeyError", "strict_json_loads", "unique_keys_loads"]
+__all__ = ["DuplicateKeyError", "NonFiniteNumberError", "field_path", "strict_json_loads",
+           "unique_keys_loads"]
 
 
 class DuplicateKeyError(ValueError):
@@ -32,15 +34,98 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _no_constant(name: str) -> Any:
-    """parse_constant: NaN and Infinity are not JSON (json.loads accepts them)."""
-    raise ValueError(f"{name} is not a JSON number")
+class NonFiniteNumberError(ValueError):
+    """A value is NaN, Infinity or -Infinity, which json.loads accepts but JSON has not.
+
+    ``field`` is where it is, in the form the geometry and plan errors name fields
+    (``pages``, ``planes[0].bytes_per_page``, ``topology.import_groups[0][1]``; the
+    whole document is ``<root>``); ``value`` is the literal as written (``"NaN"``), a
+    string, so an error document stays JSON."""
+
+    def __init__(self, field: str, value: str) -> None:
+        super().__init__(f"{field} = {value}: must be a finite number: {value} is not a "
+                         "JSON number (JSON has no NaN, Infinity or -Infinity)")
+        self.field = field
+        self.value = value
+
+
+class _NonFinite:
+    """What parse_constant gives for NaN / Infinity: a marker found after the parse
+    (json.loads calls parse_constant without saying where the value is)."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_]+\Z")
+_KEY_LIMIT = 80  # a key is cut as kvgrant.layout.validate.show_value cuts a string
+
+
+def field_path(parts: list[str | int]) -> str:
+    """``["planes", 0, "bytes_per_page"]`` -> ``planes[0].bytes_per_page`` (the root:
+    ``<root>``; a key that is not a plain name is quoted, ``a["b c"]``, and a long one
+    cut)."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif len(part) <= _KEY_LIMIT and _PLAIN_KEY.match(part):
+            out += f".{part}" if out else part
+        else:
+            text = json.dumps(part)
+            if len(text) > _KEY_LIMIT:
+                text = text[:_KEY_LIMIT - 4] + '..."'
+            out += f"[{text}]"
+    return out or "<root>"
+
+
+def _first_non_finite(doc: Any) -> tuple[str, str] | None:
+    """(field path, literal) of the first marker in document order, or None. A loop,
+    not recursion: a document json.loads could decode must not overflow the stack."""
+    stack: list[tuple[Any, list[str | int]]] = [(doc, [])]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, _NonFinite):
+            return field_path(path), value.literal
+        if isinstance(value, dict):
+            items: list[tuple[str | int, Any]] = list(value.items())
+        elif isinstance(value, list):
+            items = list(enumerate(value))
+        else:
+            continue
+        stack.extend((v, [*path, k]) for k, v in reversed(items))
+    return None
 
 
 def strict_json_loads(text: str) -> Any:
     """json.loads refusing what a hand-edited input file gets wrong unseen: a key
-    named twice in one object (the last would win) and NaN / Infinity."""
-    return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    named twice in one object (the last would win) and NaN / Infinity.
+
+    Raises
+    ------
+    DuplicateKeyError
+        A key named twice in one object (``key`` names it).
+    NonFiniteNumberError
+        NaN, Infinity or -Infinity (``field`` is where, ``value`` the literal). Was: a
+        ValueError naming no field (the geometry error said only "unreadable JSON
+        value: NaN is not a JSON number" and the file).
+    json.JSONDecodeError, RecursionError, ValueError
+        As json.loads.
+    """
+    found: list[bool] = []
+
+    def constant(literal: str) -> _NonFinite:
+        found.append(True)
+        return _NonFinite(literal)
+
+    doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=constant)
+    if found:
+        where = _first_non_finite(doc)
+        if where is not None:  # always, unless a hook dropped it
+            raise NonFiniteNumberError(*where)
+    return doc
 
 
 def unique_keys_loads(text: str) -> Any:

@@ -186,6 +186,8 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         except ModuleNotFoundError as err:  # pragma: no cover - torch missing
             raise ToolError(f"--procs needs torch: pip install 'kvgrant[group]' ({err})"
                             ) from None
+        if args.fail_at is not None and not group_launch.in_torchrun():
+            _check_group_fail_at(args, g, plan, devices, fail_rank)
     except KVGrantError as err:
         return _error(args, err)
     spec: dict[str, Any] = {
@@ -343,8 +345,106 @@ def _check_fail_at(args: argparse.Namespace, geometry: Any, plan: Any,
             "release)", argument="fail-at", value=args.fail_at)
 
 
+def _group_rank_calls(g: Any, plan: Any, rank: int) -> tuple[int, int, int]:
+    """(before, start-up, release): the driver calls the process of ``rank`` makes
+    with this (fitted) geometry and plan (kvgrant.runtime.group).
+
+    Before the start-up its own device's granularity and free memory; in the start-up
+    a reserve, per allocation a create, per own mapping (the plane's, and the alias of
+    an aliased allocation) a map and a cuMemSetAccess, per allocation an export when
+    the rank has importers, and per owner it imports from, per allocation an import
+    and per imported mapping (the plane's, and the alias of an ``access: importers``
+    region) a map and a cuMemSetAccess; in the release an unmap per mapping, a
+    release per allocation made or imported and one free of the reservation.
+    ``rank_demand`` is the rank's mappings, own and imported (one grant each)."""
+    from kvgrant.runtime.group import rank_demand
+
+    allocs = len(plan.allocations)
+    owners = sum(1 for o in range(g.topology.ranks) if o != rank and rank in g.importers(o))
+    mappings = rank_demand(g, plan, rank)
+    exports = allocs if g.importers(rank) else 0
+    startup = 1 + allocs + exports + owners * allocs + 2 * mappings
+    release = mappings + allocs * (1 + owners) + 1
+    return 2, startup, release
+
+
+def _check_group_fail_at(args: argparse.Namespace, g: Any, plan: Any,
+                         devices: list[int] | None, fail_rank: int) -> None:
+    """With ``--procs``, refuse ``--fail-at K`` past the last driver call of rank
+    ``fail_rank``'s process, before any process starts (was: the group ran, published,
+    released, and then the launcher said the fault never fired).
+
+    The fault goes to that one process's driver and counts its calls only
+    (runtime/group_launch.py ``worker_report``), so the count is that rank's
+    (:func:`_group_rank_calls`) with the plan the group builds: the pages every rank
+    fits to the tightest device (what each device has free, under --memory-limit),
+    measured here as each worker measures it, on the same backend with no fault. The
+    device of a rank is its --devices entry, else its rank number (the workers' default
+    when LOCAL_RANK is unset).
+
+    Not checked (the launcher's report after the run stays the net): under torchrun
+    (the other ranks' devices may be on other hosts: this process cannot measure them),
+    with LOCAL_RANK set (every worker would take that device), or when the measure
+    fails or the run would refuse the layout anyway (granularity, too little memory, a
+    plan file that does not fit): the run then reports its own error.
+
+    Raises
+    ------
+    ArgumentError
+        ``--fail-at = K: must be at most N (the driver calls of rank R's process ...)``.
+    """
+    from kvgrant.layout.geometry import parse_geometry
+    from kvgrant.layout.plan import PhysicalPlan
+    from kvgrant.runtime.capacity import fit_pages
+    from kvgrant.runtime.driver import open_driver
+    from kvgrant.runtime.prepare import resolve_plan
+
+    n = g.topology.ranks
+    if devices is None and "LOCAL_RANK" in os.environ:
+        return
+    devs = [devices[r] if devices and r < len(devices) else r for r in range(n)]
+    name = args.backend
+    driver = None
+    try:
+        if name == "auto":  # as each worker decides (runtime/group.py)
+            from kvgrant.runtime.cuda import usable_device_count
+
+            name = "cuda" if usable_device_count() > max(devs) else "sim"
+        driver = open_driver(name, **({"devices": max(devs) + 1} if name == "sim" else {}))
+        if driver.device_count() <= max(devs):
+            return
+        free: dict[int, int] = {}
+        for d in sorted(set(devs)):
+            if g.granularity % driver.granularity(d):
+                return
+            free[d] = driver.free_memory(d)[0]
+        fit = fit_pages(g, free, args.memory_limit)
+        if fit.reduced:
+            if isinstance(plan, PhysicalPlan):
+                return
+            g = parse_geometry(g.model_copy(update={"pages": fit.pages}).model_dump())
+        the_plan = plan if isinstance(plan, PhysicalPlan) else resolve_plan(g, plan)
+    except (KVGrantError, OSError):
+        return
+    finally:
+        if driver is not None:
+            try:
+                driver.close()
+            except KVGrantError:
+                pass
+    before, startup, release = _group_rank_calls(g, the_plan, fail_rank)
+    last = before + startup + release
+    if args.fail_at > last:
+        raise ArgumentError(
+            f"--fail-at = {args.fail_at}: must be at most {last} (the driver calls of rank "
+            f"{fail_rank}'s process, which --fail-rank picks: {before} before the "
+            f"start-up, {startup} in it, {release} in the release)",
+            argument="fail-at", value=args.fail_at)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
+    from kvgrant.runtime.interrupts import DeferredInterrupt
     from kvgrant.runtime.options import Backend
 
     devices = args.devices
@@ -379,12 +479,26 @@ def run(args: argparse.Namespace) -> int:
                        budget=_budget(args), trace=args.trace)
     except KVGrantError as err:
         return _error(args, err)
-    summary = pub.summary()
-    trace = str(pub.trace_path) if pub.trace_path else None
+    hold = DeferredInterrupt()
     try:
-        pub.release()
-    except KVGrantError as err:
-        return _release_failed(args, pub, err)
+        # a Ctrl-C from here on waits for the release to finish (was: KeyboardInterrupt
+        # between two undos of the release left the cache half released)
+        with hold:
+            summary = pub.summary()
+            trace = str(pub.trace_path) if pub.trace_path else None
+            try:
+                pub.release()
+            except KVGrantError as err:
+                return _release_failed(args, pub, err)
+    except KeyboardInterrupt:
+        # before the hold was armed (nothing released yet): release, then stop; a second
+        # Ctrl-C during the release stops at once (a hung driver call stays interruptible)
+        if not pub.released:
+            with DeferredInterrupt():
+                pub.release()
+        raise
+    if hold.pending:  # released; the Ctrl-C stops the command now (exit 130)
+        raise KeyboardInterrupt
     live_after = pub.driver.live().as_dict()
     trace_error = pub.trace_error
     problem: tuple[str, str] | None = None  # (error kind, message)

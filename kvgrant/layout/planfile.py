@@ -19,7 +19,7 @@ from kvgrant.layout.contract import _MAX_LISTED, check_contract
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import naive_plan, reference_plan
-from kvgrant.strict_json import DuplicateKeyError, strict_json_loads
+from kvgrant.strict_json import DuplicateKeyError, NonFiniteNumberError, strict_json_loads
 
 __all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "load_plan_document",
            "plan_document", "plan_from_document", "read_plan_file"]
@@ -99,6 +99,9 @@ def load_plan_document(path: str | Path) -> Any:
     except DuplicateKeyError as err:
         raise PlanFileError(f"plan file {_shown(path)}: not a plan document: {err}",
                             path=str(path), field=err.key, value=str(path)) from None
+    except NonFiniteNumberError as err:  # names the field (was: "not JSON: NaN is not ...")
+        raise PlanFileError(f"plan file {_shown(path)}: {err}", path=str(path),
+                            field=err.field, value=err.value) from None
     except (UnicodeDecodeError, ValueError) as err:
         raise _file_fail(path, f"not JSON: {str(err)[:120]}") from None
     except RecursionError:

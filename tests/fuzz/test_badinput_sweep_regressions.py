@@ -226,16 +226,19 @@ def test_procs_reads_a_plan_file_once_for_every_worker(tmp_path: Path,
     assert out["ok"] and [r["plan"] for r in out["ranks"]] == ["packed"] * 3
 
 
-def test_procs_fail_at_past_the_last_call_says_the_fault_never_fired() -> None:
-    # was: exit 0 with every rank published, as if the fault had been watched
+def test_procs_fail_at_past_the_last_call_is_refused_before_any_process_starts() -> None:
+    # was: exit 0 with every rank published, as if the fault had been watched; then
+    # exit 1 after the run ("the fault never fired"); now refused up front, as without
+    # --procs, naming the largest K of rank 0's process (tests/test_cli_review_fixes3.py)
     from _fuzz_support import run_cli_process
 
     res = run_cli_process(["alloc", str(SMALL), *SIM, "--procs", "3", "--fail-at", "100000",
                            "--json"], memory=-1, seconds=180)
     assert_clean(res, invalid=True)
-    assert res.rc == 1 and "the fault never fired" in res.err, res.err
+    assert res.rc == 2 and "--fail-at = 100000: must be at most " in res.err, res.err
+    assert "never fired" not in res.err, res.err
     out = json.loads(res.out)
-    assert out["ok"] is False and out["fault_fired"] is False
+    assert out["ok"] is False and out["argument"] == "fail-at" and out["value"] == 100000
 
 
 # --------------------------------------------------- a driver call of release fails
