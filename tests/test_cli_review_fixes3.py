@@ -68,7 +68,11 @@ def cli(argv: Sequence[str]) -> Result:
 def _geometry_with(tmp_path: Path, old: str, new: str) -> Path:
     text = json.dumps(json.loads(SMALL.read_text()))
     assert old in text, old
-    path = tmp_path / "g.json"
+    # a long folder name: the message must name the file in full however long its path
+    # (it was cut at 80 characters, which CI's deeper tmp_path passed)
+    folder = tmp_path / ("a-long-folder-name-" * 5)
+    folder.mkdir()
+    path = folder / "g.json"
     path.write_text(text.replace(old, new, 1))
     return path
 
@@ -104,6 +108,27 @@ def test_nan_in_a_geometry_file_names_the_field_value_and_rule(
     assert doc["exit_status"] == 2, doc
     assert doc["field"] == field and doc["value"] == literal, doc
     assert f"{field} = {literal}: " in doc["message"], doc
+
+
+LONG_NAME = "x" * 120 + ".json"
+
+
+@pytest.mark.parametrize("content, rule", [
+    (None, "cannot read geometry file"),
+    (b"\xff{}", "not UTF-8 text"),
+    (b'{"pages": 1,', "JSON"),
+])
+def test_a_long_geometry_path_is_named_in_full(tmp_path: Path, content: bytes | None,
+                                               rule: str) -> None:
+    from kvgrant.layout.geometry import load_geometry
+
+    path = tmp_path / LONG_NAME
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(GeometryError) as err:
+        load_geometry(path)
+    assert rule in str(err.value), err.value
+    assert json.dumps(str(path)) in str(err.value), err.value
 
 
 def test_the_library_error_carries_field_and_value(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from kvgrant.errors import ArgumentError, GeometryError
 from kvgrant.strict_json import DuplicateKeyError, NonFiniteNumberError, strict_json_loads
 # validate.py imports nothing from this module at run time (only for type checking),
 # so the two never form an import cycle (issue #15).
-from kvgrant.layout.validate import check_geometry_rules, show_value
+from kvgrant.layout.validate import check_geometry_rules, show_path, show_value
 
 __all__ = [
     "Alias",
@@ -328,19 +328,19 @@ def load_geometry(path: str | Path) -> Geometry:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         reason = getattr(err, "strerror", None) or str(err)
-        raise GeometryError(f"cannot read geometry file {show_value(str(path))}: {reason}",
+        raise GeometryError(f"cannot read geometry file {show_path(path)}: {reason}",
                             field="<file>", value=str(path)) from None
     if len(raw) > MAX_FILE_BYTES:
-        raise GeometryError(f"{show_value(str(path))}: larger than {MAX_FILE_BYTES:,} bytes "
+        raise GeometryError(f"{show_path(path)}: larger than {MAX_FILE_BYTES:,} bytes "
                             "(a geometry file is a small JSON document)", field="<file>",
                             value=str(path))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise GeometryError(f"{show_value(str(path))}: not UTF-8 text (byte {err.start}): a "
+        raise GeometryError(f"{show_path(path)}: not UTF-8 text (byte {err.start}): a "
                             "geometry file is JSON",
                             field="<file>", value=str(path)) from None
-    data = _decode_json(text, show_value(str(path)))
+    data = _decode_json(text, show_path(path))
     return parse_geometry(data)
 
 

@@ -19,6 +19,7 @@ from kvgrant.layout.contract import _MAX_LISTED, check_contract
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import naive_plan, reference_plan
+from kvgrant.layout.validate import show_path
 from kvgrant.strict_json import DuplicateKeyError, NonFiniteNumberError, strict_json_loads
 
 __all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "load_plan_document",
@@ -48,19 +49,13 @@ def plan_document(plan: PhysicalPlan) -> dict[str, Any]:
 
 def _fail(path: Path, field: str, value: Any, rule: str) -> PlanFileError:
     """The error naming the file, the field, the value and the rule."""
-    return PlanFileError(f"plan file {_shown(path)}: {field} = {show_value(value)}: "
+    return PlanFileError(f"plan file {show_path(path)}: {field} = {show_value(value)}: "
                          f"{rule}", path=str(path), field=field, value=value)
-
-
-def _shown(path: Path) -> str:
-    """The path quoted in full, control and non-ASCII characters escaped (show_value
-    would cut a long path, and the message must name the file)."""
-    return json.dumps(str(path))
 
 
 def _file_fail(path: Path, rule: str) -> PlanFileError:
     """The error about the file as a whole (field ``<file>``, as for geometry files)."""
-    return PlanFileError(f"plan file {_shown(path)}: {rule}", path=str(path),
+    return PlanFileError(f"plan file {show_path(path)}: {rule}", path=str(path),
                          field="<file>", value=str(path))
 
 
@@ -97,10 +92,10 @@ def load_plan_document(path: str | Path) -> Any:
     try:
         return strict_json_loads(raw.decode("utf-8"))
     except DuplicateKeyError as err:
-        raise PlanFileError(f"plan file {_shown(path)}: not a plan document: {err}",
+        raise PlanFileError(f"plan file {show_path(path)}: not a plan document: {err}",
                             path=str(path), field=err.key, value=str(path)) from None
     except NonFiniteNumberError as err:  # names the field (was: "not JSON: NaN is not ...")
-        raise PlanFileError(f"plan file {_shown(path)}: {err}", path=str(path),
+        raise PlanFileError(f"plan file {show_path(path)}: {err}", path=str(path),
                             field=err.field, value=err.value) from None
     except (UnicodeDecodeError, ValueError) as err:
         raise _file_fail(path, f"not JSON: {str(err)[:120]}") from None

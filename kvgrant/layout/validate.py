@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 #: 2**22 granules: 8 TiB per rank at G = 2 MiB.
 MAX_RANK_GRANULES = 1 << 22
 
-__all__ = ["MAX_RANK_GRANULES", "check_geometry_rules", "show_value"]
+__all__ = ["MAX_RANK_GRANULES", "check_geometry_rules", "show_path", "show_value"]
 
 _VA_LIMIT = 1 << 64
 
@@ -45,6 +45,13 @@ def show_value(value: Any) -> str:
         text = json.dumps(value)
         return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT - 4] + '..."'
     return type(value).__name__
+
+
+def show_path(path: object) -> str:
+    """A file path quoted in full, control and non-ASCII characters escaped: unlike
+    :func:`show_value` it is never cut, because the message must name the file (a
+    pytest or container path easily passes 80 characters)."""
+    return json.dumps(str(path))
 
 
 def _fail(field: str, value: object, rule: str, *, shown: str | None = None) -> NoReturn:
