@@ -1,0 +1,494 @@
+"""Tests that kill hand-written runtime mutants the rest of the suite let through.
+
+docs/mutation-score.md ("Hand-written runtime mutants") lists each mutant, where it was
+made and which test here kills it. Most are group-runtime bugs (runtime/group.py): the
+group tests of tests/runtime/test_group_sim.py start real processes, and a group of
+*threads* in this process reaches the same code in a fraction of a second: one thread
+per rank, each with its own simulated driver, on an in-memory store (``store=``); fds
+still go over the ranks' Unix sockets. Every group here is a real group: it publishes
+or aborts together, and its trace files are checked by the group model's checker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+from kvgrant.conformance.group_check import check_group
+from kvgrant.errors import GroupError, HandleBudgetError
+from kvgrant.layout.geometry import Geometry, parse_geometry
+from kvgrant.layout.plans import make_plan
+from kvgrant.runtime.faults import Fault
+from kvgrant.runtime.group import GroupPublished, allocate_rank, rank_demand
+from kvgrant.runtime.ledger import HostLedger
+from kvgrant.runtime.options import HandleBudget
+from kvgrant.runtime.sim import SimDriver
+
+MIB = 1 << 20
+G = 2 * MIB
+EMPTY = {"handles": 0, "mappings": 0, "grants": 0, "reserved_bytes": 0, "reservations": 0}
+
+# One plane of 4 G, its first G aliased into an importers' region: ranks 0 and 1
+# import each other (as tests/runtime/test_group_sim.py's TINY, two more pages).
+TINY = {"name": "tiny", "granularity": G, "pages": 8, "page_tokens": 16,
+        "planes": [{"name": "a", "bytes_per_page": MIB}],
+        "regions": [{"name": "snapshot", "rows": 1, "row_bytes": G}],
+        "aliases": [{"region": "snapshot", "offset": 0, "plane": "a", "plane_offset": 0,
+                     "length": G}],
+        "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
+
+
+class _DictStore:
+    """The few torch.distributed Store calls allocate_rank makes, in memory, for threads."""
+
+    def __init__(self) -> None:
+        self.d: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def add(self, key: str, n: int) -> int:
+        with self.lock:
+            v = int(self.d.get(key, b"0")) + n
+            self.d[key] = str(v).encode()
+            return v
+
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.d[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            return self.d[key]
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            return all(k in self.d for k in keys)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        with self.lock:
+            if key not in self.d and expected == "":
+                self.d[key] = desired.encode()
+            return self.d[key]
+
+
+def run_threads(g: Geometry, drivers: Sequence[Any], tmp_path: Path | None = None, *,
+                per_rank: dict[int, dict[str, Any]] | None = None, timeout_s: float = 10.0,
+                **kw: Any) -> list[Any]:
+    """One allocate_rank per rank, each in its own thread; returns what each returned
+    (a GroupPublished) or raised. Traces go to ``tmp_path/rank<R>.ndjson``."""
+    n = g.topology.ranks
+    store = _DictStore()
+    out: list[Any] = [None] * n
+
+    def one(r: int) -> None:
+        args = dict(kw, driver=drivers[r], device=r, timeout_s=timeout_s, store=store)
+        if tmp_path is not None:
+            args["trace"] = tmp_path / f"rank{r}.ndjson"
+        args.update((per_rank or {}).get(r, {}))
+        try:
+            out[r] = allocate_rank(g, r, **args)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out[r] = e
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"rank{r}") for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank did not return"
+    return out
+
+
+def release_all(outs: Sequence[Any]) -> None:
+    for o in outs:
+        if isinstance(o, GroupPublished):
+            o.release()
+
+
+def traces(tmp_path: Path, n: int) -> list[str]:
+    return [str(tmp_path / f"rank{r}.ndjson") for r in range(n)]
+
+
+def conforms(tmp_path: Path, n: int) -> str:
+    verdict = check_group(traces(tmp_path, n))[0]
+    assert verdict.accepted, verdict.summary()
+    return verdict.summary()
+
+
+def nothing_left(drv: SimDriver) -> None:
+    assert drv.live().as_dict() == EMPTY
+    assert drv.open_shareables() == 0 and not drv._shared and not any(drv._used)
+
+
+def tiny() -> Geometry:
+    return parse_geometry(TINY)
+
+
+# ------------------------------------------------------------------ fds (group.py)
+def test_an_exported_fd_is_closed_when_its_send_fails(tmp_path: Path, monkeypatch) -> None:
+    """Rank 0's first sendmsg fails (the importer's socket was reset): the failed Send
+    is traced, the group aborts, and the fd rank 0 exported for it is closed like every
+    other (mutant: the fd was closed only after a successful send, so it leaked)."""
+    import errno
+
+    from kvgrant.runtime import fdpass
+
+    real = fdpass.FdClient.send
+
+    def send(self: Any, alloc: int, fd: int, size: int, device: int, deadline: float) -> None:
+        if self.owner == 0 and alloc == 0:
+            raise ConnectionResetError(errno.ECONNRESET, "connection reset by peer")
+        real(self, alloc, fd, size, device, deadline)
+
+    monkeypatch.setattr(fdpass.FdClient, "send", send)
+    drivers = [SimDriver(devices=2), SimDriver(devices=2)]
+    outs = run_threads(tiny(), drivers, tmp_path)
+    release_all(outs)
+    assert all(isinstance(o, GroupError) for o in outs), outs
+    assert "sendmsg failed with ECONNRESET on rank 0" in outs[0].failed[0]
+    for drv in drivers:
+        nothing_left(drv)
+    conforms(tmp_path, 2)
+
+
+# --------------------------------------------------------- the ledger lease (group.py)
+class _LeaseWatch(SimDriver):
+    """A sim driver that, at every cuMemRelease and cuMemAddressFree, records whether this
+    rank's ledger lease (the holder naming its device) is still in the ledger."""
+
+    def __init__(self, ledger: HostLedger, device: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.ledger, self.device, self.seen = ledger, device, []
+
+    def _held(self) -> bool:
+        return any(h.devices == (self.device,) for h in self.ledger.holders())
+
+    def release(self, handle: int) -> None:
+        self.seen.append(("release", self._held()))
+        super().release(handle)
+
+    def free_address(self, va: int, size: int) -> None:
+        self.seen.append(("free", self._held()))
+        super().free_address(va, size)
+
+
+@pytest.mark.parametrize("fault", [None, Fault(nth=3, call="cuMemMap")], ids=["shutdown", "abort"])
+def test_each_rank_holds_its_ledger_share_until_its_last_handle_is_gone(
+        tmp_path: Path, fault: Fault | None) -> None:
+    """A group in this process with a ledger: while published every rank holds its share
+    (its rank_demand); on shutdown and on abort the share is released last, after the last
+    cuMemRelease and the cuMemAddressFree, and the ledger is empty afterwards (a process
+    that serves on after an abort must not keep it; mutants: the lease never released,
+    or released first)."""
+    ledger = HostLedger(tmp_path / "ledger.json")
+    g = tiny()
+    drivers = [_LeaseWatch(ledger, r, devices=2, faults=fault if r == 1 else None)
+               for r in range(2)]
+    outs = run_threads(g, drivers, tmp_path, budget=HandleBudget(ledger=ledger))
+    if fault is None:
+        assert all(isinstance(o, GroupPublished) for o in outs), outs
+        held = sorted((h.devices, h.handles) for h in ledger.holders())
+        plan = outs[0].plan
+        assert held == [((r,), rank_demand(g, plan, r)) for r in range(2)]
+        release_all(outs)
+    else:
+        assert all(isinstance(o, GroupError) for o in outs), outs
+    assert ledger.holders() == []
+    for drv in drivers:
+        assert drv.seen and all(held for _, held in drv.seen), drv.seen
+        nothing_left(drv)
+    conforms(tmp_path, 2)
+
+
+def test_the_one_process_allocator_holds_its_ledger_share_until_its_last_handle_is_gone(
+        tmp_path: Path) -> None:
+    """The same for allocate: the lease is the last undo of shutdown and of abort."""
+    from kvgrant.errors import AllocationError
+    from kvgrant.runtime import allocate
+
+    ledger = HostLedger(tmp_path / "ledger.json")
+
+    class Watch(SimDriver):
+        seen: list[bool] = []
+
+        def release(self, handle: int) -> None:
+            self.seen.append(bool(ledger.holders()))
+            super().release(handle)
+
+    pub = allocate(tiny(), driver=Watch(devices=2), ledger=ledger)
+    assert len(ledger.holders()) == 1
+    pub.release()
+    with pytest.raises(AllocationError):
+        allocate(tiny(), driver=Watch(devices=2, faults=Fault(nth=5, call="cuMemMap")),
+                 ledger=ledger)
+    assert Watch.seen and all(Watch.seen) and ledger.holders() == []
+
+
+# ------------------------------------------------------ failure messages (group.py)
+def test_a_failed_step_names_its_own_byte_range(tmp_path: Path) -> None:
+    """A failed cuMemCreate / cuMemImportFromShareableHandle of an allocation that does
+    not start at plane offset 0 names [offset, offset + length) of the plane (mutant:
+    the end was the length)."""
+    g = tiny()
+    plan = make_plan(g, "packed")
+    k, a = next((k, a) for k, a in enumerate(plan.allocations) if a.plane_offset > 0)
+    want = f"plane 'a' bytes [{a.plane_offset:#x}, {a.plane_offset + a.length:#x})"
+    drivers = [SimDriver(devices=2, faults=Fault(nth=k + 1, call="cuMemCreate")),
+               SimDriver(devices=2)]
+    outs = run_threads(g, drivers, tmp_path, plan=plan)
+    assert all(isinstance(o, GroupError) for o in outs), outs
+    for o in outs:
+        assert f"cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY on rank 0 (device 0): " \
+               f"{want}; cause:" in o.failed[0], o.failed[0]
+    conforms(tmp_path, 2)
+    # the importer's side: rank 1 fails importing rank 0's allocation k
+    drivers = [SimDriver(devices=2), SimDriver(devices=2, faults=Fault(
+        nth=k + 1, call="cuMemImportFromShareableHandle"))]
+    outs = run_threads(g, drivers, tmp_path, plan=plan)
+    assert all(isinstance(o, GroupError) for o in outs), outs
+    assert f"cuMemImportFromShareableHandle failed with CUDA_ERROR_OUT_OF_MEMORY on rank 1 " \
+           f"(device 1): imported from rank 0, {want}; cause:" in outs[0].failed[1]
+    for drv in drivers:
+        nothing_left(drv)
+    conforms(tmp_path, 2)
+
+
+# ------------------------------------------------------ host pre-flight (group.py)
+def test_the_group_pre_flight_counts_the_reserve(tmp_path: Path) -> None:
+    """The host's demand (both ranks) fits the budget exactly, so a reserve of one more
+    handle for users kvgrant cannot see must refuse it, before any driver call, naming
+    the reserve (mutant: the reserve was ignored and the group published)."""
+    g = tiny()
+    plan = make_plan(g, "packed")
+    demand = sum(rank_demand(g, plan, r) for r in range(2))
+    drivers = [SimDriver(devices=2), SimDriver(devices=2)]
+    outs = run_threads(g, drivers, plan=plan,
+                       budget=HandleBudget(handles=demand, reserve=1, ledger=False))
+    release_all(outs)
+    for o in outs:
+        assert isinstance(o, HandleBudgetError), o
+        assert f"+ a reserve of 1 but the host budget is {demand:,} (over by 1)" in str(o)
+    assert all(sum(d.calls.values()) == 0 for d in drivers)
+    ok = run_threads(g, [SimDriver(devices=2), SimDriver(devices=2)], plan=plan,
+                     budget=HandleBudget(handles=demand, reserve=0, ledger=False))
+    assert all(isinstance(o, GroupPublished) for o in ok), ok
+    release_all(ok)
+
+
+def test_an_importer_on_another_host_than_its_owner_is_refused_in_the_hello(
+        monkeypatch) -> None:
+    """Ranks 0 and 1 import each other but say they run on different hosts: POSIX fds
+    do not cross hosts, so every rank refuses in the hello, naming both, before any
+    driver call (mutant: the check was skipped and the fds' import failed late)."""
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname",
+                        lambda: f"node-{threading.current_thread().name}")
+    drivers = [SimDriver(devices=2), SimDriver(devices=2)]
+    outs = run_threads(tiny(), drivers, budget=HandleBudget(ledger=False))
+    release_all(outs)
+    for o in outs:
+        assert isinstance(o, GroupError), o
+        assert "rank 1 (host 'node-rank1') imports from rank 0 (host 'node-rank0')" in str(o)
+        assert "POSIX fds do not cross hosts" in str(o)
+    assert all(sum(d.calls.values()) == 0 for d in drivers)
+
+
+# ------------------------------------------------------- a failed undo (group.py)
+def test_a_rank_whose_undo_failed_does_not_trace_abort_complete(tmp_path: Path) -> None:
+    """Rank 1's third cuMemMap fails, then its first cuMemUnmap of the unwinding fails
+    too: that mapping is still there, so rank 1's trace must not claim AbortComplete
+    (the model's "nothing left after abort"); its GroupError names the failed undo in
+    cleanup_errors and in the message. Rank 0 unwinds fully (mutant: AbortComplete was
+    traced whatever the undos did)."""
+    drivers = [SimDriver(devices=2), SimDriver(devices=2, faults=[
+        Fault(nth=3, call="cuMemMap"), Fault(nth=1, call="cuMemUnmap")])]
+    outs = run_threads(tiny(), drivers, tmp_path)
+    assert all(isinstance(o, GroupError) for o in outs), outs
+    err = outs[1]
+    assert err.cleanup_errors and "undo(s) failed, first: " in str(err)
+    assert not drivers[1].live().is_empty()
+    events = [json.loads(x) for x in
+              (tmp_path / "rank1.ndjson").read_text().splitlines()[1:]]
+    assert "Abort" in [e["action"] for e in events]
+    assert "AbortComplete" not in [e["action"] for e in events]
+    assert events[-1]["state"]["phase"] == "Aborting"
+    assert [e["action"] for e in events if e["result"] not in ("CUDA_SUCCESS", "SUCCESS", None)
+            ][:2] == ["Map", "Unmap"]
+    nothing_left(drivers[0])
+    r0 = [json.loads(x) for x in
+          (tmp_path / "rank0.ndjson").read_text().splitlines()[1:]]
+    assert r0[-1]["action"] == "AbortComplete"
+
+
+# ---------------------------------------------------- fitting pages (group.py set-up)
+def test_ranks_that_share_an_ordinal_fit_the_pages_of_the_smallest_free_memory(
+        tmp_path: Path) -> None:
+    """Each process sees its GPU as ordinal 0 (CUDA_VISIBLE_DEVICES): the set-up's
+    all-gathered free bytes of one ordinal must be read as the least of them, so every
+    rank fits the pages that the tightest GPU holds and the group publishes (mutant: the
+    most free memory was taken, rank 1 ran out of memory at its cuMemCreate and the
+    group aborted)."""
+    small = 5 * MIB   # rank 1's GPU: room for 4 of the 8 pages (a G is 2 pages)
+    drivers = [SimDriver(devices=1), SimDriver(devices=1, memory_per_device=small)]
+    outs = run_threads(tiny(), drivers, tmp_path, per_rank={0: {"device": 0}, 1: {"device": 0}})
+    try:
+        assert all(isinstance(o, GroupPublished) for o in outs), outs
+        pages = {o.capacity.pages for o in outs}
+        assert len(pages) == 1 and pages.pop() * MIB <= small
+        assert {o.capacity.requested_pages for o in outs} == {8}
+        assert [o.device for o in outs] == [0, 0]
+    finally:
+        release_all(outs)
+    for drv in drivers:
+        nothing_left(drv)
+    conforms(tmp_path, 2)
+
+
+# ------------------------------------------------------ what the error names (group.py)
+def test_the_group_error_names_the_root_cause_first(tmp_path: Path) -> None:
+    """Rank 1's first export fails; rank 0, waiting for rank 1's fds, stops because of
+    it. Every rank's GroupError lists rank 1 (its own step failed) before rank 0 (which
+    stopped because of rank 1), in ``failed`` and in the message, as docs/group.md says
+    (mutant: ranks in rank order, so rank 0's "stopped importing" came first)."""
+    drivers = [SimDriver(devices=2), SimDriver(devices=2, faults=Fault(
+        call="cuMemExportToShareableHandle"))]
+    outs = run_threads(tiny(), drivers, tmp_path)
+    assert all(isinstance(o, GroupError) for o in outs), outs
+    for o in outs:
+        assert list(o.failed) == [1, 0], o.failed
+        assert "cuMemExportToShareableHandle failed" in o.failed[1]
+        assert "rank 0 stopped importing from rank 1" in o.failed[0]
+        text = str(o)
+        assert text.index("rank 1 failed:") < text.index("rank 0 failed:")
+    for drv in drivers:
+        nothing_left(drv)
+    conforms(tmp_path, 2)
+
+
+# ------------------------------------------------------------- counts (group.py)
+def test_each_ranks_counts_are_its_driver_handle_demand(tmp_path: Path) -> None:
+    """A published rank's ``counts.grants`` (the (mapping, device) pairs it holds: its
+    driver-handle demand) equals rank_demand, own and imported mappings together, and
+    the group's sum is the one-process demand (mutant: the imported grants were left
+    out)."""
+    from kvgrant.layout.preflight import handle_demand
+
+    g = tiny()
+    drivers = [SimDriver(devices=2), SimDriver(devices=2)]
+    outs = run_threads(g, drivers, tmp_path)
+    try:
+        assert all(isinstance(o, GroupPublished) for o in outs), outs
+        plan = outs[0].plan
+        for r, o in enumerate(outs):
+            assert o.counts.grants == rank_demand(g, plan, r) == drivers[r].live().grants
+            assert o.summary()["counts"]["grants"] == o.counts.grants
+        assert sum(o.counts.grants for o in outs) == handle_demand(g, plan)
+    finally:
+        release_all(outs)
+
+
+# ================================================= the one-process allocator
+def _one_process_events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()[1:]]
+
+
+def test_an_allocation_failure_names_its_own_byte_range() -> None:
+    """allocate: a failed cuMemCreate of an allocation that does not start at plane
+    offset 0 names [offset, offset + length) in byte_range and in the message (mutant
+    (engine.py): the end was the length)."""
+    from kvgrant.errors import AllocationError
+    from kvgrant.runtime import allocate
+
+    g = tiny()
+    plan = make_plan(g, "packed")
+    k, a = next((k, a) for k, a in enumerate(plan.allocations) if a.plane_offset > 0)
+    lo, hi = a.plane_offset, a.plane_offset + a.length
+    drv = SimDriver(devices=2, faults=Fault(nth=k + 1, call="cuMemCreate"))
+    with pytest.raises(AllocationError) as info:
+        allocate(g, plan=plan, driver=drv)
+    assert info.value.byte_range == (lo, hi)
+    assert f"plane 'a' bytes [{lo:#x}, {hi:#x})" in str(info.value)
+    assert drv.live().as_dict() == EMPTY
+
+
+def test_an_abort_whose_undo_failed_does_not_trace_abort_complete(tmp_path: Path) -> None:
+    """allocate: the third cuMemMap fails, then the first cuMemUnmap of the unwinding
+    fails: a mapping is left, so the trace ends in Aborting, not AbortComplete, and the
+    AllocationError names the failed undo (mutant (engine.py): AbortComplete always)."""
+    from kvgrant.errors import AllocationError
+    from kvgrant.runtime import allocate
+
+    drv = SimDriver(devices=2, faults=[Fault(nth=3, call="cuMemMap"),
+                                       Fault(nth=1, call="cuMemUnmap")])
+    trace = tmp_path / "t.ndjson"
+    with pytest.raises(AllocationError) as info:
+        allocate(tiny(), driver=drv, trace=trace)
+    assert info.value.cleanup_errors and "undo(s) failed, first: " in str(info.value)
+    assert not drv.live().is_empty()
+    events = _one_process_events(trace)
+    actions = [e["action"] for e in events]
+    assert "Abort" in actions and "AbortComplete" not in actions
+    assert events[-1]["state"]["phase"] == "Aborting"
+
+
+def test_the_pre_flight_counts_the_reserve() -> None:
+    """allocate: a plan whose demand fits the budget exactly is refused with a reserve
+    of one handle, before any driver call (mutant (prepare.py): the reserve was ignored)."""
+    from kvgrant.layout.preflight import handle_demand
+    from kvgrant.runtime import allocate
+
+    g = tiny()
+    plan = make_plan(g, "packed")
+    demand = handle_demand(g, plan)
+    drv = SimDriver(devices=2)
+    with pytest.raises(HandleBudgetError, match="reserve"):
+        allocate(g, plan=plan, driver=drv, budget=HandleBudget(handles=demand, reserve=1,
+                                                               ledger=False))
+    assert sum(drv.calls.values()) == 0
+    allocate(g, plan=plan, driver=drv,
+             budget=HandleBudget(handles=demand, reserve=0, ledger=False)).release()
+
+
+def test_a_driver_query_that_fails_before_any_object_gives_the_ledger_share_back(
+        tmp_path: Path) -> None:
+    """allocate: the ledger share is taken before the driver is asked for free memory;
+    when that query fails, the AllocationError says nothing was created and the share is
+    gone from the ledger (mutant (prepare.py): the lease was kept until the process
+    exited, refusing other allocations on the host)."""
+    from kvgrant.errors import AllocationError
+    from kvgrant.runtime import allocate
+
+    ledger = HostLedger(tmp_path / "ledger.json")
+    drv = SimDriver(devices=2, faults=Fault(call="cuMemGetInfo"))
+    with pytest.raises(AllocationError, match="before anything was created"):
+        allocate(tiny(), driver=drv, ledger=ledger)
+    assert ledger.holders() == []
+    assert drv.live().as_dict() == EMPTY
+
+
+def test_release_closes_a_driver_kvgrant_opened(tmp_path: Path) -> None:
+    """allocate / allocate_rank with a backend name open their own driver; release
+    closes it (a CUDA driver gives its primary contexts back): later calls fail with
+    CUDA_ERROR_DEINITIALIZED. A driver the caller passed stays open (mutant
+    (published.py): an owned driver was never closed)."""
+    from kvgrant.errors import DriverError
+    from kvgrant.runtime import allocate
+
+    pub = allocate(tiny(), backend="sim")
+    pub.release()
+    with pytest.raises(DriverError) as info:
+        pub.driver.free_memory(0)
+    assert info.value.result_name == "CUDA_ERROR_DEINITIALIZED"
+    outs = run_threads(tiny(), [None, None], backend="sim")
+    assert all(isinstance(o, GroupPublished) for o in outs), outs
+    release_all(outs)
+    for o in outs:
+        with pytest.raises(DriverError, match="CUDA_ERROR_DEINITIALIZED"):
+            o.driver.free_memory(0)
+    given = SimDriver(devices=2)
+    allocate(tiny(), driver=given).release()
+    assert given.free_memory(0)[0] > 0
