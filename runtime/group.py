@@ -50,7 +50,7 @@ from kvgrant.layout.validate import show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
-from kvgrant.runtime.driver import Driver, open_driver
+from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
 from kvgrant.runtime.fdpass import FdClient, FdServer
 from kvgrant.runtime.engine import traced_shutdown, va_layout
 from kvgrant.runtime.interrupts import DeferredInterrupt
@@ -62,8 +62,8 @@ from kvgrant.runtime.trace import TraceWriter, open_trace
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
 from kvgrant.traceformat import GROUP_VERSION, group_plan_header
 
-__all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "plan_digests",
-           "rank_demand", "take_ledger_lease"]
+__all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "group_backend",
+           "open_group_driver", "plan_digests", "rank_demand", "take_ledger_lease"]
 
 #: How long any one group step waits for the others (seconds) before naming them missing.
 DEFAULT_TIMEOUT_S = 120.0
@@ -372,17 +372,43 @@ class _State:
     alias_grants: dict[int, int] = field(default_factory=dict)
 
 
+def group_backend(name: str, devices: Sequence[int]) -> str:
+    """The backend a group worker opens for ``name``: ``auto`` is cuda when this host has
+    a usable device for every rank's device number, else sim (every rank decides alike)."""
+    if name != "auto":
+        return name
+    from kvgrant.runtime.cuda import usable_device_count
+
+    return "cuda" if usable_device_count() > max(devices) else "sim"
+
+
+def open_group_driver(name: str, options: Mapping[str, Any], devices: Sequence[int]) -> Driver:
+    """The driver of one group worker, opened as every worker opens it: sim with a device
+    for every rank's device number, cuda without the sim's handle budget. Shared with
+    ``kvgrant alloc``'s --fail-at check, which must open the same driver (and the same
+    sim host pool, with the same budget) as the workers it checks for."""
+    opts = dict(options)
+    if name == "sim":
+        opts.setdefault("devices", max(devices) + 1)
+    else:
+        opts.pop("handle_budget", None)
+    return open_driver(name, **opts)
+
+
 class _GroupRun:
     """One process's attempt: what :class:`~kvgrant.runtime.published.Published` and the
     unwinding need (the same names as the one-process allocator's run)."""
 
-    def __init__(self, g: Geometry, plan: PhysicalPlan, driver: Driver, rank: int,
+    def __init__(self, g: Geometry, plan: PhysicalPlan, driver: Driver | None, rank: int,
                  devices: Sequence[int], trace: TraceWriter,
-                 interrupt: DeferredInterrupt | None = None) -> None:
+                 interrupt: DeferredInterrupt | None = None, *,
+                 backend: str | None = None) -> None:
         self.g = g
         self.plan = plan
         self.allocs: tuple[Allocation, ...] = plan.allocations
-        self.driver = driver
+        # None only for a rank whose driver could not be opened: it makes no step
+        self.driver: Driver = driver  # type: ignore[assignment]
+        self.backend = backend if backend is not None else getattr(driver, "name", "?")
         self.rank = rank
         self.devices = list(devices)
         self.device = self.devices[rank]
@@ -446,7 +472,7 @@ class _GroupRun:
         g = self.g
         self._head = dict(
             ranks=g.topology.ranks, allocs=len(self.allocs), geometry=g.name,
-            plan=self.plan.label, backend=getattr(self.driver, "name", "?"),
+            plan=self.plan.label, backend=self.backend,
             devices={str(r): d for r, d in enumerate(self.devices)}, mode="group",
             rank=self.rank, procs=procs, host=host, pid=os.getpid())
 
@@ -994,10 +1020,8 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
     setup_error: BaseException | None = None
     free: int | None = None
     try:
-        if driver is None and name == "auto":
-            from kvgrant.runtime.cuda import usable_device_count
-
-            name = "cuda" if usable_device_count() > max(devices) else "sim"
+        if driver is None:
+            name = group_backend(name, devices)
         lease = take_ledger_lease(
             opts.budget.ledger, handles=rank_demand(g, the_plan, rank), geometry=g,
             label=f"{the_plan.label}, rank {rank} of {n}", budget=handles, reserve=reserve,
@@ -1006,12 +1030,7 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
         try:
             if driver is None:
                 assert isinstance(opts.backend, Backend)
-                options = dict(opts.backend.options)
-                if name == "sim":
-                    options.setdefault("devices", max(devices) + 1)
-                else:
-                    options.pop("handle_budget", None)
-                driver = open_driver(name, **options)
+                driver = open_group_driver(name, opts.backend.options, devices)
             if driver.device_count() <= device:
                 raise PlanError(f"rank {rank}: device {device} does not exist (the "
                                 f"{driver.name} backend has {driver.device_count()})")
@@ -1082,8 +1101,10 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
                     fail = _StepFailed(f"rank {rank}: {_err_text(e)}", e)
                 if fit is not None and fit.reduced and not isinstance(plan, PhysicalPlan):
                     fail = _agree_on_replan(chan, g, the_plan, rank, fail)
-            assert driver is not None
-            run = _GroupRun(g, the_plan, driver, rank, devices, tw, interrupt)
+            # no driver only when the set-up failed opening it: then the run makes no
+            # driver call, it traces the failed Reserve and votes
+            assert driver is not None or fail is not None
+            run = _GroupRun(g, the_plan, driver, rank, devices, tw, interrupt, backend=name)
             run.header(n, host)
             if fail is not None:
                 # stopped before its first step (its own set-up failed, or another
@@ -1351,8 +1372,8 @@ def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
            fail: _StepFailed | None, owns: bool) -> None:
     """Unwind this process (imports first, then own objects LIFO, then the VA) and raise
     the GroupError that names every failed and missing rank."""
-    driver = run.driver
-    live_before = driver.live().as_dict()
+    driver: Driver | None = run.driver   # None: the set-up could not open it
+    live_before = driver.live().as_dict() if driver is not None else LiveCounts().as_dict()
     run.phase = "Aborting"
     run._group("Abort")
     errors = txn.rollback()
@@ -1361,13 +1382,14 @@ def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
         run._group("AbortComplete")
     run.write_header()
     run.trace.close()
+    free_after: dict[int, int] = {}
     try:
-        free_after = {run.device: driver.free_memory(run.device)[0]}
+        if driver is not None:
+            free_after = {run.device: driver.free_memory(run.device)[0]}
     except DriverError as e:
         errors.append(e)
-        free_after = {}
-    live_after = driver.live()
-    if owns:
+    live_after = driver.live() if driver is not None else LiveCounts()
+    if owns and driver is not None:
         driver.close()
     failed = _failed_of(decision)
     missing = list(decision.get("missing", []))

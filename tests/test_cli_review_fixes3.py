@@ -400,7 +400,8 @@ def test_procs_fail_at_is_not_checked_where_the_group_cannot_be_measured(
     from kvgrant.errors import ArgumentError
     from kvgrant.layout.geometry import load_geometry
 
-    args = argparse.Namespace(backend="sim", memory_limit=None, fail_at=100000)
+    args = argparse.Namespace(backend="sim", memory_limit=None, fail_at=100000,
+                              sim_handle_budget=None, sim_pool=None)
     g = load_geometry(SMALL)
     with pytest.raises(ArgumentError, match="must be at most 105"):
         _check_group_fail_at(args, g, "packed", None, 0)
@@ -410,6 +411,29 @@ def test_procs_fail_at_is_not_checked_where_the_group_cannot_be_measured(
     monkeypatch.delenv("LOCAL_RANK")
     args.memory_limit = "1M"
     assert _check_group_fail_at(args, g, "packed", None, 0) is None
+
+
+@pytest.mark.parametrize("how", ["KVGRANT_SIM_POOL", "--sim-pool"])
+def test_the_procs_fail_at_check_opens_the_workers_sim_host_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The check opens the sim as the workers do, with their budget and host pool (was:
+    it opened a sim of the default budget, which, under KVGRANT_SIM_POOL, made the pool
+    file with 523,880; every worker asking for 100,000 then failed, an AssertionError
+    with an empty message)."""
+    pool = tmp_path / "pool"
+    opts = ["--sim-handle-budget", "100000"]
+    if how == "--sim-pool":
+        opts += ["--sim-pool", str(pool)]
+    else:
+        monkeypatch.setenv("KVGRANT_SIM_POOL", str(pool))
+    res = cli(["alloc", str(SMALL), *SIM, "--procs", "3", *opts, "--fail-at", "5", "--json"])
+    assert res.rc == 1, (res.rc, res.out, res.err)
+    doc = res.doc()
+    assert doc["kind"] == "GroupError", doc
+    assert "injected fault: call #5 " in doc["message"], doc
+    # the pool was made with the workers' budget: a later run asking for it is served
+    res = cli(["alloc", str(SMALL), *SIM, *opts, "--json"])
+    assert res.rc == 0 and res.doc()["ok"] is True, (res.rc, res.out, res.err)
 
 
 _LAUNCH = """

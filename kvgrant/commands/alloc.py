@@ -197,9 +197,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": args.trace, "fail_at": args.fail_at, "fail_rank": fail_rank,
         "timeout_s": args.timeout or 120.0,
         "devices": {str(r): d for r, d in enumerate(devices)} if devices else None,
-        "driver_options": {**({"handle_budget": args.sim_handle_budget}
-                              if args.sim_handle_budget is not None else {}),
-                           **({"host_pool": args.sim_pool} if args.sim_pool else {})}}
+        "driver_options": _driver_options(args, faults=False)}
     if group_launch.in_torchrun():
         reports = [group_launch.run_under_torchrun(spec)]
     else:
@@ -396,21 +394,17 @@ def _check_group_fail_at(args: argparse.Namespace, g: Any, plan: Any,
     from kvgrant.layout.geometry import parse_geometry
     from kvgrant.layout.plan import PhysicalPlan
     from kvgrant.runtime.capacity import fit_pages
-    from kvgrant.runtime.driver import open_driver
+    from kvgrant.runtime.group import group_backend, open_group_driver
     from kvgrant.runtime.prepare import resolve_plan
 
     n = g.topology.ranks
     if devices is None and "LOCAL_RANK" in os.environ:
         return
     devs = [devices[r] if devices and r < len(devices) else r for r in range(n)]
-    name = args.backend
     driver = None
-    try:
-        if name == "auto":  # as each worker decides (runtime/group.py)
-            from kvgrant.runtime.cuda import usable_device_count
-
-            name = "cuda" if usable_device_count() > max(devs) else "sim"
-        driver = open_driver(name, **({"devices": max(devs) + 1} if name == "sim" else {}))
+    try:  # the backend, options and sim host pool each worker opens (runtime/group.py)
+        driver = open_group_driver(group_backend(args.backend, devs),
+                                   _driver_options(args, faults=False), devs)
         if driver.device_count() <= max(devs):
             return
         free: dict[int, int] = {}
@@ -489,6 +483,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 pub.release()
             except KVGrantError as err:
+                # a Ctrl-C held back meanwhile is dropped: the command ends here anyway,
+                # and the failed release (exit 1) is what the user must see
                 return _release_failed(args, pub, err)
     except KeyboardInterrupt:
         # before the hold was armed (nothing released yet): release, then stop; a second

@@ -492,3 +492,26 @@ def test_release_closes_a_driver_kvgrant_opened(tmp_path: Path) -> None:
     given = SimDriver(devices=2)
     allocate(tiny(), driver=given).release()
     assert given.free_memory(0)[0] > 0
+
+
+# ------------------------------------------- set-up that cannot open its driver (group.py)
+def test_a_rank_whose_driver_cannot_be_opened_votes_failed_and_says_why(
+        tmp_path: Path) -> None:
+    """Every rank opens the sim against a host pool made with another budget: opening
+    the driver fails in the set-up. Each rank traces the failed Reserve, the group
+    aborts, and the error names the pool and the budgets (was: ``assert driver is not
+    None`` in the worker, an AssertionError with an empty message on every rank)."""
+    from kvgrant.runtime.options import Backend
+
+    pool = tmp_path / "pool"
+    SimDriver(devices=2, host_pool=pool).close()          # made with the default budget
+    backend = Backend("sim", {"host_pool": str(pool), "handle_budget": 100_000})
+    outs = run_threads(tiny(), [None, None], tmp_path, backend=backend)
+    for r, e in enumerate(outs):
+        assert isinstance(e, GroupError), (r, e)
+        assert "was made with budget 523,880, not 100,000" in str(e), e
+        assert f"rank {r} failed before start-up: LedgerError" in str(e), e
+    summary = conforms(tmp_path, 2)
+    assert "r0 Aborted" in summary and "r1 Aborted" in summary, summary
+    header = json.loads((tmp_path / "rank0.ndjson").read_text().splitlines()[0])
+    assert header["backend"] == "sim", header
