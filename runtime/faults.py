@@ -17,9 +17,10 @@ Both backends accept ``faults=`` so unwinding can be exercised on real GPUs as w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterable, Mapping
 
+from kvgrant.runtime.arguments import fail
 from kvgrant.runtime.cuda_errors import result_name, result_value
 from kvgrant.traceformat import DRIVER_CALLS
 
@@ -53,21 +54,31 @@ class Fault:
     repeat: bool = False
 
     def __post_init__(self) -> None:
+        # ArgumentError is a ValueError too, so callers catching ValueError still do
         if isinstance(self.nth, bool) or not isinstance(self.nth, int) or self.nth < 1:
-            raise ValueError(f"Fault.nth = {self.nth!r}: must be an integer >= 1 "
-                             "(1-based: nth=1 fails the first matching call)")
-        if self.call is not None and self.call not in CALL_NAMES:
-            raise ValueError(f"Fault.call = {self.call!r}: must be one of "
-                             f"{sorted(CALL_NAMES)} or None (any call)")
+            raise fail("Fault.nth", self.nth, "must be an integer >= 1 (1-based: nth=1 "
+                       "fails the first matching call)")
+        if self.call is not None and (not isinstance(self.call, str)
+                                      or self.call not in CALL_NAMES):
+            raise fail("Fault.call", self.call, f"must be one of {sorted(CALL_NAMES)} or "
+                       "None (any call)")
         if self.device is not None and (isinstance(self.device, bool)
                                         or not isinstance(self.device, int)
                                         or self.device < 0):
-            raise ValueError(f"Fault.device = {self.device!r}: must be a device ordinal >= 0 "
-                             "or None (any device)")
-        value = result_value(self.result)  # raises ValueError on an unknown name
+            raise fail("Fault.device", self.device, "must be a device ordinal >= 0 or None "
+                       "(any device)")
+        if not isinstance(self.repeat, bool):  # repeat="no" once failed every call
+            raise fail("Fault.repeat", self.repeat, "must be True or False")
+        try:
+            if isinstance(self.result, bool):
+                raise ValueError(self.result)
+            value = result_value(self.result)
+        except ValueError:
+            raise fail("Fault.result", self.result, "must be a CUresult name such as "
+                       "'CUDA_ERROR_OUT_OF_MEMORY' or its integer value") from None
         if value == 0:
-            raise ValueError(f"Fault.result = {self.result!r}: a fault must be an error, "
-                             "not CUDA_SUCCESS")
+            raise fail("Fault.result", self.result, "a fault must be an error, not "
+                       "CUDA_SUCCESS")
         object.__setattr__(self, "result", result_name(value))
 
     def matches(self, call: str, device: int | None) -> bool:
@@ -95,19 +106,28 @@ class FaultPlan:
         if spec is None:
             return cls()
         if isinstance(spec, FaultPlan):
-            return spec
+            return cls.coerce(spec.faults) if spec.faults is not None else cls()
         if isinstance(spec, Fault):
             return cls([spec])
+        if isinstance(spec, (str, bytes, Mapping)) or not isinstance(spec, Iterable):
+            raise fail("faults", spec, "must be a Fault, a FaultPlan, a list of Faults or "
+                       "of dicts of Fault fields, or None")
         faults: list[Fault] = []
-        for item in spec:
+        for i, item in enumerate(spec):
             if isinstance(item, Fault):
                 faults.append(item)
             elif isinstance(item, Mapping):
+                unknown = sorted(map(str, set(item) - _FAULT_FIELDS))
+                if unknown:
+                    raise fail(f"faults[{i}]", dict(item), f"unknown field(s) {unknown}; "
+                               f"a Fault has {sorted(_FAULT_FIELDS)}")
                 faults.append(Fault(**item))  # type: ignore[arg-type]
             else:
-                raise ValueError(f"faults entry = {item!r}: must be a Fault or a dict of "
-                                 "Fault fields")
+                raise fail(f"faults[{i}]", item, "must be a Fault or a dict of Fault fields")
         return cls(faults)
+
+
+_FAULT_FIELDS = frozenset(f.name for f in fields(Fault))
 
 
 class FaultState:

@@ -48,6 +48,7 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.validate import show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
+from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_index
 from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
@@ -67,6 +68,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "GroupPublished", "allocate_rank", "group_backen
 
 #: How long any one group step waits for the others (seconds) before naming them missing.
 DEFAULT_TIMEOUT_S = 120.0
+#: The longest ``timeout_s`` accepted (a week): finite, and within what sockets take.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 _OK = "CUDA_SUCCESS"
 #: The result of a step that a held-back Ctrl-C stopped before its driver call.
 _INTERRUPTED = "KeyboardInterrupt"
@@ -952,9 +955,13 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
         raise GroupError(f"the group has {world} process(es) but topology.ranks = {n}: "
                          "allocate_rank needs one process per rank", rank=rank)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-            or not timeout_s > 0:
+            or not 0 < timeout_s <= MAX_TIMEOUT_S:
+        # inf or 2**1100 once reached socket.settimeout as a bare OverflowError
         raise ArgumentError(f"timeout_s = {show_value(timeout_s)}: must be a number of "
-                            "seconds > 0", argument="timeout_s", value=timeout_s)
+                            f"seconds > 0 and at most {MAX_TIMEOUT_S:,} (a week)",
+                            argument="timeout_s", value=timeout_s)
+    if device is not None:   # a str once failed as a bare TypeError, -1 in the driver
+        check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
     limit = parse_memory_limit(memory_limit)
     if device is None:
         local = os.environ.get("LOCAL_RANK", str(rank))
@@ -963,6 +970,10 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
                                 "number >= 0 (torchrun sets it; or pass device=)",
                                 argument="LOCAL_RANK", value=local)
         device = int(local)
+        if device > MAX_DEVICE_ORDINAL:
+            raise ArgumentError(f"LOCAL_RANK = {show_value(local)}: must be a device "
+                                f"number in 0..{MAX_DEVICE_ORDINAL}", argument="LOCAL_RANK",
+                                value=local)
     host = socket.gethostname()
     chan = _Channel(store, index, world, timeout_s)
     handles, reserve = opts.budget.limits()

@@ -31,10 +31,16 @@ class DeviceBuffer:
         return self.ptr
 
     def slice(self, offset: int, nbytes: int) -> "DeviceBuffer":
-        """A sub-range; ``offset`` and ``nbytes`` must stay inside this buffer."""
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise ValueError(f"slice [{offset}, {offset + nbytes}) is outside the buffer of "
-                             f"{self.nbytes} bytes")
+        """A sub-range; ``offset`` and ``nbytes`` must be integers that stay inside this
+        buffer (a float offset once gave a fractional pointer)."""
+        from kvgrant.runtime.arguments import fail
+
+        for name, value in (("offset", offset), ("nbytes", nbytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise fail(name, value, "must be an integer number of bytes >= 0")
+        if offset + nbytes > self.nbytes:
+            raise fail("nbytes", nbytes, f"slice [{offset}, {offset + nbytes}) is outside "
+                       f"the buffer of {self.nbytes} bytes")
         return DeviceBuffer(self.ptr + offset, nbytes, self.device, self.backend)
 
     @property

@@ -1,0 +1,111 @@
+"""Library bad input found by a probe of the public entry points (2026-12-02): each
+was a bare TypeError / ValueError / OverflowError from deep inside, or was accepted
+and misbehaved; each is now an ArgumentError naming the argument, value and rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgrant.errors import ArgumentError
+from kvgrant.runtime import Backend, allocate
+from kvgrant.runtime.faults import Fault, FaultPlan
+from kvgrant.runtime.group import MAX_TIMEOUT_S, allocate_rank
+
+from tests.runtime.test_runtime_mutation_kills import _DictStore, tiny
+
+SMALL = Path(__file__).resolve().parents[2] / "examples" / "small.json"
+
+
+@pytest.mark.parametrize("kw, argument", [
+    ({"repeat": "no"}, "Fault.repeat"),        # was accepted: failed every call
+    ({"repeat": 1}, "Fault.repeat"),
+    ({"call": ["cuMemCreate"]}, "Fault.call"),  # was TypeError: unhashable
+    ({"call": "cuMemcreate"}, "Fault.call"),
+    ({"nth": 0}, "Fault.nth"),
+    ({"nth": 1.0}, "Fault.nth"),
+    ({"device": -1}, "Fault.device"),
+    ({"result": "CUDA_SUCCESS"}, "Fault.result"),
+    ({"result": "BOGUS"}, "Fault.result"),
+    ({"result": True}, "Fault.result"),
+    ({"result": None}, "Fault.result"),
+])
+def test_a_bad_fault_field_is_an_argument_error(kw: dict[str, Any], argument: str) -> None:
+    with pytest.raises(ArgumentError) as err:
+        Fault(**kw)
+    assert err.value.argument == argument
+    assert str(err.value).startswith(f"{argument} = "), err.value
+
+
+def test_a_fault_keeps_its_integer_result_and_its_defaults() -> None:
+    assert Fault(result=2).result == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert Fault(repeat=True).describe().endswith("and every later one")
+    assert "every later" not in Fault().describe()
+
+
+@pytest.mark.parametrize("spec, needle", [
+    (FaultPlan(faults=[1]), "faults[0] = 1: must be a Fault"),     # was AttributeError
+    (3, "must be a Fault, a FaultPlan"),                           # was TypeError
+    ([{"nht": 2}], "unknown field(s) ['nht']"),                    # was TypeError
+    ([{"nth": 0}], "Fault.nth = 0"),
+])
+def test_a_bad_fault_plan_is_refused_before_any_driver_call(spec: Any, needle: str) -> None:
+    with pytest.raises(ArgumentError) as err:
+        allocate(SMALL, backend=Backend("sim", {"faults": spec}))
+    assert needle in str(err.value), err.value
+
+
+def test_a_fault_plan_without_a_list_is_no_faults() -> None:
+    pub = allocate(SMALL, backend=Backend("sim", {"faults": FaultPlan(faults=None)}))  # type: ignore[arg-type]
+    pub.release()
+    assert pub.driver.live().is_empty()
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300, 2 ** 1100, MAX_TIMEOUT_S + 1,
+                                       0, -1, float("nan"), True, "5"])
+def test_allocate_rank_refuses_a_timeout_it_cannot_wait(timeout_s: Any) -> None:
+    # inf reached socket.settimeout after the creates: a bare OverflowError on two ranks
+    with pytest.raises(ArgumentError) as err:
+        allocate_rank(tiny(), 0, store=_DictStore(), backend="sim", timeout_s=timeout_s)
+    assert err.value.argument == "timeout_s"
+    assert f"at most {MAX_TIMEOUT_S:,}" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("device", ["1", -1, True, 1.5, 1024])
+def test_allocate_rank_refuses_a_device_that_is_not_an_ordinal(device: Any) -> None:
+    # "1" was a bare TypeError; -1, True and 1.5 reached the driver (INVALID_DEVICE)
+    with pytest.raises(ArgumentError) as err:
+        allocate_rank(tiny(), 0, store=_DictStore(), backend="sim", device=device,
+                      timeout_s=5)
+    assert err.value.argument == "device"
+    assert "must be an integer CUDA ordinal in 0..1023" in str(err.value), err.value
+
+
+def test_allocate_rank_refuses_a_local_rank_past_the_largest_ordinal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "100000000")
+    with pytest.raises(ArgumentError, match=r"LOCAL_RANK = \"100000000\": must be a device "
+                                            r"number in 0\.\.1023"):
+        allocate_rank(tiny(), 0, store=_DictStore(), backend="sim", timeout_s=5)
+
+
+@pytest.mark.parametrize("offset, nbytes, argument", [
+    (0.5, 5, "offset"),      # was accepted: a fractional pointer
+    ("0", 5, "offset"),      # was TypeError
+    (-1, 5, "offset"),       # was a bare ValueError
+    (0, True, "nbytes"),
+    (0, 1 << 60, "nbytes"),  # past the buffer
+])
+def test_a_buffer_slice_takes_integer_bytes_inside_it(offset: Any, nbytes: Any,
+                                                     argument: str) -> None:
+    pub = allocate(SMALL, backend="sim")
+    try:
+        buf = pub.plane(0, "kv0")
+        with pytest.raises(ArgumentError) as err:
+            buf.slice(offset, nbytes)
+        assert err.value.argument == argument, err.value
+        assert buf.slice(4, 8).ptr == buf.ptr + 4
+    finally:
+        pub.release()
