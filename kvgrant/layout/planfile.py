@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from kvgrant.errors import PlanFileError
+from kvgrant.errors import ArgumentError, PlanFileError
 from kvgrant.layout.contract import _MAX_LISTED, check_contract
-from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, show_value
+from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, require_geometry, show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import naive_plan, reference_plan
 from kvgrant.layout.validate import show_path
@@ -35,6 +36,7 @@ def geometry_hash(g: Geometry) -> str:
     """SHA-256 of what a plan depends on: G, pages, planes, regions and aliases
     (not the name, page tokens or topology: every rank of any topology uses the same
     plan)."""
+    require_geometry(g, "geometry_hash")
     doc = g.model_dump(exclude={"name", "topology", "page_tokens"})
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
@@ -42,6 +44,10 @@ def geometry_hash(g: Geometry) -> str:
 
 def plan_document(plan: PhysicalPlan) -> dict[str, Any]:
     """The JSON form of a plan, with the hash of the layout it was made for."""
+    if not isinstance(plan, PhysicalPlan):
+        raise ArgumentError(f"plan_document: plan = {show_value(plan)}: must be a "
+                            "PhysicalPlan (kvgrant.layout.plans.make_plan)", argument="plan",
+                            value=plan)
     return {"version": PLAN_FILE_VERSION, "label": plan.label,
             "geometry": plan.geometry.name, "geometry_hash": geometry_hash(plan.geometry),
             "allocations": [a.to_json() for a in plan.allocations]}
@@ -71,6 +77,10 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
         malformed allocation, or a plan that breaks the layout contract (naming the
         file, the field, the value and the rule): bad input, exit status 2 in the CLI.
     """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise ArgumentError(f"read_plan_file: path = {show_value(path)}: must be a file "
+                            "path (str or os.PathLike)", argument="path", value=path)
+    require_geometry(g, "read_plan_file")
     path = Path(path)
     return plan_from_document(load_plan_document(path), g, path)
 

@@ -24,15 +24,16 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
+from kvgrant.errors import ArgumentError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.bound import LowerBound, allocation_lower_bound
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import (DEFAULT_MAX_CHECKS, DEFAULT_MAX_NONZEROS, DEFAULT_MAX_SOLVES,
                                   DEFAULT_MAX_WINDOWED_NONZEROS, DEFAULT_NODE_LIMIT,
                                   ExactResult, exact_plan)
-from kvgrant.layout.geometry import Geometry
+from kvgrant.layout.geometry import Geometry, require_geometry, show_value
 from kvgrant.layout.granules import eligible_pairs
 from kvgrant.layout.packer import pack
 from kvgrant.layout.plan import PhysicalPlan
@@ -106,6 +107,9 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
     receives messages. Every rank must use the same limits: the defaults, unless a
     test wants a cheaper (and equally deterministic) plan.
     """
+    _check_plan_args(g, progress, node_limit=node_limit, max_nonzeros=max_nonzeros,
+                     max_solves=max_solves, max_checks=max_checks,
+                     max_windowed_nonzeros=max_windowed_nonzeros)
     res = _cached(_Keyed(geometry_hash(g), g, progress), node_limit, max_nonzeros,
                   max_solves, max_checks, max_windowed_nonzeros)
     if res.plan.geometry is g:
@@ -113,6 +117,25 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
     return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact,
                         res.bound_source, res.lower_bound)
+
+
+def _check_plan_args(g: Any, progress: Any, **limits: Any) -> None:
+    """An ArgumentError naming the argument for what the solver would choke on deep
+    inside (a path for ``g``, ``node_limit="x"``, ``progress=1``) or silently take
+    (``node_limit=-1``, ``max_checks=nan``, ``max_solves=1.5``)."""
+    require_geometry(g, "plan_packed")
+    if progress is not None and not callable(progress):
+        raise ArgumentError(f"plan_packed: progress = {show_value(progress)}: must be None "
+                            "or a callable taking one message", argument="progress",
+                            value=progress)
+    for name, value in limits.items():
+        least = 1 if name == "max_solves" else 0
+        if (value is None and name != "max_solves") or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= least):
+            continue
+        none = "" if name == "max_solves" else "None (no limit) or "
+        raise ArgumentError(f"plan_packed: {name} = {show_value(value)}: must be {none}an "
+                            f"integer >= {least}", argument=name, value=value)
 
 
 class _Keyed:

@@ -41,7 +41,7 @@ def make_plan(g: Geometry, label: str) -> PhysicalPlan:
     """The plan named ``label`` (one of :data:`PLAN_LABELS`)."""
     require_geometry(g, "make_plan")
     makers = {"naive": naive_plan, "reference": reference_plan, "packed": packed_plan}
-    if label not in makers:
+    if not isinstance(label, str) or label not in makers:  # a list was a TypeError
         raise PlanError(f"plan = {label!r}: unknown plan label; choose one of "
                         f"{', '.join(PLAN_LABELS)}")
     return makers[label](g)
