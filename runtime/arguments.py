@@ -39,6 +39,7 @@ __all__ = [
     "check_index",
     "check_ledger",
     "check_name",
+    "check_plan_object",
     "check_trace_errors",
     "check_trace_target",
     "checked_planner",
@@ -271,6 +272,27 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
     return devs, plan
 
 
+def check_plan_object(plan: Any, argument: str = "plan") -> None:
+    """A PhysicalPlan built by hand must hold what the allocator reads: a str label, a
+    Geometry, a tuple of Allocations (``PhysicalPlan("packed", g, None)`` failed as a
+    TypeError deep inside, a raw dict for the geometry as an AttributeError)."""
+    from kvgrant.layout.geometry import Geometry
+    from kvgrant.layout.plan import Allocation
+
+    if not isinstance(plan.label, str) or not plan.label:
+        raise fail(f"{argument}.label", plan.label, "must be a non-empty str (naive, "
+                   "reference, packed or a name of your own)")
+    if not isinstance(plan.geometry, Geometry):
+        raise fail(f"{argument}.geometry", plan.geometry, "must be a Geometry "
+                   "(kvgrant.layout.load_geometry or parse_geometry)")
+    allocs = plan.allocations
+    if not isinstance(allocs, (tuple, list)):
+        raise fail(f"{argument}.allocations", allocs, "must be a tuple of Allocation")
+    for i, a in enumerate(allocs):
+        if not isinstance(a, Allocation):
+            raise fail(f"{argument}.allocations[{i}]", a, "must be an Allocation")
+
+
 def checked_planner(planner: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """Wrap a planner callable so that what it returns is checked to be a
     PhysicalPlan (a planner returning None failed deep inside the contract check)."""
@@ -281,6 +303,7 @@ def checked_planner(planner: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if not isinstance(result, PhysicalPlan):
             raise fail("plan", planner, f"a planner must return a PhysicalPlan; it "
                                          f"returned {show(result)}")
+        check_plan_object(result)
         return result
     return run
 

@@ -55,6 +55,23 @@ class MemoryLimit:
         return self.text
 
 
+def _checked_limit(limit: MemoryLimit) -> MemoryLimit:
+    """A MemoryLimit built by hand: ``keep`` and ``cap`` byte counts in range (a str
+    ``keep`` once failed in fit_pages as a TypeError)."""
+    for name, value, none_ok in (("keep", limit.keep, False), ("cap", limit.cap, True)):
+        if value is None and none_ok:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 0 <= value <= MAX_LIMIT_BYTES:
+            raise PlanError(f"memory_limit.{name} = {value!r}: must be "
+                            f"{'None or ' if none_ok else ''}a byte count in "
+                            f"0..{MAX_LIMIT_BYTES:,} (1 PiB)")
+    if not isinstance(limit.text, str):
+        raise PlanError(f"memory_limit.text = {limit.text!r}: must be a str (how the limit "
+                        "was written, for messages)")
+    return limit
+
+
 def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
     """Parse ``-1G``, ``-0G``, ``-512M``, ``40G``, ``1073741824`` (or None: use what is free).
 
@@ -66,7 +83,7 @@ def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
     if value is None:
         return MemoryLimit(text="-0G")
     if isinstance(value, MemoryLimit):
-        return value
+        return _checked_limit(value)
     if isinstance(value, bool):
         raise PlanError(f"memory_limit = {value!r}: must be a size such as -1G, -0G, -512M or 40G")
     if isinstance(value, int):

@@ -57,7 +57,7 @@ from kvgrant.runtime.engine import traced_shutdown, va_layout
 from kvgrant.runtime.interrupts import DeferredInterrupt
 from kvgrant.runtime.options import (Backend, HandleBudget, RankShorthands, TraceOptions,
                                      group_options)
-from kvgrant.runtime.prepare import host_ledger, resolve_plan
+from kvgrant.runtime.prepare import host_ledger, require_plan_for, resolve_plan
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
@@ -983,9 +983,8 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
 
     def checked(gg: Geometry) -> PhysicalPlan:
         p = resolve_plan(gg, plan)
-        if isinstance(plan, PhysicalPlan) and p.geometry != gg:
-            raise PlanError(f"plan {p.label!r} was made for geometry {p.geometry.name!r}, "
-                            f"not for {gg.name!r} as given")
+        if isinstance(plan, PhysicalPlan):
+            require_plan_for(p, gg)
         if check_contract:
             from kvgrant.layout.contract import require_contract
 

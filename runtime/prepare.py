@@ -78,9 +78,7 @@ def prepare(geometry: "Geometry | str | Path", *,
                         f"of topology.ranks = {nranks}")
     fixed_plan = plan if isinstance(plan, PhysicalPlan) else None
     if fixed_plan is not None:
-        if fixed_plan.geometry is not g and fixed_plan.geometry != g:
-            raise PlanError(f"plan {fixed_plan.label!r} was made for geometry "
-                            f"{fixed_plan.geometry.name!r}, not for {g.name!r} as given")
+        require_plan_for(fixed_plan, g)
         g = fixed_plan.geometry
 
     # -- pre-flight, before any driver call ------------------------------------
@@ -204,6 +202,21 @@ def _where(rank: int | None, device: int | None) -> str:
     if rank is None:
         return f"device {device} (no rank of this allocation)"
     return f"rank {rank} (device {device})"
+
+
+def require_plan_for(plan: PhysicalPlan, g: Geometry) -> None:
+    """A given plan must be well formed and made for ``g``; the error names the fields of
+    the geometry that differ (two layouts of one name once read "made for geometry
+    'small', not for 'small' as given")."""
+    from kvgrant.runtime.arguments import check_plan_object
+
+    check_plan_object(plan)
+    if plan.geometry is g or plan.geometry == g:
+        return
+    mine, theirs = plan.geometry.model_dump(), g.model_dump()
+    differ = [k for k in mine if mine[k] != theirs.get(k)]
+    raise PlanError(f"plan {plan.label!r} was made for geometry {plan.geometry.name!r}, not "
+                    f"for {g.name!r} as given: they differ in {', '.join(differ)}")
 
 
 def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"

@@ -109,3 +109,60 @@ def test_a_buffer_slice_takes_integer_bytes_inside_it(offset: Any, nbytes: Any,
         assert buf.slice(4, 8).ptr == buf.ptr + 4
     finally:
         pub.release()
+
+
+def _plans() -> list[tuple[Any, str]]:
+    import json
+
+    from kvgrant.layout.geometry import load_geometry
+    from kvgrant.layout.plan import PhysicalPlan
+    from kvgrant.layout.plans import make_plan
+
+    g = load_geometry(SMALL)
+    raw = json.loads(SMALL.read_text())
+    naive = make_plan(g, "naive").allocations
+    return [(PhysicalPlan("packed", g, None), "plan.allocations = null"),  # was TypeError
+            (PhysicalPlan("packed", g, ("x",)), "plan.allocations[0] = \"x\""),
+            (PhysicalPlan("packed", raw, ()), "plan.geometry = "),       # was AttributeError
+            (PhysicalPlan(None, g, naive), "plan.label = null"),          # was allocated
+            (PhysicalPlan("", g, naive), "plan.label = \"\"")]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_a_hand_made_plan_must_hold_what_the_allocator_reads(case: int) -> None:
+    plan, needle = _plans()[case]
+    with pytest.raises(ArgumentError) as err:
+        allocate(SMALL, plan=plan, backend="sim")
+    assert str(err.value).startswith(needle), err.value
+
+
+def test_a_plan_for_a_layout_of_the_same_name_names_the_fields_that_differ() -> None:
+    import json
+
+    from kvgrant.errors import PlanError
+    from kvgrant.layout.geometry import parse_geometry
+    from kvgrant.layout.plans import make_plan
+
+    doc = json.loads(SMALL.read_text())
+    doc["pages"] = 20
+    other = make_plan(parse_geometry(doc), "naive")
+    with pytest.raises(PlanError, match=r"was made for geometry 'small', not for 'small' as "
+                                        r"given: they differ in pages$"):
+        allocate(SMALL, plan=other, backend="sim")
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"text": "x", "keep": "a"}, "memory_limit.keep = 'a'"),   # was TypeError in fit_pages
+    ({"text": "x", "cap": "1G"}, "memory_limit.cap = '1G'"),
+    ({"text": "x", "keep": -5}, "memory_limit.keep = -5"),
+    ({"text": 3}, "memory_limit.text = 3"),
+])
+def test_a_hand_made_memory_limit_is_checked(kw: dict[str, Any], needle: str) -> None:
+    from kvgrant.errors import PlanError
+    from kvgrant.runtime.capacity import MemoryLimit
+
+    with pytest.raises(PlanError) as err:
+        allocate(SMALL, backend="sim", memory_limit=MemoryLimit(**kw))
+    assert str(err.value).startswith(needle), err.value
+    pub = allocate(SMALL, backend="sim", memory_limit=MemoryLimit(text="40G", cap=40 << 30))
+    pub.release()
