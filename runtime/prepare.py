@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Callable, Sequence
 from kvgrant.errors import AllocationError, DriverError, PlanError
 from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import PhysicalPlan
+from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.options import Backend, HandleBudget
@@ -72,6 +73,13 @@ def prepare(geometry: "Geometry | str | Path", *,
     g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
     limit = parse_memory_limit(memory_limit)
     nranks = g.topology.ranks
+    if devices is None and nranks > MAX_DEVICE_ORDINAL + 1:
+        # was "devices = 1025: ...", naming an argument the caller never passed
+        raise PlanError(f"topology.ranks = {nranks}: allocate() gives every rank its own "
+                        f"CUDA ordinal, and there are at most {MAX_DEVICE_ORDINAL + 1} "
+                        f"(0..{MAX_DEVICE_ORDINAL}); run one process per rank "
+                        "(allocate_rank) or fold the layout onto fewer ranks "
+                        "(kvgrant.layout.geometry.on_ranks)")
     devs = list(range(nranks)) if devices is None else [int(d) for d in devices]
     if len(devs) != nranks or len(set(devs)) != nranks:
         raise PlanError(f"devices = {devs}: need {nranks} distinct CUDA ordinals, one per rank "

@@ -166,3 +166,17 @@ def test_a_hand_made_memory_limit_is_checked(kw: dict[str, Any], needle: str) ->
     assert str(err.value).startswith(needle), err.value
     pub = allocate(SMALL, backend="sim", memory_limit=MemoryLimit(text="40G", cap=40 << 30))
     pub.release()
+
+
+def test_more_ranks_than_ordinals_in_one_process_names_topology_ranks() -> None:
+    import json
+
+    from kvgrant.errors import PlanError
+    from kvgrant.layout.geometry import parse_geometry
+
+    doc = json.loads(SMALL.read_text())
+    doc["topology"] = {"ranks": 1025, "import_groups": []}
+    # was: "devices = 1025: must be an integer in 1..1024", an argument never passed
+    with pytest.raises(PlanError, match=r"^topology\.ranks = 1025: allocate\(\) gives every "
+                                        r"rank its own CUDA ordinal"):
+        allocate(parse_geometry(doc), backend="sim")
