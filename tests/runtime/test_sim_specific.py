@@ -266,8 +266,9 @@ def test_repeat_fault_keeps_failing() -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"nth": 0}, "Fault.nth = 0"), ({"call": "cuMemAlloc"}, "Fault.call = 'cuMemAlloc'"),
-    ({"device": -1}, "Fault.device = -1"), ({"result": "CUDA_ERROR_BOGUS"}, "not a CUresult"),
+    ({"nth": 0}, "Fault.nth = 0"), ({"call": "cuMemAlloc"}, 'Fault.call = "cuMemAlloc"'),
+    ({"device": -1}, "Fault.device = -1"),
+    ({"result": "CUDA_ERROR_BOGUS"}, 'Fault.result = "CUDA_ERROR_BOGUS": must be a CUresult'),
     ({"result": "CUDA_SUCCESS"}, "must be an error"),
 ])
 def test_bad_fault_specs_name_field_and_value(kwargs: dict[str, object], message: str) -> None:
