@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Callable, Sequence
 from kvgrant.errors import AllocationError, DriverError, PlanError
 from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import PhysicalPlan
-from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL
+from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_plan_object
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, open_driver
 from kvgrant.runtime.options import Backend, HandleBudget
@@ -216,8 +216,6 @@ def require_plan_for(plan: PhysicalPlan, g: Geometry) -> None:
     """A given plan must be well formed and made for ``g``; the error names the fields of
     the geometry that differ (two layouts of one name once read "made for geometry
     'small', not for 'small' as given")."""
-    from kvgrant.runtime.arguments import check_plan_object
-
     check_plan_object(plan)
     if plan.geometry is g or plan.geometry == g:
         return
