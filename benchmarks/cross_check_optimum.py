@@ -9,7 +9,8 @@ wrong without any test of the planner noticing, since those tests share its mode
 This script solves the same problem with a second exact model written from the layout
 contract alone (``../shared/DESIGN.md``, points 1-5) and compares.
 
-It imports no planner internals: not ``exact``, ``granules``, ``packer``, ``bound``
+It imports no planner internals: not ``exact`` (except its constructor of a HiGHS
+instance that prints no banner, which holds no model), ``granules``, ``packer``, ``bound``
 (except to read the combinatorial bound it checks), ``windows`` or ``planner``
 internals. It uses ``geometry`` (parsing, sizes), ``conflicts`` only to compare its own
 declared conflict sets with kvgrant's, ``contract.check_contract`` to validate the
@@ -103,6 +104,7 @@ from kvgrant.layout.conflicts import declared_conflict_sets  # noqa: E402
 from kvgrant.layout.contract import check_contract  # noqa: E402
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry  # noqa: E402
 from kvgrant.layout.plan import Allocation, PhysicalPlan  # noqa: E402
+from kvgrant.layout.exact import _highs as silent_highs  # noqa: E402  (no model, a quiet HiGHS)
 from kvgrant.layout.rules import finish_plan, naive_plan, reference_plan  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -414,22 +416,6 @@ class Solved:
         return self.dual == self.dual and abs(self.dual) != math.inf
 
 
-def _highs():
-    import highspy
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            h = highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-    h.setOptionValue("output_flag", False)
-    return h
-
-
 def solve(m: IndependentModel, *, time_limit: float = 120.0,
           starts: Iterable[PhysicalPlan] = ()) -> Solved:
     """Solve the model with HiGHS (deterministic options, ``time_limit`` as a net)."""
@@ -500,7 +486,7 @@ def _run_highs(m: IndependentModel, time_limit: float, start: list[float] | None
     import numpy as np
 
     inf = highspy.kHighsInf
-    h = _highs()
+    h = silent_highs()
     n = m.ncol
     h.addCols(n, np.array(m.cost, dtype=np.float64), np.zeros(n), np.ones(n), 0,
               np.zeros(n, dtype=np.int32), np.array([], dtype=np.int32),

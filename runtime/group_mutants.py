@@ -101,36 +101,45 @@ def _is(fn: Callable[..., Any], name: str) -> bool:
     return getattr(fn, "__name__", "") == name
 
 
-class ReleaseImportBeforeUnmap(_Mutant):
+class _ReorderedUndo(_Mutant):
+    """Pushes the undos of one import phase through a :class:`_Front`: the undo
+    :meth:`held` picks is pushed after the next one :meth:`after` picks."""
+
+    @staticmethod
+    def held(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def after(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+        return _is(fn, "undo_import_unmap") and args[2] == "alias"
+
+    def import_all(self, server: Any, timeout_s: float, check: Callable[[int], None],
+                   txn: Transaction) -> None:
+        if not self.buggy:
+            return super().import_all(server, timeout_s, check, txn)
+        front = _Front(txn, self.held, self.after)
+        try:
+            super().import_all(server, timeout_s, check, front)  # type: ignore[arg-type]
+        finally:
+            front.flush()
+
+
+class ReleaseImportBeforeUnmap(_ReorderedUndo):
     """Unwinds an imported handle before its mappings (the release's undo pushed after
     the imported mappings' undos)."""
 
-    def import_all(self, server: Any, timeout_s: float, check: Callable[[int], None],
-                   txn: Transaction) -> None:
-        if not self.buggy:
-            return super().import_all(server, timeout_s, check, txn)
-        front = _Front(txn, lambda fn, a: _is(fn, "undo_import_release"),
-                       lambda fn, a: _is(fn, "undo_import_unmap") and a[2] == "alias")
-        try:
-            super().import_all(server, timeout_s, check, front)  # type: ignore[arg-type]
-        finally:
-            front.flush()
+    @staticmethod
+    def held(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+        return _is(fn, "undo_import_release")
 
 
-class UnmapImportedPlaneFirst(_Mutant):
+class UnmapImportedPlaneFirst(_ReorderedUndo):
     """Unwinds an imported plane mapping before the imported alias of the same
     allocation (the backing goes while its alias is still mapped)."""
 
-    def import_all(self, server: Any, timeout_s: float, check: Callable[[int], None],
-                   txn: Transaction) -> None:
-        if not self.buggy:
-            return super().import_all(server, timeout_s, check, txn)
-        front = _Front(txn, lambda fn, a: _is(fn, "undo_import_unmap") and a[2] == "plane",
-                       lambda fn, a: _is(fn, "undo_import_unmap") and a[2] == "alias")
-        try:
-            super().import_all(server, timeout_s, check, front)  # type: ignore[arg-type]
-        finally:
-            front.flush()
+    @staticmethod
+    def held(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+        return _is(fn, "undo_import_unmap") and args[2] == "plane"
 
 
 class SkipImportedAliasUnmap(_Mutant):

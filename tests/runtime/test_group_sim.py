@@ -26,6 +26,7 @@ from kvgrant.layout.preflight import handle_demand
 from kvgrant.runtime.fdpass import HANDLE_TYPE, FdClient, FdServer, open_fd_count
 from kvgrant.runtime.group import _check_host_budget, allocate_rank, rank_demand
 
+from tests.runtime._dict_store import DictStore
 from tests.runtime._group_traces import check_group
 from tests.runtime._small import G, MIB, scaled, small_geometry
 
@@ -405,40 +406,6 @@ def test_group_modules_pin_their_public_names() -> None:
     assert issubclass(GroupError, Exception) and "GroupError" in __import__("kvgrant").__all__
 
 
-class _DictStore:
-    """The few torch.distributed Store calls _Channel makes, in memory (threads)."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.d: dict[str, bytes] = {}
-        self.lock = threading.Lock()
-
-    def add(self, key: str, n: int) -> int:
-        with self.lock:
-            v = int(self.d.get(key, b"0")) + n
-            self.d[key] = str(v).encode()
-            return v
-
-    def set(self, key: str, value: str) -> None:
-        with self.lock:
-            self.d[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        with self.lock:
-            return self.d[key]
-
-    def check(self, keys: list[str]) -> bool:
-        with self.lock:
-            return all(k in self.d for k in keys)
-
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        with self.lock:
-            if key not in self.d and expected == "":
-                self.d[key] = desired.encode()
-            return self.d[key]
-
-
 def test_a_re_plan_that_differs_fails_every_rank_before_its_first_object() -> None:
     """After a memory limit shrank the pages each rank re-plans; the new digests are
     all-gathered and a difference fails every rank (naming the odd one), as does a rank
@@ -451,7 +418,7 @@ def test_a_re_plan_that_differs_fails_every_rank_before_its_first_object() -> No
     packed, naive = make_plan(g, "packed"), make_plan(g, "naive")
 
     def run(plans: list[Any], fails: list[Any]) -> list[Any]:
-        store = _DictStore()
+        store = DictStore()
         chans = [_Channel(store, r, 2, 10.0) for r in range(2)]
         out: list[Any] = [None, None]
 

@@ -14,7 +14,8 @@ from kvgrant.runtime import Backend, allocate
 from kvgrant.runtime.faults import Fault, FaultPlan
 from kvgrant.runtime.group import MAX_TIMEOUT_S, allocate_rank
 
-from tests.runtime.test_runtime_mutation_kills import _DictStore, tiny
+from tests.runtime._dict_store import DictStore
+from tests.runtime.test_runtime_mutation_kills import tiny
 
 SMALL = Path(__file__).resolve().parents[2] / "examples" / "small.json"
 
@@ -68,7 +69,7 @@ def test_a_fault_plan_without_a_list_is_no_faults() -> None:
 def test_allocate_rank_refuses_a_timeout_it_cannot_wait(timeout_s: Any) -> None:
     # inf reached socket.settimeout after the creates: a bare OverflowError on two ranks
     with pytest.raises(ArgumentError) as err:
-        allocate_rank(tiny(), 0, store=_DictStore(), backend="sim", timeout_s=timeout_s)
+        allocate_rank(tiny(), 0, store=DictStore(), backend="sim", timeout_s=timeout_s)
     assert err.value.argument == "timeout_s"
     assert f"at most {MAX_TIMEOUT_S:,}" in str(err.value), err.value
 
@@ -77,7 +78,7 @@ def test_allocate_rank_refuses_a_timeout_it_cannot_wait(timeout_s: Any) -> None:
 def test_allocate_rank_refuses_a_device_that_is_not_an_ordinal(device: Any) -> None:
     # "1" was a bare TypeError; -1, True and 1.5 reached the driver (INVALID_DEVICE)
     with pytest.raises(ArgumentError) as err:
-        allocate_rank(tiny(), 0, store=_DictStore(), backend="sim", device=device,
+        allocate_rank(tiny(), 0, store=DictStore(), backend="sim", device=device,
                       timeout_s=5)
     assert err.value.argument == "device"
     assert "must be an integer CUDA ordinal in 0..1023" in str(err.value), err.value
@@ -88,7 +89,7 @@ def test_allocate_rank_refuses_a_local_rank_past_the_largest_ordinal(
     monkeypatch.setenv("LOCAL_RANK", "100000000")
     with pytest.raises(ArgumentError, match=r"LOCAL_RANK = \"100000000\": must be a device "
                                             r"number in 0\.\.1023"):
-        allocate_rank(tiny(), 0, store=_DictStore(), backend="sim", timeout_s=5)
+        allocate_rank(tiny(), 0, store=DictStore(), backend="sim", timeout_s=5)
 
 
 @pytest.mark.parametrize("offset, nbytes, argument", [

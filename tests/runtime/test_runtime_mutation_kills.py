@@ -28,6 +28,8 @@ from kvgrant.runtime.ledger import HostLedger
 from kvgrant.runtime.options import HandleBudget
 from kvgrant.runtime.sim import SimDriver
 
+from tests.runtime._dict_store import DictStore
+
 MIB = 1 << 20
 G = 2 * MIB
 EMPTY = {"handles": 0, "mappings": 0, "grants": 0, "reserved_bytes": 0, "reservations": 0}
@@ -42,45 +44,13 @@ TINY = {"name": "tiny", "granularity": G, "pages": 8, "page_tokens": 16,
         "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
 
 
-class _DictStore:
-    """The few torch.distributed Store calls allocate_rank makes, in memory, for threads."""
-
-    def __init__(self) -> None:
-        self.d: dict[str, bytes] = {}
-        self.lock = threading.Lock()
-
-    def add(self, key: str, n: int) -> int:
-        with self.lock:
-            v = int(self.d.get(key, b"0")) + n
-            self.d[key] = str(v).encode()
-            return v
-
-    def set(self, key: str, value: str) -> None:
-        with self.lock:
-            self.d[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        with self.lock:
-            return self.d[key]
-
-    def check(self, keys: list[str]) -> bool:
-        with self.lock:
-            return all(k in self.d for k in keys)
-
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        with self.lock:
-            if key not in self.d and expected == "":
-                self.d[key] = desired.encode()
-            return self.d[key]
-
-
 def run_threads(g: Geometry, drivers: Sequence[Any], tmp_path: Path | None = None, *,
                 per_rank: dict[int, dict[str, Any]] | None = None, timeout_s: float = 10.0,
                 **kw: Any) -> list[Any]:
     """One allocate_rank per rank, each in its own thread; returns what each returned
     (a GroupPublished) or raised. Traces go to ``tmp_path/rank<R>.ndjson``."""
     n = g.topology.ranks
-    store = _DictStore()
+    store = DictStore()
     out: list[Any] = [None] * n
 
     def one(r: int) -> None:
