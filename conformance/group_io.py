@@ -474,6 +474,9 @@ def _same_constants(a: GroupConstants, b: GroupConstants) -> str:
 def _expand(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
+        if "\0" in str(p):   # open() would raise a bare ValueError
+            raise TraceError(f"{str(p)!r}: cannot read trace: a path cannot hold a NUL byte",
+                             line=None)
         if p.is_dir():
             files = sorted(q for q in p.iterdir() if q.suffix in (".ndjson", ".jsonl")
                            and q.is_file())

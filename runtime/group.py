@@ -40,7 +40,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Protocol, Sequence, Unpack
+from typing import IO, Any, Callable, Mapping, Protocol, NoReturn, Sequence, Unpack
 
 from kvgrant.errors import (ArgumentError, DriverError, GroupError, HandleBudgetError,
                             KVGrantError, PlanError)
@@ -282,6 +282,10 @@ class _Channel:
     def dead(self, slots: Sequence[int]) -> list[int]:
         return [s for s in slots if s in self.pids and _pid_gone(self.pids[s])]
 
+    def post(self, name: str, value: Mapping[str, Any]) -> None:
+        """Write this rank's ``value`` of gather ``name``."""
+        self.store.set(self._key(name, self.index), json.dumps(value, sort_keys=True))
+
     def gather(self, name: str, value: Mapping[str, Any]
                ) -> tuple[list[dict[str, Any] | None], list[int], list[int]]:
         """All-gather ``value``; returns (values by slot, missing slots, dead slots).
@@ -295,7 +299,7 @@ class _Channel:
             Another rank wrote an abort decision meanwhile.
         """
         store = self.store
-        store.set(self._key(name, self.index), json.dumps(value, sort_keys=True))
+        self.post(name, value)
         got: list[dict[str, Any] | None] = [None] * self.world
         missing = set(range(self.world))
         deadline = time.monotonic() + self.timeout_s
@@ -824,6 +828,53 @@ def _err_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _check_timeout(timeout_s: Any) -> None:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not 0 < timeout_s <= MAX_TIMEOUT_S:
+        # inf or 2**1100 once reached socket.settimeout as a bare OverflowError
+        raise ArgumentError(f"timeout_s = {show_value(timeout_s)}: must be a number of "
+                            f"seconds > 0 and at most {MAX_TIMEOUT_S:,} (a week)",
+                            argument="timeout_s", value=timeout_s)
+
+
+def _local_rank_device(rank: int) -> int:
+    """The CUDA ordinal of a rank given no ``device``: ``LOCAL_RANK`` (torchrun), else
+    ``rank``."""
+    local = os.environ.get("LOCAL_RANK", str(rank))
+    if not (local.isascii() and local.isdigit()):
+        raise ArgumentError(f"LOCAL_RANK = {show_value(local)}: must be a device "
+                            "number >= 0 (torchrun sets it; or pass device=)",
+                            argument="LOCAL_RANK", value=local)
+    if int(local) > MAX_DEVICE_ORDINAL:
+        raise ArgumentError(f"LOCAL_RANK = {show_value(local)}: must be a device "
+                            f"number in 0..{MAX_DEVICE_ORDINAL}", argument="LOCAL_RANK",
+                            value=local)
+    return int(local)
+
+
+def _store_of(group: Any, store: Any, rank: int, n: int) -> tuple[Any, int, int]:
+    """(store, index of this process, size): the group's, or the one given (tests)."""
+    if store is None:
+        return _group_store(group)
+    missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
+    if missing:
+        raise ArgumentError(f"store = {show_value(store)}: must be a "
+                            "torch.distributed Store (it has no "
+                            f"{', '.join(missing)})", argument="store", value=store)
+    return store, rank, n
+
+
+def _tell_group(chan: "_Channel", rank: int, error: KVGrantError) -> NoReturn:
+    """Post this rank's hello with its argument error and raise ``error``: every other
+    rank reads the error in the hello and refuses at once, naming it, before any driver
+    call (without waiting for them here: a lone caller is not held up either)."""
+    chan.post("hello", {"rank": rank, "pid": os.getpid(), "uid": os.getuid(),
+                        "host": socket.gethostname(), "pidns": _pidns(), "addr": None,
+                        "device": None, "demand": None, "digests": None,
+                        "error": _err_text(error)})
+    raise error
+
+
 def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = None, *,
                   plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]" = "packed",
                   backend: "str | Backend | Driver" = "auto",
@@ -931,49 +982,45 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
                    **shorthands: Unpack[RankShorthands]) -> GroupPublished:
     """:func:`allocate_rank` with ``interrupt`` armed: its build stops at the first
     allocation boundary after a held-back Ctrl-C (see :meth:`_GroupRun.boundary`)."""
-    opts = group_options(allocate_rank, shorthands, budget=budget, trace=trace,
-                         backend=backend, accepted=frozenset(RankShorthands.__annotations__))
-    if opts.trace.errors == "raise":
-        raise refuse("TraceOptions.errors", "raise", "allocate_rank keeps a rank of a "
-                     "published group whose trace was lost, the error in trace_error (the "
-                     "group published together); pass 'continue' or None")
-    g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
-    n = g.topology.ranks
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < n:
-        raise GroupError(f"rank = {rank!r}: must be 0..{n - 1} (topology.ranks = {n})",
-                         rank=None)
-    if store is None:
-        store, index, world = _group_store(group)
-    else:
-        missing = [m for m in _STORE_METHODS if not callable(getattr(store, m, None))]
-        if missing:
-            raise ArgumentError(f"store = {show_value(store)}: must be a "
-                                "torch.distributed Store (it has no "
-                                f"{', '.join(missing)})", argument="store", value=store)
-        index, world = rank, n
-    if world != n:
-        raise GroupError(f"the group has {world} process(es) but topology.ranks = {n}: "
-                         "allocate_rank needs one process per rank", rank=rank)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-            or not 0 < timeout_s <= MAX_TIMEOUT_S:
-        # inf or 2**1100 once reached socket.settimeout as a bare OverflowError
-        raise ArgumentError(f"timeout_s = {show_value(timeout_s)}: must be a number of "
-                            f"seconds > 0 and at most {MAX_TIMEOUT_S:,} (a week)",
-                            argument="timeout_s", value=timeout_s)
-    if device is not None:   # a str once failed as a bare TypeError, -1 in the driver
-        check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
-    limit = parse_memory_limit(memory_limit)
-    if device is None:
-        local = os.environ.get("LOCAL_RANK", str(rank))
-        if not (local.isascii() and local.isdigit()):
-            raise ArgumentError(f"LOCAL_RANK = {show_value(local)}: must be a device "
-                                "number >= 0 (torchrun sets it; or pass device=)",
-                                argument="LOCAL_RANK", value=local)
-        device = int(local)
-        if device > MAX_DEVICE_ORDINAL:
-            raise ArgumentError(f"LOCAL_RANK = {show_value(local)}: must be a device "
-                                f"number in 0..{MAX_DEVICE_ORDINAL}", argument="LOCAL_RANK",
-                                value=local)
+    # A bad argument of this rank only (memory_limit, device, timeout_s, ...) is told to
+    # the group in the hello, so the others abort at once naming it instead of waiting
+    # out timeout_s, and every rank's attempt count stays the same for the next call.
+    arg_error: KVGrantError | None = None   # ArgumentError, or memory_limit's PlanError
+    try:
+        opts = group_options(allocate_rank, shorthands, budget=budget, trace=trace,
+                             backend=backend,
+                             accepted=frozenset(RankShorthands.__annotations__))
+        if opts.trace.errors == "raise":
+            raise refuse("TraceOptions.errors", "raise", "allocate_rank keeps a rank of a "
+                         "published group whose trace was lost, the error in trace_error "
+                         "(the group published together); pass 'continue' or None")
+        _check_timeout(timeout_s)
+        if device is not None:   # a str once failed as a bare TypeError, -1 in the driver
+            check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
+        limit = parse_memory_limit(memory_limit)
+    except KVGrantError as e:
+        arg_error = e
+    try:
+        g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
+        n = g.topology.ranks
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < n:
+            raise GroupError(f"rank = {rank!r}: must be 0..{n - 1} (topology.ranks = {n})",
+                             rank=None)
+        store, index, world = _store_of(group, store, rank, n)
+        if world != n:
+            raise GroupError(f"the group has {world} process(es) but topology.ranks = {n}: "
+                             "allocate_rank needs one process per rank", rank=rank)
+    except BaseException as e:   # no group to tell: this rank's own refusal only
+        if arg_error is not None:
+            e.add_note(f"and an argument of this rank is bad too: {_err_text(arg_error)}")
+        raise
+    if device is None and arg_error is None:
+        try:
+            device = _local_rank_device(rank)
+        except ArgumentError as e:
+            arg_error = e
+    if arg_error is not None:
+        _tell_group(_Channel(store, index, world, DEFAULT_TIMEOUT_S), rank, arg_error)
     host = socket.gethostname()
     chan = _Channel(store, index, world, timeout_s)
     handles, reserve = opts.budget.limits()

@@ -18,7 +18,8 @@ from kvgrant.runtime.group import GroupPublished
 from kvgrant.runtime.group_mutants import GROUP_RUN_MUTANTS, REJECTED_AT, group_mutant
 from kvgrant.runtime.sim import SimDriver
 
-from tests.runtime.test_runtime_mutation_kills import run_threads, tiny, traces
+from tests.runtime._dict_store import run_threads
+from tests.runtime.test_runtime_mutation_kills import tiny, traces
 
 
 def _run(tmp_path: Path, bug: str | None, rank: int) -> list[str]:

@@ -66,7 +66,8 @@ _BAD: dict[str, st.SearchStrategy[Any]] = {
             "devices", "memory_per_device", "granularity", "handle_budget", "faults",
             "used_by_others", "host_pool")), st.integers(), min_size=1, max_size=2),
         st.fixed_dictionaries({"devices": st.one_of(st.integers(min_value=1025),
-                                                    st.integers(max_value=0), _not_bool)}),
+                                                    st.integers(max_value=0), _not_bool.filter(
+                                                        lambda v: not isinstance(v, int)))}),
         st.fixed_dictionaries({"faults": st.one_of(st.integers(), st.text(max_size=3),
                                                    st.lists(st.integers(), min_size=1))}),
         st.fixed_dictionaries({"granularity": st.integers(max_value=0)})),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvgrant.traceformat import LIFECYCLE_VERSION
@@ -272,6 +272,7 @@ _token = st.one_of(st.sampled_from(["plan", "alloc", "conform", "verify", "--jso
 
 @settings(max_examples=examples(150), **_SETTINGS)
 @given(argv=st.lists(_token, max_size=6))
+@example(argv=["conform", "\x00", "plan"])   # a group of traces, one path with a NUL byte
 def test_random_argv_never_gives_a_traceback(argv: list[str]) -> None:
     """Arbitrary tokens (valid or not): never a traceback, a hang or a runaway; exit
     0 only for a real success (a help page or a valid command line)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
@@ -23,12 +23,12 @@ from kvgrant.errors import GroupError, HandleBudgetError
 from kvgrant.layout.geometry import Geometry, parse_geometry
 from kvgrant.layout.plans import make_plan
 from kvgrant.runtime.faults import Fault
-from kvgrant.runtime.group import GroupPublished, allocate_rank, rank_demand
+from kvgrant.runtime.group import GroupPublished, rank_demand
 from kvgrant.runtime.ledger import HostLedger
 from kvgrant.runtime.options import HandleBudget
 from kvgrant.runtime.sim import SimDriver
 
-from tests.runtime._dict_store import DictStore
+from tests.runtime._dict_store import release_all, run_threads
 
 MIB = 1 << 20
 G = 2 * MIB
@@ -42,40 +42,6 @@ TINY = {"name": "tiny", "granularity": G, "pages": 8, "page_tokens": 16,
         "aliases": [{"region": "snapshot", "offset": 0, "plane": "a", "plane_offset": 0,
                      "length": G}],
         "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
-
-
-def run_threads(g: Geometry, drivers: Sequence[Any], tmp_path: Path | None = None, *,
-                per_rank: dict[int, dict[str, Any]] | None = None, timeout_s: float = 10.0,
-                **kw: Any) -> list[Any]:
-    """One allocate_rank per rank, each in its own thread; returns what each returned
-    (a GroupPublished) or raised. Traces go to ``tmp_path/rank<R>.ndjson``."""
-    n = g.topology.ranks
-    store = DictStore()
-    out: list[Any] = [None] * n
-
-    def one(r: int) -> None:
-        args = dict(kw, driver=drivers[r], device=r, timeout_s=timeout_s, store=store)
-        if tmp_path is not None:
-            args["trace"] = tmp_path / f"rank{r}.ndjson"
-        args.update((per_rank or {}).get(r, {}))
-        try:
-            out[r] = allocate_rank(g, r, **args)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out[r] = e
-
-    threads = [threading.Thread(target=one, args=(r,), name=f"rank{r}") for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank did not return"
-    return out
-
-
-def release_all(outs: Sequence[Any]) -> None:
-    for o in outs:
-        if isinstance(o, GroupPublished):
-            o.release()
 
 
 def traces(tmp_path: Path, n: int) -> list[str]:

@@ -1,0 +1,78 @@
+"""A bad argument on one rank of a group: that rank raises its ArgumentError, the others
+refuse at once naming it (they used to wait out timeout_s and then name the rank as
+missing), nothing is created anywhere, and the group's next call starts cleanly (the
+bad rank used to skip an attempt number, so the next call never met)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvgrant.errors import ArgumentError, GroupError, PlanError
+from kvgrant.runtime.group import GroupPublished, allocate_rank
+from kvgrant.runtime.sim import SimDriver
+
+from tests.runtime._dict_store import DictStore, release_all, run_threads
+from tests.runtime.test_runtime_mutation_kills import EMPTY, tiny
+
+class _CountingSim(SimDriver):
+    """The simulated driver, counting address reservations and creates."""
+
+    made = 0
+
+    def reserve(self, size: int, alignment: int = 0, device: int | None = None) -> int:
+        self.made += 1
+        return super().reserve(size, alignment, device)
+
+    def create(self, size: int, device: int) -> int:
+        self.made += 1
+        return super().create(size, device)
+
+
+# Long enough that a rank which waited it out would not be named as the bad one in
+# time: run_threads gives up on its threads after 60 s.
+PATIENT_S = 45.0
+
+
+@pytest.mark.parametrize("bad, names", [
+    ({"memory_limit": "lots"}, "memory_limit = 'lots'"),
+    ({"memory_limit": "-2Q"}, "memory_limit = '-2Q'"),
+    ({"device": "gpu1"}, "device = "),
+    ({"timeout_s": float("inf")}, "timeout_s = "),
+    ({"handle_budget": -1}, "handle_budget = -1"),
+    ({"trace_errors": "raise"}, "raise"),
+])
+def test_a_bad_argument_of_one_rank_is_named_by_every_rank_at_once(
+        bad: dict[str, Any], names: str) -> None:
+    g = tiny()
+    drivers = [_CountingSim(devices=2), _CountingSim(devices=2)]
+    store = DictStore()
+    outs = run_threads(g, drivers, per_rank={1: bad}, timeout_s=PATIENT_S, store=store)
+    # the bad rank raises what allocate() raises for it (memory_limit: a PlanError)
+    assert isinstance(outs[1], (ArgumentError, PlanError)), outs[1]
+    assert names in str(outs[1])
+    assert isinstance(outs[0], GroupError), outs[0]
+    text = str(outs[0])
+    assert f"rank 1 failed: {type(outs[1]).__name__}" in text and names in text, text
+    assert "did not join" not in text
+    assert [drv.made for drv in drivers] == [0, 0]   # refused before any driver object
+
+    # The next call of the same group, every argument good, publishes together.
+    again = run_threads(g, drivers, timeout_s=PATIENT_S, store=store)
+    try:
+        assert all(isinstance(o, GroupPublished) for o in again), again
+    finally:
+        release_all(again)
+    for drv in drivers:
+        assert drv.live().as_dict() == EMPTY
+
+
+def test_with_no_group_to_join_the_rank_raises_what_stops_the_join_noting_its_argument(
+        ) -> None:
+    """A store that is not one: nothing can be told, so the store's error is raised, with
+    the bad argument of the same call in a note."""
+    with pytest.raises(ArgumentError) as err:
+        allocate_rank(tiny(), 0, store=5, backend="sim", memory_limit="lots")
+    assert "store = 5" in str(err.value)
+    assert any("memory_limit = 'lots'" in note for note in err.value.__notes__)
