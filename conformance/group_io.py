@@ -22,6 +22,7 @@ handle) for :mod:`kvgrant.conformance.group_objects`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -62,6 +63,25 @@ assert _GROUP_ACTIONS == frozenset(GROUP_SHAPES), "the format and the model list
 #: Actions that are a call (a driver call, sendmsg, all_gather), as the format's table
 #: says: they record a ``result``; the model-only steps record null.
 _CALLED = frozenset(a for a, s in GROUP_SHAPES.items() if s.call is not None)
+
+
+def _check_call(source: str, ln: int, action: str, call: "str | None",
+                result: "str | None") -> None:
+    """The call an event names is its action's (docs/group-trace.md's tables): a model
+    step names none. Only a failure may name another: a failed Reserve whatever set-up
+    step stopped the rank (a driver query, or all_gather), a failed Import recvmsg (no
+    fd came)."""
+    want = GROUP_SHAPES[action].call
+    if call == want:
+        return
+    if result is not None and result not in _SUCCESS and call is not None and (
+            action == "Reserve" or (action == "Import" and call == "recvmsg")):
+        return
+    raise _fail(source, ln, f"call = {json.dumps(call)}: {action} "
+                + (f"calls {want}" if want is not None else "is a model step: it names no "
+                   "call"))
+
+
 #: An object field of a row: (device, va, size, handle), None for null.
 Objs = tuple["int | None", "int | None", "int | None", "int | None"]
 #: The same, as positions in :class:`Args` (for the fast reader).
@@ -324,11 +344,29 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
             m = _FAST.findall(body)
             if len(m) == n:
                 got = _fast_rows(m, h, reader, source)
+            if got is not None and not _calls_ok(body):
+                got = None   # the detailed reader names the line
     rows, objs = got if got is not None else _slow_rows(body, h, reader, source)
     return ProcTrace(source, h, rows, text, objs)
 
 
 _ARGS_FAST = GROUP_FAST_ARGS
+#: (action, call, result) of every line, for :func:`_calls_ok` (the fast row pattern
+#: does not capture the call).
+_CALLS = re.compile(r'"action": "([A-Za-z]++)", "args": \{[^{}\n]*+\}, '
+                    r'"call": (null|"[A-Za-z_]++"), "result": (null|"[A-Za-z0-9_]++")')
+
+
+def _calls_ok(body: str) -> bool:
+    """Every line names its action's call (:func:`_check_call`), each distinct triple
+    checked once."""
+    for action, call, result in set(_CALLS.findall(body)):
+        try:
+            _check_call("", 0, action, None if call == "null" else call[1:-1],
+                        None if result == "null" else result[1:-1])
+        except TraceError:
+            return False
+    return True
 
 
 
@@ -438,6 +476,7 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
                 "records what it returned (a CUresult name, SUCCESS, or the error)")
                 if result is None else (
                 f"result = {result!r}: {action} is a model-only step: its result is null"))
+        _check_call(source, ln, action, call, result)
         state = obj.get("state")
         if type(state) is not dict:
             raise _fail(source, ln, f"state = {state!r}: must be an object")

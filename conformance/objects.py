@@ -57,6 +57,8 @@ class ObjectChecker:
     # -- what the plan says ------------------------------------------------------------
     def _where(self, r: int, a: int, m: str) -> str:
         p = self.lay.allocations[a]
+        if m == "alias" and p.region is None:
+            return "no region bytes (the plan does not alias it)"
         if m == "alias":
             return f"region {p.region!r} bytes [{p.region_offset:#x}, {p.region_offset + p.length:#x})"  # type: ignore[operator]
         return f"plane {p.plane!r} bytes [{p.plane_offset:#x}, {p.plane_offset + p.length:#x})"
@@ -101,15 +103,22 @@ class ObjectChecker:
             if (ok or size is not None) and size != p.length:
                 return (f"rank {r}, alloc {a}: Create of {size} bytes but the plan's length "
                         f"is {p.length} ({self._where(r, a, 'plane')})")
-            if ok and (handle is None or handle in self.live[r]):
+            # the ranks of one trace share one process, whose handles are unique
+            holder = None if handle is None else next(
+                (q for q, lv in enumerate(self.live) if handle in lv), None)
+            if ok and (handle is None or holder is not None):
                 return (f"rank {r}, alloc {a}: Create returned handle {handle}, which "
-                        + ("is missing" if handle is None else
-                           f"is still live (alloc {self.live[r][handle]})"))
+                        + ("is missing" if handle is None or holder is None else
+                           f"is still live (rank {holder}'s alloc "
+                           f"{self.live[holder][handle]})"))
             if not ok and handle is not None:
                 return f"rank {r}, alloc {a}: a failed Create names handle {handle}"
             return ""
         if action in ("Map", "MapAlias"):
             mm = "plane" if action == "Map" else "alias"
+            if mm == "alias" and p.region is None:   # was a TypeError on the None offset
+                return (f"rank {r}, alloc {a}: MapAlias of an allocation the plan does not "
+                        f"alias ({self._where(r, a, 'plane')} only)")
             if (ok or handle is not None) and handle != live_h:
                 return (f"rank {r}, alloc {a}: {action} of handle {handle} but alloc {a}'s "
                         f"live handle is {live_h}")
@@ -231,7 +240,7 @@ class RowObjects:
                 return False
             if not ok:
                 return hd == "null"
-            if hd == "null" or hd in self.live[r]:
+            if hd == "null" or any(hd in lv for lv in self.live):  # one process's handles
                 return False
             self.handles[r][a] = hd
             self.live[r].add(hd)

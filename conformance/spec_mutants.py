@@ -189,6 +189,20 @@ MUTANTS: tuple[Mutant, ...] = (
            "cuMemAddressFree only while aborting: shutdown never frees the VA",
            old="    /\\ Unwinding\n    /\\ va[r]\n",
            new="    /\\ phase = \"Aborting\"\n    /\\ va[r]\n"),
+    # helpers the guards share: the properties are written out apart from them, so a
+    # wrong helper weakens the guard only (helper-17's audit, 2026-12-02)
+    Mutant("nothing-left-keeps-va", "NothingLeftAfterAbort",
+           "the guards' NothingLeftOn forgets the VA: the attempt ends holding it",
+           old="NothingLeftOn(r) ==\n    /\\ ~va[r]\n", new="NothingLeftOn(r) ==\n    /\\ TRUE\n"),
+    Mutant("granted-always", "PublishOnlyWhenAllReady",
+           "the guards' Granted is always true: a rank gets ready with mappings never "
+           "granted",
+           old="Granted(r, a, m) == {d \\in Ranks : <<a, m, d>> \\in access[r]} # {}",
+           new="Granted(r, a, m) == TRUE"),
+    Mutant("grant-while-unwinding", "OneAttempt",
+           "cuMemSetAccess outside Allocating: a new grant while the attempt unwinds",
+           old="CanGrant(r, a, m) ==\n    /\\ phase = \"Allocating\"\n",
+           new="CanGrant(r, a, m) ==\n    /\\ TRUE\n"),
 )
 
 #: A small config for mutants: 2 ranks with asymmetric importers (rank 0 imports
@@ -386,6 +400,15 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
            "finishing the abort while the process still holds (imported) objects"),
     Mutant("shutdown-complete-when-empty", "NothingLeftAfterShutdown",
            "finishing shutdown while the process still holds (imported) objects"),
+    # operator changes in helpers the guards share (the properties are written out)
+    Mutant("nothing-left-keeps-va", "NothingLeftAfterAbort",
+           "the guards' NothingLeftOn forgets the VA: a process ends holding it",
+           old="NothingLeftOn(p) ==\n    /\\ ~va[p]\n", new="NothingLeftOn(p) ==\n    /\\ TRUE\n"),
+    Mutant("import-kinds-swapped", "PublishedHoldsPlan",
+           "the guards' ImportKinds reads Aliased \\ OwnerOnly backwards: an importer "
+           "publishes without the shared alias",
+           old="IF a \\in Aliased \\ OwnerOnly THEN MappingKinds",
+           new="IF a \\in OwnerOnly \\ Aliased THEN MappingKinds"),
 )
 
 #: The safety invariants of KVGroup.
@@ -452,7 +475,7 @@ def run_group_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | No
     root = Path(specdir)
     if not (root / GROUP_SPEC).is_file():
         raise ToolError(f"{root / GROUP_SPEC} does not exist")
-    text = mutate((root / GROUP_SPEC).read_text(), mutant.guard)
+    text = apply_mutant((root / GROUP_SPEC).read_text(), mutant)
     config = GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS else GROUP_MUTANT_CONFIG
     return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
                         config=config)

@@ -610,16 +610,27 @@ PublishedHoldsPlan ==
         /\ \A a \in Allocs, m \in MappingKinds :
               HasMapping(p, a, m) => <<a, m, p>> \in access[p]
         /\ \A o \in Sources(p), a \in Allocs : <<o, a>> \in imported[p]
-        /\ \A o \in Sources(p), a \in Allocs : \A m \in ImportKinds(a) :
-              <<o, a, m, p>> \in importAccess[p]
+        \* the importer maps and grants the plane, and the alias of a region with
+        \* access: importers (written out, not through the guards' ImportKinds)
+        /\ \A o \in Sources(p), a \in Allocs :
+              \A m \in IF a \in Aliased \ OwnerOnly THEN {"plane", "alias"} ELSE {"plane"} :
+                  <<o, a, m, p>> \in importAccess[p]
+
+\* Process p holds no driver object, imported handles included. Written out for
+\* the properties below, apart from the guards' NothingLeftOn, so a wrong
+\* NothingLeftOn cannot weaken the property with the guard.
+HeldNothing(p) ==
+    /\ ~va[p]
+    /\ created[p] = {} /\ mapped[p] = {} /\ aliasMapped[p] = {} /\ access[p] = {}
+    /\ imported[p] = {} /\ importMapped[p] = {} /\ importAccess[p] = {}
 
 \* After Abort nothing is left in the process, imported handles included.
 NothingLeftAfterAbort ==
-    \A p \in Ranks : phase[p] = "Aborted" => NothingLeftOn(p)
+    \A p \in Ranks : phase[p] = "Aborted" => HeldNothing(p)
 
 \* After shutdown likewise.
 NothingLeftAfterShutdown ==
-    \A p \in Ranks : phase[p] = "Shutdown" => NothingLeftOn(p)
+    \A p \in Ranks : phase[p] = "Shutdown" => HeldNothing(p)
 
 -----------------------------------------------------------------------------
 (* Liveness (under WF_vars(Progress), the deadline included). *)

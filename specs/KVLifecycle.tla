@@ -117,14 +117,6 @@ Granted(r, a, m) == {d \in Ranks : <<a, m, d>> \in access[r]} # {}
 AllMappingsGranted(r) ==
     \A a \in Allocs, m \in MappingKinds : HasMapping(r, a, m) => Granted(r, a, m)
 
-\* Rank r holds its whole plan: VA, every handle, every mapping, every grant.
-HoldsPlan(r) ==
-    /\ va[r]
-    /\ created[r] = Allocs
-    /\ mapped[r] = Allocs
-    /\ aliasMapped[r] = Aliased
-    /\ AllMappingsGranted(r)
-
 \* Rank r holds no driver object at all.
 NothingLeftOn(r) ==
     /\ ~va[r]
@@ -387,9 +379,23 @@ Spec == Init /\ [][Next]_vars /\ WF_vars(Progress)
 \* Protects users of the cache from capacity that is not there: while any
 \* capacity is published, every rank is ready and holds its whole plan
 \* (VA, handles, mappings, grants).
+\* Written out from the variables and the constants, not through the guards'
+\* helpers (AllMappingsGranted, Granted, GrantSet), so a wrong helper cannot weaken the
+\* property with the guard: every mapping is granted to exactly its owner and,
+\* unless it is the alias of an owner-only region, every importer.
 PublishOnlyWhenAllReady ==
     (published # {} \/ phase = "Published") =>
-        \A r \in Ranks : ready[r] /\ HoldsPlan(r)
+        \A r \in Ranks :
+            /\ ready[r]
+            /\ va[r]
+            /\ created[r] = Allocs
+            /\ mapped[r] = Allocs
+            /\ aliasMapped[r] = Aliased
+            /\ \A a \in Allocs, m \in MappingKinds :
+                  (m = "plane" \/ a \in Aliased) =>
+                      {d \in Ranks : <<a, m, d>> \in access[r]} =
+                          IF a \in OwnerOnly /\ m = "alias" THEN {r}
+                          ELSE Importers[r] \cup {r}
 
 \* Protects the driver-handle budget and isolation (DESIGN.md: access is
 \* never granted to a rank that is neither owner nor importer): device d may
@@ -413,14 +419,25 @@ AliasNeverOutlivesBacking ==
         /\ mapped[r] \subseteq created[r]
         /\ created[r] # {} => va[r]
 
+\* Rank r holds no VA, handle, mapping or grant, and its undo stack is empty.
+\* Written out for the properties below, apart from the guard's NothingLeftOn,
+\* so a wrong NothingLeftOn cannot weaken the property with the guard.
+HeldNothing(r) ==
+    /\ ~va[r]
+    /\ created[r] = {}
+    /\ mapped[r] = {}
+    /\ aliasMapped[r] = {}
+    /\ access[r] = {}
+    /\ undo[r] = <<>>
+
 \* Protects against leaks on failure: an aborted attempt holds no handle,
 \* mapping, grant or VA on any rank, and published nothing.
 NothingLeftAfterAbort ==
-    phase = "Aborted" => NothingLeft /\ published = {}
+    phase = "Aborted" => (\A r \in Ranks : HeldNothing(r)) /\ published = {}
 
 \* Protects against leaks on shutdown: a finished shutdown holds nothing.
 NothingLeftAfterShutdown ==
-    phase = "Shutdown" => NothingLeft /\ published = {}
+    phase = "Shutdown" => (\A r \in Ranks : HeldNothing(r)) /\ published = {}
 
 \* Protects the group from a partial start-up: capacity is published on
 \* every rank or on none, and never during or after an abort.
@@ -447,11 +464,18 @@ PhaseSteps ==
 
 \* One attempt (DESIGN.md: one attempt, no silent retry): the phase only
 \* moves forward (Aborted never goes back to Allocating), a failure is never
-\* forgotten, and a finished attempt (Aborted, Shutdown) changes nothing.
+\* forgotten, a finished attempt (Aborted, Shutdown) changes nothing, and once
+\* the attempt has left Allocating only unwinding changes the driver objects.
 OneAttempt ==
     [][ /\ phase' # phase => <<phase, phase'>> \in PhaseSteps
         /\ \A r \in Ranks : failed[r] => failed'[r]
         /\ phase \in {"Aborted", "Shutdown"} => UNCHANGED vars
+        \* outside Allocating nothing is made or granted, and no rank gets ready
+        /\ phase # "Allocating" =>
+              \A r \in Ranks :
+                  /\ Len(undo'[r]) <= Len(undo[r])
+                  /\ access'[r] \subseteq access[r]
+                  /\ ready'[r] => ready[r]
       ]_vars
 
 \* No silent retry: a rank whose driver step failed makes nothing more in

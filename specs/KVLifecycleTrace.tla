@@ -25,7 +25,8 @@
 (* Map/MapAlias name the allocation's live handle at base + its plane      *)
 (* (alias) offset with its length, inside the reservation; Grant/Unmap     *)
 (* name that mapping's VA and size; Create returns a handle not live on    *)
-(* the rank; Release names the live handle of an unmapped allocation.      *)
+(* any rank (the ranks share one process, whose handles are unique);      *)
+(* Release names the live handle of an unmapped allocation.                *)
 (* The same rules as kvgrant.conformance.objects (the Python engine).      *)
 (* TLC's integers are 32-bit: VAs come as granules from the rank's base,   *)
 (* sizes in granules, handles by order of appearance (-1 null, -2 a value  *)
@@ -73,7 +74,7 @@ ObjectsMatch(e) ==
             [] e.action = "Create" ->
                  /\ Named(e.size, TraceLen[e.alloc], e.ok)
                  /\ e.ok => /\ e.handle # -1
-                            /\ e.handle \notin {hdl[e.rank][b] : b \in Allocs}
+                            /\ e.handle \notin {hdl[q][b] : q \in Ranks, b \in Allocs}
                  /\ ~e.ok => e.handle = -1
             [] e.action \in {"Map", "MapAlias"} ->
                  LET m == IF e.action = "Map" THEN "plane" ELSE "alias" IN

@@ -252,10 +252,11 @@ def _check_geometry(args: argparse.Namespace,
 
 
 def _expected_plan(layout: Any, label: Any, geometry: str, ranks: int | None
-                   ) -> tuple[dict[str, Any], Any]:
+                   ) -> tuple[dict[str, Any], Any, list[str]]:
     """The header fields the runtime derives from ``geometry`` for a plan ``label`` and
-    the header's fitted page count (kvgrant.traceformat.plan_header), and the geometry
-    as the runtime saw it (on ``ranks``, fitted pages)."""
+    the header's fitted page count (kvgrant.traceformat.plan_header), the geometry as
+    the runtime saw it (on ``ranks``, fitted pages), and what no fitting explains: more
+    pages than the geometry declares (fitting to free memory only takes pages away)."""
     from kvgrant.layout.geometry import load_geometry, on_ranks
     from kvgrant.layout.plans import make_plan
     from kvgrant.runtime.engine import va_layout
@@ -264,14 +265,26 @@ def _expected_plan(layout: Any, label: Any, geometry: str, ranks: int | None
     g = load_geometry(geometry)
     if ranks is not None:
         g = on_ranks(g, ranks)
-    if layout.pages is not None and layout.pages != g.pages:
+    wrong: list[str] = []
+    if layout.pages is not None and layout.pages > g.pages:
+        wrong.append(f"header.pages = {layout.pages:,}: more than the geometry's "
+                     f"pages = {g.pages:,} (pages are only ever fitted down to free memory)")
+    elif layout.pages is not None and layout.pages != g.pages:
         g = g.model_copy(update={"pages": layout.pages})  # fitted to free memory
     plan = make_plan(g, label if isinstance(label, str) else "?")
     plane_off, region_off, size = va_layout(g)
     want = plan_header(g, plan.allocations, plane_off, region_off, size,
                        {r: None for r in range(g.topology.ranks)})
     want["ranks"] = g.topology.ranks
-    return want, g
+    return want, g, wrong
+
+
+def _with_pages(wrong: list[str], diffs: list[str]) -> list[str]:
+    """``wrong`` (more pages than the geometry's) first, then the other differences
+    from the geometry's own plan (its pages difference is ``wrong`` already)."""
+    if not wrong:
+        return diffs
+    return wrong + [d for d in diffs if not d.startswith("header.pages")]
 
 
 def _other_packed_plan(layout: Any, ranks: int, label: Any, g: Any,
@@ -320,9 +333,10 @@ def geometry_mismatches(trace: Any, geometry: str, ranks: int | None = None,
     if h.layout is None:
         raise TraceError("the trace has no plan in its header (version 1)", line=1)
     label = h.extra.get("plan")
-    want, g = _expected_plan(h.layout, label, geometry, ranks)
-    diffs = compare_plan(h.layout, h.ranks, want)
-    note = _other_packed_plan(h.layout, h.ranks, label, g, want) if diffs else None
+    want, g, wrong = _expected_plan(h.layout, label, geometry, ranks)
+    diffs = _with_pages(wrong, compare_plan(h.layout, h.ranks, want))
+    note = _other_packed_plan(h.layout, h.ranks, label, g, want) \
+        if diffs and not wrong else None
     if note is None:
         return diffs
     if notes is not None:
@@ -352,11 +366,12 @@ def group_geometry_mismatches(paths: list[str], geometry: str,
                        "of one group allocate one plan)")
             continue
         label = h.extra.get("plan")
-        want, g = _expected_plan(h.layout, label, geometry, ranks)
+        want, g, wrong = _expected_plan(h.layout, label, geometry, ranks)
         want["reservations"] = h.layout.to_json()["reservations"]
-        diffs = [f"{path}: {d}" for d in compare_plan(h.layout, h.constants.ranks, want)]
+        diffs = [f"{path}: {d}" for d in _with_pages(
+            wrong, compare_plan(h.layout, h.constants.ranks, want))]
         note = _other_packed_plan(h.layout, h.constants.ranks, label, g, want,
-                                  f"{path}: ") if diffs else None
+                                  f"{path}: ") if diffs and not wrong else None
         if note is None:
             out += diffs
         elif notes is not None:

@@ -88,7 +88,7 @@ def test_conform_geometry_refuses_a_group_whose_processes_planned_differently(
     geometry = str(root / "examples/published-dcp8.json")
     rank1 = d / "rank1.ndjson"
     ((_, h),) = read_group_headers([str(rank1)])
-    want, _ = _expected_plan(h.layout, "packed", geometry, 2)
+    want, _, _ = _expected_plan(h.layout, "packed", geometry, 2)
     head, rest = rank1.read_text().split("\n", 1)
     doc = json.loads(head)
     if doc["allocations"] == want["allocations"]:
