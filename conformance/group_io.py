@@ -22,7 +22,6 @@ handle) for :mod:`kvgrant.conformance.group_objects`.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -344,32 +343,11 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
             m = _FAST.findall(body)
             if len(m) == n:
                 got = _fast_rows(m, h, reader, source)
-            if got is not None and not _calls_ok(body):
-                got = None   # the detailed reader names the line
     rows, objs = got if got is not None else _slow_rows(body, h, reader, source)
     return ProcTrace(source, h, rows, text, objs)
 
 
 _ARGS_FAST = GROUP_FAST_ARGS
-#: (action, call, result) of every line, for :func:`_calls_ok` (the fast row pattern
-#: does not capture the call).
-_CALLS = re.compile(r'"action": "([A-Za-z]++)", "args": \{[^{}\n]*+\}, '
-                    r'"call": (null|"[A-Za-z_]++"), "result": (null|"[A-Za-z0-9_]++")')
-
-
-def _calls_ok(body: str) -> bool:
-    """Every line names its action's call (:func:`_check_call`), each distinct triple
-    checked once."""
-    for action, call, result in set(_CALLS.findall(body)):
-        try:
-            _check_call("", 0, action, None if call == "null" else call[1:-1],
-                        None if result == "null" else result[1:-1])
-        except TraceError:
-            return False
-    return True
-
-
-
 _SEQ, _RANK, _ACTION = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
@@ -391,10 +369,18 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
     nul = "null"   # (inline: four function calls per row cost more than the row's check)
     objs = [(None if dv == nul else int(dv), None if va == nul else int(va),
              None if sz == nul else int(sz), None if hd == nul else int(hd))
-            for (_s, _r, _a, _g, _res, dv, va, sz, hd, _st) in m]
-    for k, (seq, r, action, args, result, _dv, _va, _sz, _hd, state) in enumerate(m):
+            for (_s, _r, _a, _g, _c, _res, dv, va, sz, hd, _st) in m]
+    calls_seen: set[tuple[str, str, str]] = set()   # each (action, call, result) once
+    for k, (seq, r, action, args, call, result, _dv, _va, _sz, _hd, state) in enumerate(m):
         if (result == nul) is (action in _CALLED):  # the detailed reader names the line
             return None
+        if (action, call, result) not in calls_seen:
+            try:
+                _check_call(source, k + 2, action, None if call == nul else call[1:-1],
+                            None if result == nul else result[1:-1])
+            except TraceError:
+                return None
+            calls_seen.add((action, call, result))
         a = cache.get((action, args)) or shared.get((action, args))
         if a is None:
             # the forward and unwinding steps' args (owner, alloc, mapping, devices, to)

@@ -380,7 +380,7 @@ _GROUP_VALUE = {
     "rank": "(" + _PINT + ")",
     "action": '"([A-Za-z]++)"',
     "args": r"\{([^{}\n]*+)\}",
-    "call": '(?>null|"[A-Za-z_]++")',
+    "call": '((?>null|"[A-Za-z_]++"))',
     "result": '((?>null|"[A-Za-z0-9_]++"))',
     "device": "((?>null|" + _PINT + "))",
     "va": "((?>null|" + _PINT + "))",
@@ -388,8 +388,8 @@ _GROUP_VALUE = {
     "handle": "((?>null|" + _PINT + "))",
     "state": r'\{("phase": "[A-Za-z]++"[^{}\n]*+)\}',
 }
-GROUP_ROW_FIELDS = ("seq", "rank", "action", "args", "result", "device", "va", "size",
-                    "handle", "state")
+GROUP_ROW_FIELDS = ("seq", "rank", "action", "args", "call", "result", "device", "va",
+                    "size", "handle", "state")
 GROUP_ROW = {name: i for i, name in enumerate(GROUP_ROW_FIELDS)}
 GROUP_FAST_EVENT = re.compile(
     r"^\{" + ", ".join(f'"{k}": ' + _GROUP_VALUE[k] for k, _ in _LINE) + r"\}$", re.M)

@@ -868,11 +868,17 @@ def _tell_group(chan: "_Channel", rank: int, error: KVGrantError) -> NoReturn:
     """Post this rank's hello with its argument error and raise ``error``: every other
     rank reads the error in the hello and refuses at once, naming it, before any driver
     call (without waiting for them here: a lone caller is not held up either)."""
-    chan.post("hello", {"rank": rank, "pid": os.getpid(), "uid": os.getuid(),
-                        "host": socket.gethostname(), "pidns": _pidns(), "addr": None,
-                        "device": None, "demand": None, "digests": None,
-                        "error": _err_text(error)})
+    chan.post("hello", _hello(rank, socket.gethostname(), error=_err_text(error)))
     raise error
+
+
+def _hello(rank: int, host: str, *, addr: Any = None, device: int | None = None,
+           demand: Any = None, digests: Any = None, error: str | None = None
+           ) -> dict[str, Any]:
+    """This process's hello record (what :func:`_join` reads of every rank)."""
+    return {"rank": rank, "pid": os.getpid(), "uid": os.getuid(), "host": host,
+            "pidns": _pidns(), "addr": addr, "device": device, "demand": demand,
+            "digests": digests, "error": error}
 
 
 def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = None, *,
@@ -1051,11 +1057,10 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
         local_error = e
     if local_error is None and interrupt.pending:  # Ctrl-C before the hello: nobody starts
         local_error = KeyboardInterrupt("interrupted (Ctrl-C) before the group started")
-    hello = {"rank": rank, "pid": os.getpid(), "uid": os.getuid(), "host": host,
-             "pidns": _pidns(), "addr": server.address if server else None, "device": device,
-             "demand": rank_demand(g, the_plan, rank) if the_plan is not None else None,
-             "digests": plan_digests(g, the_plan) if the_plan is not None else None,
-             "error": _err_text(local_error) if local_error else None}
+    hello = _hello(rank, host, addr=server.address if server else None, device=device,
+                   demand=rank_demand(g, the_plan, rank) if the_plan is not None else None,
+                   digests=plan_digests(g, the_plan) if the_plan is not None else None,
+                   error=_err_text(local_error) if local_error else None)
     try:
         recs = _join(chan, hello, g, rank, timeout_s)
         assert the_plan is not None and server is not None
