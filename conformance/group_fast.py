@@ -485,7 +485,7 @@ def fast_accept(paths: Iterable[str | Path], *, jobs: int | None = 1) -> GroupVe
     try:
         files = _expand(paths)
         size = sum(f.stat().st_size for f in files)
-    except (OSError, ValueError):   # TraceError; a NUL byte in a path
+    except (OSError, TraceError):
         return None
     if jobs is None:
         cpus = _cpus()
