@@ -37,14 +37,17 @@ from kvgrant.conformance.tlc import TLCResult, ToolError, run_tlc
 __all__ = [
     "ACTION_PROPERTIES",
     "BASE_SPEC",
+    "GROUP_ACTION_PROPERTIES",
     "GROUP_MUTANTS",
     "GROUP_MUTANT_CONFIG",
     "GROUP_MUTANT_CONFIG_3",
+    "GROUP_MUTANT_CONFIG_PLAIN",
     "GROUP_SAFETY_INVARIANTS",
     "GROUP_SPEC",
     "LIVENESS_PROPERTIES",
     "MUTANTS",
     "MUTANT_CONFIG",
+    "MUTANT_CONFIG_PLAIN",
     "Mutant",
     "SAFETY_INVARIANTS",
     "apply_mutant",
@@ -92,7 +95,7 @@ class Mutant:
 SAFETY_INVARIANTS: tuple[str, ...] = (
     "TypeOK", "PublishOnlyWhenAllReady", "AccessOnlyOwnerAndImporters",
     "AliasNeverOutlivesBacking", "NothingLeftAfterAbort", "NothingLeftAfterShutdown",
-    "PublishAllOrNothing", "FailureNeverPublishes")
+    "PublishAllOrNothing", "FailureNeverPublishes", "AbortOnlyOnFailure")
 
 #: Safety properties of steps ([][A]_vars, checked as PROPERTIES; TLC names them).
 ACTION_PROPERTIES: tuple[str, ...] = ("OneAttempt", "NoRetryAfterFailure",
@@ -131,6 +134,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "declaring shutdown complete while ranks still hold objects"),
     Mutant("publish-all-ready", "PublishAllOrNothing",
            "Publish with some ranks not ready publishes only the ready ones"),
+    Mutant("abort-only-on-failure", "AbortOnlyOnFailure",
+           "Abort with no failed step: a healthy start-up is torn down"),
+    Mutant("alias-only-aliased", "PublishOnlyWhenAllReady",
+           "a plain allocation is mapped into a region it does not alias (runs on "
+           "MUTANT_CONFIG_PLAIN: the other configs alias every allocation)"),
     Mutant("create-after-previous-complete", "UnwindInReverseOrder",
            "creating ahead of mapping: the plan-order unwind is no longer LIFO"),
     Mutant("unmap-reverse-order", "UnwindInReverseOrder",
@@ -224,6 +232,12 @@ CONSTRAINT MCStateConstraint
 INVARIANTS @INVARIANTS@
 """
 
+#: MUTANT_CONFIG with allocation 0 plain (not aliased), for mutants that only a plain
+#: allocation shows: the other configs alias every allocation.
+MUTANT_CONFIG_PLAIN = MUTANT_CONFIG.replace("Aliased = {0, 1}\n    OwnerOnly = {0}",
+                                            "Aliased = {1}\n    OwnerOnly = {}")
+_PLAIN = frozenset({"alias-only-aliased"})
+
 
 def property_kind(name: str) -> str:
     """``invariant``, ``action`` or ``liveness``: how TLC checks ``name`` (any name not
@@ -310,24 +324,24 @@ def apply_mutant(text: str, mutant: Mutant) -> str:
     return text.replace(mutant.old, mutant.new)
 
 
-def _config(properties: tuple[str, ...]) -> str:
-    """MUTANT_CONFIG checking ``properties``: invariants as INVARIANTS, the rest as
+def _config(properties: tuple[str, ...], template: str = MUTANT_CONFIG) -> str:
+    """``template`` checking ``properties``: invariants as INVARIANTS, the rest as
     PROPERTIES."""
     inv = [p for p in properties if property_kind(p) == "invariant"]
     props = [p for p in properties if property_kind(p) != "invariant"]
-    body = MUTANT_CONFIG.replace("INVARIANTS @INVARIANTS@\n",
-                                 f"INVARIANTS {' '.join(inv)}\n" if inv else "")
+    body = template.replace("INVARIANTS @INVARIANTS@\n",
+                            f"INVARIANTS {' '.join(inv)}\n" if inv else "")
     return body + (f"PROPERTIES {' '.join(props)}\n" if props else "")
 
 
 def _check(specdir: Path, text: str, properties: tuple[str, ...], *,
-           timeout: float | None, workers: int) -> TLCResult:
+           timeout: float | None, workers: int, config: str = MUTANT_CONFIG) -> TLCResult:
     work = Path(tempfile.mkdtemp(prefix="kvgrant-mutant-"))
     try:
         (work / BASE_SPEC).write_text(text)
         shutil.copy2(specdir / _MC_SPEC, work / _MC_SPEC)
         cfg = work / "MCMutant.cfg"
-        cfg.write_text(_config(properties))
+        cfg.write_text(_config(properties, config))
         # A liveness mutant may also deadlock (a stuck attempt); the property is the claim.
         live = any(property_kind(p) == "liveness" for p in properties)
         return run_tlc(work / _MC_SPEC, cfg, timeout=timeout, workers=workers,
@@ -338,7 +352,8 @@ def _check(specdir: Path, text: str, properties: tuple[str, ...], *,
 
 def run_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 120,
                workers: int = 1) -> TLCResult:
-    """Model-check ``mutant`` against its one property on :data:`MUTANT_CONFIG`.
+    """Model-check ``mutant`` against its one property on :data:`MUTANT_CONFIG`
+    (:data:`MUTANT_CONFIG_PLAIN` for a mutant only a plain allocation shows).
 
     The caller expects :func:`caught` to hold.
     """
@@ -346,17 +361,20 @@ def run_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 1
     if not (root / BASE_SPEC).is_file():
         raise ToolError(f"{root / BASE_SPEC} does not exist")
     text = apply_mutant((root / BASE_SPEC).read_text(), mutant)
-    return _check(root, text, (mutant.invariant,), timeout=timeout, workers=workers)
+    config = MUTANT_CONFIG_PLAIN if mutant.guard in _PLAIN else MUTANT_CONFIG
+    return _check(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
+                  config=config)
 
 
 def run_unmutated(specdir: str | Path,
                   invariants: tuple[str, ...] = SAFETY_INVARIANTS + ACTION_PROPERTIES,
-                  *, timeout: float | None = 120, workers: int = 1) -> TLCResult:
-    """The unmutated spec on :data:`MUTANT_CONFIG` (expected ``status == "ok"``);
-    ``invariants`` may name action and liveness properties too."""
+                  *, timeout: float | None = 120, workers: int = 1,
+                  config: str = MUTANT_CONFIG) -> TLCResult:
+    """The unmutated spec on ``config`` (expected ``status == "ok"``); ``invariants``
+    may name action and liveness properties too."""
     root = Path(specdir)
     return _check(root, (root / BASE_SPEC).read_text(), tuple(invariants),
-                  timeout=timeout, workers=workers)
+                  timeout=timeout, workers=workers, config=config)
 
 
 # --- the group model (specs/KVGroup.tla) ----------------------------------------------------
@@ -409,14 +427,57 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
            "publishes without the shared alias",
            old="IF a \\in Aliased \\ OwnerOnly THEN MappingKinds",
            new="IF a \\in OwnerOnly \\ Aliased THEN MappingKinds"),
+    # an abort has a cause
+    Mutant("abort-only-on-fault", "AbortOnlyOnFault",
+           "deciding abort although every rank voted ready: a healthy group torn down"),
+    Mutant("vote-failed-only-if-failed", "AbortOnlyOnFault",
+           "voting failed without a failed step: the group aborts for nothing"),
+    Mutant("alias-only-aliased", "PublishedHoldsPlan",
+           "a plain allocation mapped into a region (runs on GROUP_MUTANT_CONFIG_PLAIN: "
+           "the other configs alias every allocation)"),
+    # the action properties, KVLifecycle's counterparts
+    Mutant("import-unmap-newest-first", "UnwindInReverseOrder",
+           "unmapping an older import while a newer one is still held"),
+    Mutant("unmap-reverse-order", "UnwindInReverseOrder",
+           "unmapping an older own allocation while a newer handle is live"),
+    Mutant("own-after-imports", "UnwindInReverseOrder",
+           "unwinding own memory while imported handles are still held"),
+    Mutant("forward-order-unwind", "UnwindInReverseOrder",
+           "unwinding releases the oldest own allocation first (forward order)",
+           old="b > a => b \\notin created[p]", new="b < a => b \\notin created[p]",
+           count=2),
+    Mutant("imports-forward-order", "UnwindInReverseOrder",
+           "imports unwound oldest first: LastImport reads the import order backwards",
+           old="~Before(o, a, x[1], x[2])", new="~Before(x[1], x[2], o, a)"),
+    Mutant("retry-failed-step", "NoRetryAfterFailure",
+           "a failed step is retried silently: the process goes on after Fail",
+           old="/\\ Alive(p)\n    /\\ ~failed[p]\n", new="/\\ Alive(p)\n    /\\ TRUE\n"),
+    Mutant("aborted-to-allocating", "OneAttempt",
+           "a second attempt: AbortComplete goes back to Allocating",
+           old="/\\ phase' = [phase EXCEPT ![p] = \"Aborted\"]",
+           new="/\\ phase' = [phase EXCEPT ![p] = \"Allocating\"]"),
+    Mutant("unpublish-to-allocating", "OneAttempt",
+           "a second attempt after publishing: Unpublish goes back to Allocating",
+           old="/\\ phase' = [phase EXCEPT ![p] = \"ShuttingDown\"]",
+           new="/\\ phase' = [phase EXCEPT ![p] = \"Allocating\"]"),
+    Mutant("abort-forgets-failures", "OneAttempt",
+           "Abort clears the process's failure flag: the failed attempt is forgotten",
+           old="/\\ phase' = [phase EXCEPT ![p] = \"Aborting\"]\n    /\\ UNCHANGED <<va, "
+               "created, mapped, aliasMapped, access, ready, failed, exported,",
+           new="/\\ phase' = [phase EXCEPT ![p] = \"Aborting\"]\n    /\\ failed' = [failed "
+               "EXCEPT ![p] = FALSE]\n    /\\ UNCHANGED <<va, created, mapped, aliasMapped, "
+               "access, ready, exported,"),
 )
+
+#: The action properties of KVGroup: the lifecycle's names, stated per process.
+GROUP_ACTION_PROPERTIES: tuple[str, ...] = ACTION_PROPERTIES
 
 #: The safety invariants of KVGroup.
 GROUP_SAFETY_INVARIANTS: tuple[str, ...] = (
     "TypeOK", "Agreement", "Validity", "OwnerGrantsOnlyOwnDevice",
     "ImporterGrantsOnlyOwnDevice", "ImportOnlyByImporters", "MapOnlyImported",
     "AccessOnlyOwnerAndImporters", "AliasNeverOutlivesBacking", "PublishedHoldsPlan",
-    "NothingLeftAfterAbort", "NothingLeftAfterShutdown")
+    "NothingLeftAfterAbort", "NothingLeftAfterShutdown", "AbortOnlyOnFault")
 
 #: A small config for group mutants: 2 processes (rank 1 imports rank 0, rank 0 is an
 #: overdeclared reader of rank 1), both allocations aliased, allocation 1 owner-only,
@@ -454,6 +515,12 @@ INVARIANTS @INVARIANTS@
 """
 _THREE_RANKS = frozenset({"send-only-to-importers"})
 
+#: GROUP_MUTANT_CONFIG with allocation 0 plain (not aliased), for mutants only a plain
+#: allocation shows.
+GROUP_MUTANT_CONFIG_PLAIN = GROUP_MUTANT_CONFIG.replace(
+    "Aliased = {0, 1}\n    OwnerOnly = {1}", "Aliased = {1}\n    OwnerOnly = {}")
+_GROUP_PLAIN = frozenset({"alias-only-aliased"})
+
 
 def _check_group(specdir: Path, text: str, invariants: tuple[str, ...], *,
                  timeout: float | None, workers: int,
@@ -463,7 +530,7 @@ def _check_group(specdir: Path, text: str, invariants: tuple[str, ...], *,
         (work / GROUP_SPEC).write_text(text)
         shutil.copy2(specdir / _GROUP_MC_SPEC, work / _GROUP_MC_SPEC)
         cfg = work / "MCMutant.cfg"
-        cfg.write_text(config.replace("@INVARIANTS@", " ".join(invariants)))
+        cfg.write_text(_config(invariants, config))
         return run_tlc(work / _GROUP_MC_SPEC, cfg, timeout=timeout, workers=workers)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -476,15 +543,20 @@ def run_group_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | No
     if not (root / GROUP_SPEC).is_file():
         raise ToolError(f"{root / GROUP_SPEC} does not exist")
     text = apply_mutant((root / GROUP_SPEC).read_text(), mutant)
-    config = GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS else GROUP_MUTANT_CONFIG
+    config = (GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS
+              else GROUP_MUTANT_CONFIG_PLAIN if mutant.guard in _GROUP_PLAIN
+              else GROUP_MUTANT_CONFIG)
     return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
                         config=config)
 
 
 def run_group_unmutated(specdir: str | Path,
-                        invariants: tuple[str, ...] = GROUP_SAFETY_INVARIANTS, *,
-                        timeout: float | None = 300, workers: int = 1) -> TLCResult:
-    """The unmutated KVGroup on GROUP_MUTANT_CONFIG (expected ``status == "ok"``)."""
+                        invariants: tuple[str, ...] = (GROUP_SAFETY_INVARIANTS
+                                                       + GROUP_ACTION_PROPERTIES), *,
+                        timeout: float | None = 300, workers: int = 1,
+                        config: str = GROUP_MUTANT_CONFIG) -> TLCResult:
+    """The unmutated KVGroup on ``config`` (expected ``status == "ok"``); ``invariants``
+    may name action properties too."""
     root = Path(specdir)
     return _check_group(root, (root / GROUP_SPEC).read_text(), tuple(invariants),
-                        timeout=timeout, workers=workers)
+                        timeout=timeout, workers=workers, config=config)

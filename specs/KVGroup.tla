@@ -28,7 +28,7 @@
 (*                                                                         *)
 (* Tags  \* @guard <name>  mark conjuncts a safety invariant relies on;   *)
 (* kvgrant.conformance.spec_mutants removes one at a time (GROUP_MUTANTS) *)
-(* and expects TLC to report that invariant.  One tag per line.           *)
+(* and expects TLC to report that property.  One tag per line.            *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets
 
@@ -206,7 +206,7 @@ CanMap(p, a) ==
 
 CanMapAlias(p, a) ==
     /\ CanDrive(p)
-    /\ a \in Aliased
+    /\ a \in Aliased                                \* @guard alias-only-aliased
     /\ a \in mapped[p]                               \* @guard alias-after-backing
     /\ a \in created[p]
     /\ a \notin aliasMapped[p]
@@ -381,7 +381,7 @@ Vote(p, v) ==
     /\ vote[p] = "none"
     /\ v \in {"ready", "failed"}
     /\ v = "ready" => ready[p] /\ ~failed[p]         \* @guard vote-ready-only-if-ready
-    /\ v = "failed" => failed[p]
+    /\ v = "failed" => failed[p]                     \* @guard vote-failed-only-if-failed
     /\ vote' = [vote EXCEPT ![p] = v]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
                    exported, sent, imported, importMapped, importAccess, decision,
@@ -400,7 +400,7 @@ Decide(p, d) ==
     /\ d \in {"publish", "abort"}
     /\ \A q \in Missing : crashed[q]                 \* @guard decide-after-all-votes
     /\ d = "publish" => Missing = {} /\ FailedVoters = {}  \* @guard publish-only-if-all-ready
-    /\ d = "abort" => Missing # {} \/ FailedVoters # {}
+    /\ d = "abort" => Missing # {} \/ FailedVoters # {}  \* @guard abort-only-on-fault
     /\ decision' = [decision EXCEPT ![p] = d]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
                    exported, sent, imported, importMapped, importAccess, vote, crashed>>
@@ -440,7 +440,7 @@ ImportUnmap(p, o, a, m) ==
     /\ Unwinding(p)
     /\ <<o, a, m>> \in importMapped[p]
     /\ m = "plane" => <<o, a, "alias">> \notin importMapped[p]  \* @guard import-unmap-alias-before-backing
-    /\ LastImport(p, o, a)
+    /\ LastImport(p, o, a)                           \* @guard import-unmap-newest-first
     /\ importMapped' = [importMapped EXCEPT ![p] = @ \ {<<o, a, m>>}]
     /\ importAccess' = [importAccess EXCEPT ![p] =
                            {g \in @ : ~(g[1] = o /\ g[2] = a /\ g[3] = m)}]
@@ -458,11 +458,11 @@ ImportRelease(p, o, a) ==
 
 Unmap(p, a, m) ==
     /\ Unwinding(p)                                  \* @guard unmap-only-unwinding
-    /\ imported[p] = {}
+    /\ imported[p] = {}                              \* @guard own-after-imports
     /\ m \in MappingKinds
     /\ HasMapping(p, a, m)
     /\ m = "plane" => a \notin aliasMapped[p]        \* @guard unmap-alias-before-backing
-    /\ \A b \in Allocs : b > a => b \notin created[p]  \* reverse order
+    /\ \A b \in Allocs : b > a => b \notin created[p]  \* @guard unmap-reverse-order
     /\ IF m = "plane"
           THEN /\ mapped' = [mapped EXCEPT ![p] = @ \ {a}]
                /\ UNCHANGED aliasMapped
@@ -631,6 +631,80 @@ NothingLeftAfterAbort ==
 \* After shutdown likewise.
 NothingLeftAfterShutdown ==
     \A p \in Ranks : phase[p] = "Shutdown" => HeldNothing(p)
+
+\* A process decides abort only after a fault: some rank failed a step or
+\* crashed (a healthy group is never torn down; a rank that votes failed has
+\* failed).
+AbortOnlyOnFault ==
+    \A p \in Ranks : decision[p] = "abort" => \E q \in Ranks : failed[q] \/ crashed[q]
+
+-----------------------------------------------------------------------------
+(* Safety properties of steps (action properties, checked as PROPERTIES), *)
+(* the counterparts of KVLifecycle's, per process.                        *)
+
+\* The phase steps of one process's attempt: its lifecycle moves only forward.
+PhaseSteps ==
+    {<<"Allocating", "Published">>, <<"Allocating", "Aborting">>,
+     <<"Aborting", "Aborted">>, <<"Published", "ShuttingDown">>,
+     <<"ShuttingDown", "Shutdown">>}
+
+\* Everything of process p a step may change (its crash flag aside).
+StateOf(p) ==
+    <<phase[p], va[p], created[p], mapped[p], aliasMapped[p], access[p], ready[p],
+      failed[p], exported[p], {s \in sent : s[1] = p}, imported[p], importMapped[p],
+      importAccess[p], vote[p], decision[p]>>
+
+\* Process p makes, imports, grants, exports or sends nothing in this step and
+\* does not get ready: written from the variables, not from CanDrive.
+MakesNothing(p) ==
+    /\ va'[p] => va[p]
+    /\ created'[p] \subseteq created[p]
+    /\ mapped'[p] \subseteq mapped[p]
+    /\ aliasMapped'[p] \subseteq aliasMapped[p]
+    /\ access'[p] \subseteq access[p]
+    /\ exported'[p] \subseteq exported[p]
+    /\ {s \in sent' : s[1] = p} \subseteq sent
+    /\ imported'[p] \subseteq imported[p]
+    /\ importMapped'[p] \subseteq importMapped[p]
+    /\ importAccess'[p] \subseteq importAccess[p]
+    /\ ready'[p] => ready[p]
+
+\* One attempt per process (no silent retry): its phase only moves forward, a
+\* failure, a vote and a decision are never taken back, a crashed or finished
+\* process changes nothing, and once it has left Allocating it only unwinds.
+OneAttempt ==
+    [][\A p \in Ranks :
+          /\ phase'[p] # phase[p] => <<phase[p], phase'[p]>> \in PhaseSteps
+          /\ failed[p] => failed'[p]
+          /\ crashed[p] => crashed'[p]
+          /\ vote[p] # "none" => vote'[p] = vote[p]
+          /\ decision[p] # "none" => decision'[p] = decision[p]
+          /\ crashed[p] \/ phase[p] \in {"Aborted", "Shutdown"} =>
+                StateOf(p)' = StateOf(p)
+          /\ phase[p] # "Allocating" => MakesNothing(p)
+      ]_vars
+
+\* No silent retry: a process whose forward step failed (or whose import gave
+\* up at the deadline) makes nothing more in this attempt and does not get ready.
+NoRetryAfterFailure ==
+    [][\A p \in Ranks : failed[p] => MakesNothing(p)]_vars
+
+\* Unwinding in reverse order (docs/group-trace.md; the runtime's LIFO
+\* Transaction): imports go first, the newest first (owner, then allocation,
+\* descending); then own allocations, the newest first; the VA last.
+UnwindInReverseOrder ==
+    [][\A p \in Ranks :
+          LET goneImports == (imported[p] \ imported'[p])
+                             \cup {<<x[1], x[2]>> : x \in importMapped[p] \ importMapped'[p]}
+              goneOwn == (created[p] \ created'[p]) \cup (mapped[p] \ mapped'[p])
+                         \cup (aliasMapped[p] \ aliasMapped'[p])
+              vaGone == va[p] /\ ~va'[p]
+          IN /\ \A x \in goneImports, y \in imported[p] :
+                   y[1] < x[1] \/ (y[1] = x[1] /\ y[2] <= x[2])
+             /\ goneOwn # {} \/ vaGone => imported[p] = {} /\ importMapped[p] = {}
+             /\ \A a \in goneOwn, b \in created[p] : b <= a
+             /\ vaGone => created[p] = {}
+      ]_vars
 
 -----------------------------------------------------------------------------
 (* Liveness (under WF_vars(Progress), the deadline included). *)

@@ -182,7 +182,7 @@ CanMap(r, a) ==
 CanMapAlias(r, a) ==
     /\ phase = "Allocating"
     /\ ~failed[r]
-    /\ a \in Aliased
+    /\ a \in Aliased                                \* @guard alias-only-aliased
     /\ a \in mapped[r]                               \* @guard alias-after-backing
     /\ a \in created[r]
     /\ a \notin aliasMapped[r]
@@ -274,7 +274,7 @@ Fail(r, x) ==
 
 Abort ==
     /\ phase = "Allocating"
-    /\ \E r \in Ranks : failed[r]
+    /\ \E r \in Ranks : failed[r]                    \* @guard abort-only-on-failure
     /\ phase' = "Aborting"
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
                    published, undo>>
@@ -452,6 +452,11 @@ FailureNeverPublishes ==
     (\E r \in Ranks : failed[r]) =>
         /\ published = {}
         /\ phase \notin {"Published", "ShuttingDown", "Shutdown"}
+
+\* An abort has a cause (DESIGN.md: Abort follows a failure): the attempt
+\* aborts only after a driver step failed on some rank.
+AbortOnlyOnFailure ==
+    phase \in {"Aborting", "Aborted"} => \E r \in Ranks : failed[r]
 
 -----------------------------------------------------------------------------
 (* Safety properties of steps (action properties, checked as PROPERTIES). *)

@@ -43,6 +43,7 @@ def check_file(path: Path, *, complete: bool = True) -> list[dict[str, Any]]:
     for e in events:
         if e["action"] in ("Grant", "ImportGrant"):
             assert set(e["args"]["devices"]) == own_devices, f"{path}: grant beyond own device"
+    check_action_properties(events)
     if complete:
         last = events[-1]
         assert last["action"] in TERMINAL, f"{path}: ends with {last['action']}"
@@ -50,6 +51,60 @@ def check_file(path: Path, *, complete: bool = True) -> list[dict[str, Any]]:
         assert not st["va"] and st["created"] == st["mapped"] == st["alias_mapped"] == 0, path
         assert st["grants"] == st["imported"] == st["import_mapped"] == st["import_grants"] == 0
     return events
+
+
+PHASE_STEPS = {("Allocating", "Published"), ("Allocating", "Aborting"),
+               ("Aborting", "Aborted"), ("Published", "ShuttingDown"),
+               ("ShuttingDown", "Shutdown")}
+MAKES = {"Reserve", "Create", "Map", "MapAlias", "Grant", "Export", "Send", "Import",
+         "ImportMap", "ImportGrant", "RankReady"}
+
+
+def check_action_properties(events: list[dict[str, Any]]) -> None:
+    """specs/KVGroup.tla's action properties on one process's events, restated here
+    from the events alone (not through the model): OneAttempt (the phase only moves
+    forward; outside Allocating nothing is made), NoRetryAfterFailure (after a failed
+    step nothing is made) and UnwindInReverseOrder (imports first, the newest first;
+    then own allocations, the newest first; the VA last)."""
+    imports: set[tuple[int, int]] = set()   # (owner, alloc) held
+    own: set[int] = set()                   # own allocations whose handle is live
+    va = failed = False
+    phase = "Allocating"
+    for e in events:
+        act, args = e["action"], e["args"]
+        ok = e["result"] in ("CUDA_SUCCESS", "SUCCESS", None)  # None: a step with no call
+        where = f"event {e['seq']} {act} {args}"
+        to = e["state"]["phase"]
+        assert to == phase or (phase, to) in PHASE_STEPS, f"{where}: {phase} -> {to}"
+        if act in MAKES and ok:
+            assert phase == "Allocating", f"{where}: made outside Allocating ({phase})"
+            assert not failed, f"{where}: made after a failed step (a retry)"
+        if act in ("ImportUnmap", "ImportRelease"):
+            key = (args["owner"], args["alloc"])
+            assert key in imports and key == max(imports), f"{where}: not the newest import"
+        if act in ("Unmap", "Release", "Free"):
+            assert not imports, f"{where}: own memory unwound while imports are held"
+        if act in ("Unmap", "Release"):
+            assert own and args["alloc"] == max(own), f"{where}: not the newest allocation"
+        if act == "Free":
+            assert not own, f"{where}: VA freed while handles are live"
+        if ok:
+            if act == "Reserve":
+                va = True
+            elif act == "Create":
+                own.add(args["alloc"])
+            elif act == "Import":
+                imports.add((args["owner"], args["alloc"]))
+            elif act == "ImportRelease":
+                imports.discard((args["owner"], args["alloc"]))
+            elif act == "Release":
+                own.discard(args["alloc"])
+            elif act == "Free":
+                va = False
+        failed = failed or (act in MAKES and not ok)
+        assert e["state"]["failed"] == failed, f"{where}: failed is {e['state']['failed']}"
+        phase = to
+    assert not (va or own or imports) or phase not in ("Aborted", "Shutdown")
 
 
 def check_group(paths: list[Path], *, dead: set[int] = frozenset()) -> str:  # type: ignore[assignment]

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from kvgrant.conformance.group_model import GROUP_ACTIONS
-from kvgrant.conformance.spec_mutants import (GROUP_MUTANT_CONFIG, GROUP_MUTANTS,
-                                              GROUP_SAFETY_INVARIANTS, find_guards, mutate,
-                                              run_group_mutant, run_group_unmutated)
+from kvgrant.conformance.spec_mutants import (GROUP_ACTION_PROPERTIES, GROUP_MUTANT_CONFIG,
+                                              GROUP_MUTANT_CONFIG_3,
+                                              GROUP_MUTANT_CONFIG_PLAIN, GROUP_MUTANTS,
+                                              GROUP_SAFETY_INVARIANTS, caught, find_guards,
+                                              mutate, run_group_mutant, run_group_unmutated)
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
@@ -40,11 +42,12 @@ def test_spec_defines_every_trace_action_and_claim() -> None:
     # every event of docs/group-trace.md is an action of the spec (a failed step is Fail)
     assert set(GROUP_ACTIONS) - {"Crash"} <= defs
     assert {"Fail", "Crash", "GiveUp", "Init", "Next", "Spec", "vars"} <= defs
-    assert set(GROUP_SAFETY_INVARIANTS) | set(LIVENESS) <= defs
+    assert set(GROUP_SAFETY_INVARIANTS) | set(GROUP_ACTION_PROPERTIES) | set(LIVENESS) <= defs
 
 
 def test_every_group_invariant_except_typeok_has_a_mutant() -> None:
-    assert {m.invariant for m in GROUP_MUTANTS} == set(GROUP_SAFETY_INVARIANTS) - {"TypeOK"}
+    claims = set(GROUP_SAFETY_INVARIANTS) | set(GROUP_ACTION_PROPERTIES)
+    assert {m.invariant for m in GROUP_MUTANTS} == claims - {"TypeOK"}
 
 
 def test_every_group_guard_is_tagged_once_and_tested() -> None:
@@ -65,11 +68,27 @@ def test_invariants_do_not_reuse_the_guards_they_check() -> None:
 def test_group_configs_are_discovered_and_check_every_claim() -> None:
     cfgs = [c for _, c in discover_models(SPECS) if c.name.startswith("MCKVGroup")]
     assert {c.name for c in cfgs} == {"MCKVGroup.cfg", "MCKVGroup_TwoAllocs.cfg",
-                                      "MCKVGroup_Live.cfg"}
+                                      "MCKVGroup_Plain.cfg", "MCKVGroup_Live.cfg"}
     checked: set[str] = set()
     for c in cfgs:
         checked |= set(re.findall(r"\b(\w+)\b", c.read_text().split("SPECIFICATION", 1)[1]))
-    assert set(GROUP_SAFETY_INVARIANTS) | set(LIVENESS) <= checked
+    assert set(GROUP_SAFETY_INVARIANTS) | set(GROUP_ACTION_PROPERTIES) | set(LIVENESS) <= checked
+
+
+def _constant(cfg: str, name: str) -> str:
+    return re.search(rf"^\s*{name} = (.*)$", cfg, re.M).group(1).strip()
+
+
+def test_the_plain_mutant_config_has_a_plain_allocation() -> None:
+    """The other mutant configs alias every allocation, so a mutant that maps a plain
+    allocation into a region shows only here."""
+    for cfg in (GROUP_MUTANT_CONFIG, GROUP_MUTANT_CONFIG_3):
+        assert _constant(cfg, "Aliased") == ("{0, 1}" if "NumAllocs = 2" in cfg else "{0}")
+    assert _constant(GROUP_MUTANT_CONFIG_PLAIN, "NumAllocs") == "2"
+    assert _constant(GROUP_MUTANT_CONFIG_PLAIN, "Aliased") == "{1}"
+    assert _constant(GROUP_MUTANT_CONFIG_PLAIN, "OwnerOnly") == "{}"
+    plain = (SPECS / "MCKVGroup_Plain.cfg").read_text()
+    assert _constant(plain, "Aliased") == "{1}" and _constant(plain, "NumAllocs") == "2"
 
 
 def _explain(res: TLCResult) -> str:
@@ -78,8 +97,10 @@ def _explain(res: TLCResult) -> str:
 
 @pytest.mark.tlc
 @needs_java
-def test_unmutated_group_spec_passes_the_mutant_config() -> None:
-    res = run_group_unmutated(SPECS, workers=2)
+@pytest.mark.parametrize("config", [GROUP_MUTANT_CONFIG, GROUP_MUTANT_CONFIG_PLAIN,
+                                    GROUP_MUTANT_CONFIG_3], ids=["two", "plain", "three"])
+def test_unmutated_group_spec_passes_the_mutant_config(config: str) -> None:
+    res = run_group_unmutated(SPECS, workers=2, config=config)
     assert res.ok, _explain(res)
     assert res.distinct and res.distinct > 1000
 
@@ -89,7 +110,7 @@ def test_unmutated_group_spec_passes_the_mutant_config() -> None:
 @pytest.mark.parametrize("mutant", GROUP_MUTANTS, ids=lambda m: f"{m.invariant}-{m.guard}")
 def test_removing_a_group_guard_breaks_its_invariant(mutant) -> None:
     res = run_group_mutant(mutant, SPECS, workers=2)
-    assert res.status == "invariant", _explain(res)
+    assert caught(mutant, res), _explain(res)
     assert res.violated == mutant.invariant
     assert res.counterexample[0].action == "Initial predicate"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from kvgrant.conformance.spec_mutants import (ACTION_PROPERTIES, LIVENESS_PROPERTIES,
-                                              MUTANT_CONFIG, MUTANTS, SAFETY_INVARIANTS,
-                                              Mutant, apply_mutant, caught, find_guards,
-                                              mutate, property_kind, run_mutant,
-                                              run_unmutated)
+                                              MUTANT_CONFIG, MUTANT_CONFIG_PLAIN, MUTANTS,
+                                              SAFETY_INVARIANTS, Mutant, apply_mutant,
+                                              caught, find_guards, mutate, property_kind,
+                                              run_mutant, run_unmutated)
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
@@ -207,6 +207,16 @@ def test_unmutated_spec_passes_the_mutant_config() -> None:
     res = run_unmutated(SPECS)
     assert res.ok, _explain(res)
     assert res.distinct and res.distinct > 1000
+
+
+@pytest.mark.tlc
+@needs_java
+def test_unmutated_spec_passes_the_plain_mutant_config() -> None:
+    """MUTANT_CONFIG_PLAIN: allocation 0 plain (MUTANT_CONFIG aliases both)."""
+    assert "Aliased = {1}" in MUTANT_CONFIG_PLAIN and "Aliased = {0, 1}" in MUTANT_CONFIG
+    res = run_unmutated(SPECS, config=MUTANT_CONFIG_PLAIN)
+    assert res.ok, _explain(res)
+    assert res.distinct and res.distinct > 500
 
 
 @pytest.fixture(scope="module")
