@@ -353,6 +353,8 @@ def _g_import(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
         return why
     if o == p:
         return "a process does not import its own memory"
+    if not _own_done(c, s):
+        return "own allocations are not all complete yet (imports come after)"
     if not _shared(c, s, p):
         return "own fds are not all exported and sent yet (imports come after)"
     if (o, a) in s.imported_set:

@@ -242,7 +242,7 @@ _PLAIN = frozenset({"alias-only-aliased"})
 def property_kind(name: str) -> str:
     """``invariant``, ``action`` or ``liveness``: how TLC checks ``name`` (any name not
     listed as an action or liveness property, e.g. a group invariant, is an invariant)."""
-    if name in ACTION_PROPERTIES:
+    if name in ACTION_PROPERTIES or name in GROUP_ACTION_PROPERTIES:
         return "action"
     if name in LIVENESS_PROPERTIES:
         return "liveness"
@@ -467,10 +467,23 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
            new="/\\ phase' = [phase EXCEPT ![p] = \"Aborting\"]\n    /\\ failed' = [failed "
                "EXCEPT ![p] = FALSE]\n    /\\ UNCHANGED <<va, created, mapped, aliasMapped, "
                "access, ready, exported,"),
+    Mutant("create-after-previous-complete", "MadeInPlanOrder",
+           "creating ahead of the previous allocation: unwinding in plan order is not LIFO"),
+    Mutant("import-after-own", "MadeInPlanOrder",
+           "a rank nobody imports from imports before its own allocations are complete"),
+    Mutant("import-in-plan-order", "MadeInPlanOrder",
+           "importing out of order: unwinding in import order is not LIFO",
+           old="Before(o2, a2, o, a) => ImportComplete(p, o2, a2)", new="TRUE"),
+    # a grant needs its mapping; an fd on the socket was exported
+    Mutant("grant-needs-mapping", "AccessOnlyOwnerAndImporters",
+           "cuMemSetAccess on a mapping that does not exist"),
+    Mutant("send-after-export", "ImportOnlyByImporters",
+           "sending an fd that was never exported"),
 )
 
-#: The action properties of KVGroup: the lifecycle's names, stated per process.
-GROUP_ACTION_PROPERTIES: tuple[str, ...] = ACTION_PROPERTIES
+#: The action properties of KVGroup: the lifecycle's, stated per process, and the plan
+#: order of making (which the lifecycle's undo stack holds).
+GROUP_ACTION_PROPERTIES: tuple[str, ...] = ACTION_PROPERTIES + ("MadeInPlanOrder",)
 
 #: The safety invariants of KVGroup.
 GROUP_SAFETY_INVARIANTS: tuple[str, ...] = (

@@ -197,7 +197,7 @@ CanCreate(p, a) ==
     /\ CanDrive(p)
     /\ va[p]
     /\ a \notin created[p]
-    /\ \A b \in Allocs : b < a => Complete(p, b)   \* plan order, one at a time
+    /\ \A b \in Allocs : b < a => Complete(p, b)   \* @guard create-after-previous-complete
 
 CanMap(p, a) ==
     /\ CanDrive(p)
@@ -214,7 +214,7 @@ CanMapAlias(p, a) ==
 CanGrant(p, a, m) ==
     /\ CanDrive(p)
     /\ m \in MappingKinds
-    /\ HasMapping(p, a, m)
+    /\ HasMapping(p, a, m)                           \* @guard grant-needs-mapping
     /\ ~Granted(p, a, m)
 
 CanExport(p, a) ==
@@ -227,15 +227,16 @@ CanExport(p, a) ==
 CanSend(p, a, i) ==
     /\ CanDrive(p)
     /\ i \in Ranks \ {p}
-    /\ a \in exported[p]
+    /\ a \in exported[p]                             \* @guard send-after-export
     /\ <<p, a, i>> \notin sent
 
 CanImport(p, o, a) ==
     /\ CanDrive(p)
     /\ o \in Ranks \ {p}
+    /\ OwnDone(p)                                    \* @guard import-after-own
     /\ Shared(p)                                     \* own fds sent before importing
     /\ <<o, a>> \notin imported[p]
-    /\ \A o2 \in Sources(p), a2 \in Allocs :
+    /\ \A o2 \in Sources(p), a2 \in Allocs :          \* import order
           Before(o2, a2, o, a) => ImportComplete(p, o2, a2)
 
 CanImportMap(p, o, a, m) ==
@@ -572,9 +573,11 @@ OwnerGrantsOnlyOwnDevice ==
 ImporterGrantsOnlyOwnDevice ==
     \A p \in Ranks : \A g \in importAccess[p] : g[4] = p
 
-\* Only a validated importer of o holds a handle of o's memory.
+\* Only a validated importer of o holds a handle of o's memory, and every fd on
+\* the socket was exported by its owner.
 ImportOnlyByImporters ==
-    \A p \in Ranks : \A x \in imported[p] : p \in Importers[x[1]]
+    /\ \A p \in Ranks : \A x \in imported[p] : p \in Importers[x[1]]
+    /\ \A s \in sent : s[2] \in exported[s[1]]
 
 \* No importer maps a handle it has not imported (or has released).
 MapOnlyImported ==
@@ -582,15 +585,20 @@ MapOnlyImported ==
 
 \* The devices that can reach mapping m of o's allocation a, over the whole
 \* group, are o and o's importers (an owner-only region: o alone); never a
-\* declared reader that imports nothing.
+\* declared reader that imports nothing.  A grant also needs its mapping to
+\* exist, own or imported (an unmap takes the access with it).
 AccessOnlyOwnerAndImporters ==
-    \A o \in Ranks, a \in Allocs, m \in MappingKinds :
-        LET reach == {g[3] : g \in {h \in access[o] : h[1] = a /\ h[2] = m}}
-                     \cup UNION {{g[4] : g \in {h \in importAccess[p] :
-                                   h[1] = o /\ h[2] = a /\ h[3] = m}} : p \in Ranks}
-            allowed == IF m = "alias" /\ a \in OwnerOnly THEN {o}
-                       ELSE {o} \cup Importers[o]
-        IN reach \subseteq allowed
+    /\ \A o \in Ranks, a \in Allocs, m \in MappingKinds :
+          LET reach == {g[3] : g \in {h \in access[o] : h[1] = a /\ h[2] = m}}
+                       \cup UNION {{g[4] : g \in {h \in importAccess[p] :
+                                     h[1] = o /\ h[2] = a /\ h[3] = m}} : p \in Ranks}
+              allowed == IF m = "alias" /\ a \in OwnerOnly THEN {o}
+                         ELSE {o} \cup Importers[o]
+          IN reach \subseteq allowed
+    /\ \A p \in Ranks :
+          /\ \A g \in access[p] :
+                IF g[2] = "plane" THEN g[1] \in mapped[p] ELSE g[1] \in aliasMapped[p]
+          /\ \A g \in importAccess[p] : <<g[1], g[2], g[3]>> \in importMapped[p]
 
 \* A region mapping exists only while its plane mapping, handle and VA do,
 \* for own and imported memory.
@@ -688,6 +696,28 @@ OneAttempt ==
 \* up at the deadline) makes nothing more in this attempt and does not get ready.
 NoRetryAfterFailure ==
     [][\A p \in Ranks : failed[p] => MakesNothing(p)]_vars
+
+\* Made in plan order (docs/group-trace.md), so that unwinding in plan order
+\* (below) is LIFO: a new handle only once every earlier own allocation is
+\* complete (mapped, alias mapped if aliased, each mapping granted to p); a new
+\* import only once p's own allocations are all complete and every earlier
+\* import (owner, then allocation) is mapped and granted.
+MadeInPlanOrder ==
+    [][\A p \in Ranks :
+          LET ownKinds(b) == IF b \in Aliased THEN {"plane", "alias"} ELSE {"plane"}
+              impKinds(b) == IF b \in Aliased \ OwnerOnly THEN {"plane", "alias"}
+                             ELSE {"plane"}
+              ownComplete(b) == \A m \in ownKinds(b) : <<b, m, p>> \in access[p]
+                                                     /\ IF m = "plane" THEN b \in mapped[p]
+                                                        ELSE b \in aliasMapped[p]
+          IN /\ \A a \in created'[p] \ created[p] : \A b \in Allocs : b < a => ownComplete(b)
+             /\ \A x \in imported'[p] \ imported[p] :
+                   /\ \A b \in Allocs : ownComplete(b)
+                   /\ \A o \in Ranks, b \in Allocs :
+                         (p \in Importers[o] /\ (o < x[1] \/ (o = x[1] /\ b < x[2]))) =>
+                             \A m \in impKinds(b) : /\ <<o, b, m>> \in importMapped[p]
+                                                  /\ <<o, b, m, p>> \in importAccess[p]
+      ]_vars
 
 \* Unwinding in reverse order (docs/group-trace.md; the runtime's LIFO
 \* Transaction): imports go first, the newest first (owner, then allocation,

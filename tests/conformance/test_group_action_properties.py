@@ -94,3 +94,17 @@ def test_a_step_after_a_failure_breaks_no_retry() -> None:
     bad = evs[:i + 1] + [retried]
     with pytest.raises(AssertionError, match="a retry"):
         check_action_properties(bad)
+
+
+@pytest.mark.parametrize("first,second,why", [
+    ("Create", "Create", "not in plan order"),
+    ("Import", "Import", "import order"),
+])
+def test_making_out_of_plan_order_breaks_the_property_and_the_model(
+        tmp_path: Path, first: str, second: str, why: str) -> None:
+    texts = simulate_group(C3, shutdown=False)
+    bad = _swap(texts[2], first, second)
+    with pytest.raises(AssertionError, match=why):
+        check_action_properties(_events(bad))
+    paths = write_group([texts[0], texts[1], bad], tmp_path)
+    assert not check_group([str(p) for p in paths])[0].accepted

@@ -64,10 +64,12 @@ def check_action_properties(events: list[dict[str, Any]]) -> None:
     """specs/KVGroup.tla's action properties on one process's events, restated here
     from the events alone (not through the model): OneAttempt (the phase only moves
     forward; outside Allocating nothing is made), NoRetryAfterFailure (after a failed
-    step nothing is made) and UnwindInReverseOrder (imports first, the newest first;
-    then own allocations, the newest first; the VA last)."""
+    step nothing is made), MadeInPlanOrder (own handles in plan order, imports after
+    them in (owner, allocation) order) and UnwindInReverseOrder (imports first, the
+    newest first; then own allocations, the newest first; the VA last)."""
     imports: set[tuple[int, int]] = set()   # (owner, alloc) held
     own: set[int] = set()                   # own allocations whose handle is live
+    made: list[tuple[int, ...]] = []        # handles made so far: (alloc,) or (owner, alloc)
     va = failed = False
     phase = "Allocating"
     for e in events:
@@ -79,6 +81,12 @@ def check_action_properties(events: list[dict[str, Any]]) -> None:
         if act in MAKES and ok:
             assert phase == "Allocating", f"{where}: made outside Allocating ({phase})"
             assert not failed, f"{where}: made after a failed step (a retry)"
+        if act == "Create" and ok:
+            assert made[-1:] == ([(args["alloc"] - 1,)] if args["alloc"] else []), \
+                f"{where}: not in plan order"
+        if act == "Import" and ok:
+            key = (args["owner"], args["alloc"])
+            assert made and (len(made[-1]) == 1 or made[-1] < key), f"{where}: import order"
         if act in ("ImportUnmap", "ImportRelease"):
             key = (args["owner"], args["alloc"])
             assert key in imports and key == max(imports), f"{where}: not the newest import"
@@ -93,8 +101,10 @@ def check_action_properties(events: list[dict[str, Any]]) -> None:
                 va = True
             elif act == "Create":
                 own.add(args["alloc"])
+                made.append((args["alloc"],))
             elif act == "Import":
                 imports.add((args["owner"], args["alloc"]))
+                made.append((args["owner"], args["alloc"]))
             elif act == "ImportRelease":
                 imports.discard((args["owner"], args["alloc"]))
             elif act == "Release":
