@@ -386,6 +386,8 @@ _GROUP_MC_SPEC = "MCKVGroup.tla"
 GROUP_MUTANTS: tuple[Mutant, ...] = (
     Mutant("decide-after-all-votes", "Agreement",
            "deciding while a live rank has not voted lets one abort and another publish"),
+    Mutant("abort-after-decision", "Agreement",
+           "a process aborts without having decided abort, next to one that publishes"),
     Mutant("publish-only-if-all-ready", "Validity",
            "publishing although a rank voted failed"),
     Mutant("grant-own-device", "OwnerGrantsOnlyOwnDevice",

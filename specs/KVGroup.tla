@@ -417,7 +417,7 @@ Publish(p) ==
 Abort(p) ==
     /\ phase[p] = "Allocating"
     /\ Alive(p)
-    /\ decision[p] = "abort"
+    /\ decision[p] = "abort"                          \* @guard abort-after-decision
     /\ phase' = [phase EXCEPT ![p] = "Aborting"]
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
                    sent, imported, importMapped, importAccess, vote, decision, crashed>>
@@ -557,9 +557,14 @@ Spec == Init /\ [][Next]_vars /\ WF_vars(Progress)
 -----------------------------------------------------------------------------
 (* Safety invariants, each stated from the constants, not from the guards. *)
 
-\* No process publishes while another aborts (TwoPhase's consistency).
+\* No process publishes while another aborts (TwoPhase's consistency): in
+\* their decisions, and in their phases (a published process next to an
+\* aborting one).
 Agreement ==
-    \A p, q \in Ranks : ~(decision[p] = "publish" /\ decision[q] = "abort")
+    \A p, q \in Ranks :
+        /\ ~(decision[p] = "publish" /\ decision[q] = "abort")
+        /\ ~(phase[p] \in {"Published", "ShuttingDown", "Shutdown"}
+             /\ phase[q] \in {"Aborting", "Aborted"})
 
 \* A process decides publish only if every rank voted ready.
 Validity ==
