@@ -99,6 +99,10 @@ def check_devices(devices: Any, argument: str = "devices") -> list[int] | None:
         if not _is_int(d) or not 0 <= d <= MAX_DEVICE_ORDINAL:
             raise fail(f"{argument}[{i}]", d,
                         f"must be an integer CUDA ordinal in 0..{MAX_DEVICE_ORDINAL}")
+        if d in out:
+            raise fail(argument, list(devices), f"two ranks on one device: {argument}[{i}] = "
+                                               f"{d} as {argument}[{out.index(d)}] (one "
+                                               "distinct CUDA ordinal per rank)")
         out.append(d)
     return out
 

@@ -48,7 +48,8 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.validate import show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
-from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_index
+from kvgrant.layout.plans import PLAN_LABELS
+from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_flag, check_index
 from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
@@ -1001,6 +1002,10 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
                          "published group whose trace was lost, the error in trace_error "
                          "(the group published together); pass 'continue' or None")
         _check_timeout(timeout_s)
+        check_flag("check_contract", check_contract)   # was: any value, read as truthy
+        if isinstance(plan, str) and plan not in PLAN_LABELS:   # as allocate() refuses it
+            raise refuse("plan", plan, f"must be one of {', '.join(PLAN_LABELS)}, a "
+                                       "PhysicalPlan or a planner callable")
         if device is not None:   # a str once failed as a bare TypeError, -1 in the driver
             check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
         limit = parse_memory_limit(memory_limit)
@@ -1010,8 +1015,9 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
         g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
         n = g.topology.ranks
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < n:
-            raise GroupError(f"rank = {rank!r}: must be 0..{n - 1} (topology.ranks = {n})",
-                             rank=None)
+            # a bad argument (was GroupError, as if the group had refused)
+            raise refuse("rank", rank, f"must be an integer rank 0..{n - 1} "
+                                       f"(topology.ranks = {n})")
         store, index, world = _store_of(group, store, rank, n)
         if world != n:
             raise GroupError(f"the group has {world} process(es) but topology.ranks = {n}: "

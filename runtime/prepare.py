@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Sequence
 
-from kvgrant.errors import AllocationError, DriverError, PlanError
+from kvgrant.errors import AllocationError, ArgumentError, DriverError, PlanError
 from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_plan_object
@@ -82,8 +82,10 @@ def prepare(geometry: "Geometry | str | Path", *,
                         "(kvgrant.layout.geometry.on_ranks)")
     devs = list(range(nranks)) if devices is None else [int(d) for d in devices]
     if len(devs) != nranks or len(set(devs)) != nranks:
-        raise PlanError(f"devices = {devs}: need {nranks} distinct CUDA ordinals, one per rank "
-                        f"of topology.ranks = {nranks}")
+        # a bad argument (exit 2), not a refused plan (was PlanError)
+        raise ArgumentError(f"devices = {devs}: need {nranks} distinct CUDA ordinals, one per "
+                            f"rank of topology.ranks = {nranks}", argument="devices",
+                            value=devs)
     fixed_plan = plan if isinstance(plan, PhysicalPlan) else None
     if fixed_plan is not None:
         require_plan_for(fixed_plan, g)

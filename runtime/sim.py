@@ -126,6 +126,43 @@ class _Reservation:
         self.maps: dict[int, _Mapping] = {}    # start -> mapping
 
 
+def _check_pool_path(field: str, path: object) -> None:
+    """A pool file path: a non-empty str or path-like without NUL whose folder exists
+    (was: ``--sim-pool ""`` read the working folder, ``/missing/p`` made the folder)."""
+    from kvgrant.runtime.arguments import is_switch_word
+
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+        raise ArgumentError(f"{field} = {path!r}: must be the path of a pool file, or a "
+                            "HostPool", argument=field, value=path)
+    raw = os.fspath(path)
+    if not raw.strip() or "\0" in raw:
+        raise ArgumentError(f"{field} = {raw!r}: must be a file path (not blank, no NUL)",
+                            argument=field, value=raw)
+    folder = os.path.dirname(raw) or "."
+    if os.path.isdir(raw) or not os.path.isdir(folder):
+        rule = ("is a folder; name the pool file itself" if os.path.isdir(raw)
+                else f"its folder {folder!r} does not exist (the pool file is made there)")
+        raise ArgumentError(f"{field} = {raw!r}: {rule}", argument=field, value=raw)
+    if field == POOL_ENV and is_switch_word(raw):
+        raise ArgumentError(f"{POOL_ENV} = {raw!r}: must be the path of a pool file shared "
+                            "by the simulated drivers of one host, not a switch; unset it "
+                            "for no pool", argument=POOL_ENV, value=raw)
+
+
+def _env_pool_path() -> str | None:
+    """The pool file ``$KVGRANT_SIM_POOL`` names (unset or empty: None), checked as a
+    path: ``KVGRANT_SIM_POOL=1`` made a pool file named ``1`` (the ledger's and the
+    trace's variables refuse switch words)."""
+    raw = os.environ.get(POOL_ENV)
+    if not raw:
+        return None
+    if not raw.strip():
+        raise ArgumentError(f"{POOL_ENV} = {raw!r}: blank; unset it for no pool, or name "
+                            "the pool file", argument=POOL_ENV, value=raw)
+    _check_pool_path(POOL_ENV, raw)
+    return raw
+
+
 class SimDriver:
     """Simulated CUDA VMM driver (see the module docstring for the rules it enforces).
 
@@ -202,7 +239,9 @@ class SimDriver:
         self._reserved = 0
         self._closed = False
         if host_pool is None:
-            host_pool = os.environ.get(POOL_ENV) or None
+            host_pool = _env_pool_path()
+        elif not isinstance(host_pool, HostPool):
+            _check_pool_path("host_pool", host_pool)
         self._owns_pool = host_pool is not None and not isinstance(host_pool, HostPool)
         self.host_pool: HostPool | None = (
             HostPool(host_pool, handle_budget) if self._owns_pool  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from kvgrant.errors import (ArgumentError, GeometryError, KVGrantError, PlanFile
                             TraceError)
 
 __all__ = ["MAX_COUNT", "check_ledger_path", "check_new_file_path", "count", "device_list",
-           "exit_status", "positive_int", "positive_seconds"]
+           "exit_status", "path_arg", "positive_int", "positive_seconds"]
 
 #: Largest integer option accepted (no count kvgrant takes comes near it).
 MAX_COUNT = 10**15
@@ -30,6 +30,17 @@ def count(text: str) -> int:
     if value > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"{text[:40]!r}: must be at most {MAX_COUNT:,}")
     return value
+
+
+def path_arg(text: str) -> str:
+    """A file or folder path: not empty and no NUL byte. Why: an empty path became "."
+    (``conform ""`` read the working folder as a group, ``verify ""`` checked the shipped
+    specs, ``--ledger ""`` said "Is a directory: '.'")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a path (not empty)")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: a path cannot hold a NUL byte")
+    return text
 
 
 def device_list(text: str) -> list[int]:

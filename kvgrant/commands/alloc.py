@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvgrant.errors import ArgumentError, KVGrantError, ToolError, TraceError
 
-from kvgrant.commands._args import (check_ledger_path, count, device_list, positive_int,
-                                    positive_seconds)
+from kvgrant.commands._args import (check_ledger_path, check_new_file_path, count,
+                                    device_list, path_arg, positive_int, positive_seconds)
 from kvgrant.commands._report import error_document, error_fields, report_error
 
 if TYPE_CHECKING:
@@ -46,17 +46,17 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "alloc", help="allocate the KV cache on every rank, print capacities, release",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("geometry", metavar="GEOMETRY", help="geometry JSON file")
+    p.add_argument("geometry", type=path_arg, metavar="GEOMETRY", help="geometry JSON file")
     p.add_argument("--backend", choices=("auto", "cuda", "sim"), default="auto",
                    help="driver backend (default auto: cuda when a GPU is usable, else sim)")
-    p.add_argument("--plan", default="packed", metavar="LABEL|FILE",
+    p.add_argument("--plan", type=path_arg, default="packed", metavar="LABEL|FILE",
                    help="physical plan: naive, reference, packed (default), or a plan file "
                         "written by kvgrant plan --json (reused as it is, not planned again)")
     # "=" form matters: argparse reads "--memory-limit -1G" as a missing value
     p.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="SIZE",
                    help="use what is free (default, or -0G); -1G keeps 1 GiB free per GPU; "
                         "40G uses at most 40 GiB per GPU (write --memory-limit=-1G)")
-    p.add_argument("--trace", metavar="FILE", default=None,
+    p.add_argument("--trace", type=path_arg, metavar="FILE", default=None,
                    help="write the transition trace (NDJSON) here (or set KVGRANT_TRACE); "
                         "an existing file that is not a trace is kept unless --force")
     p.add_argument("--force", action="store_true",
@@ -70,7 +70,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--handle-reserve", type=count, default=None, metavar="N",
                    help="handles kept for users kvgrant cannot see (NCCL, PyTorch, other "
                         "engines; default 4,096)")
-    p.add_argument("--ledger", default=None, metavar="PATH",
+    p.add_argument("--ledger", type=path_arg, default=None, metavar="PATH",
                    help="host ledger file (default KVGRANT_LEDGER or "
                         "/dev/shm/kvgrant-ledger.json; used by the sim backend only when given)")
     p.add_argument("--no-preflight", action="store_true",
@@ -83,7 +83,7 @@ def add_parser(subparsers: Any) -> None:
                    help="comma-separated CUDA ordinal of each rank (default 0..ranks-1)")
     p.add_argument("--sim-handle-budget", type=count, default=None, metavar="N",
                    help="sim backend only: the simulated host's handle budget")
-    p.add_argument("--sim-pool", default=None, metavar="PATH",
+    p.add_argument("--sim-pool", type=path_arg, default=None, metavar="PATH",
                    help="sim backend only: a handle pool file shared with the sim drivers of "
                         "other processes (or set KVGRANT_SIM_POOL)")
     p.add_argument("--procs", type=positive_int, default=None, metavar="N",
@@ -158,6 +158,9 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
     plan: Any = args.plan
     try:
         check_ledger_path(args.ledger)
+        if args.sim_pool is not None:
+            check_new_file_path("--sim-pool", args.sim_pool, "sim pool")
+        _check_outputs_spare_inputs(args)
         g = load_geometry(args.geometry)
         if args.ranks is not None:
             g = on_ranks(g, args.ranks)
@@ -166,6 +169,13 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
                                 f"{g.topology.ranks} (one process per rank; use --ranks "
                                 f"{args.procs} to run it on {args.procs} ranks)",
                                 argument="procs", value=args.procs)
+        if devices is not None and len(devices) != args.procs:
+            # was: a short list left the last ranks on their rank numbers (two ranks on
+            # one device), a long one was cut
+            raise ArgumentError(f"--devices = {','.join(map(str, devices))}: with --procs "
+                                f"{args.procs}, one distinct CUDA ordinal per rank "
+                                f"({args.procs} of them, not {len(devices)})",
+                                argument="devices", value=devices)
         if fail_rank >= args.procs:
             # was: the fault went to no process, and the group published (exit 0)
             raise ArgumentError(f"--fail-rank = {fail_rank}: must be a rank of the group, "
@@ -234,6 +244,34 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         print(f"kvgrant alloc: error: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_outputs_spare_inputs(args: argparse.Namespace) -> None:
+    """Refuse a file the command writes (trace, ledger, sim pool: an option or its
+    environment variable) that is one of the files it reads (the geometry, a plan
+    file), even with ``--force``: ``--ledger G.json`` once led to "repair it with
+    kvgrant budget --repair", which replaced G.json by an empty ledger, and ``--trace
+    PLAN.json --force`` overwrote the plan being read."""
+    from kvgrant.runtime.arguments import same_file
+    from kvgrant.runtime.hostpool import POOL_ENV
+    from kvgrant.runtime.ledger import LEDGER_ENV
+    from kvgrant.runtime.trace import TRACE_ENV
+
+    inputs = [("the geometry file", args.geometry)]
+    if args.plan not in _LABELS:
+        inputs.append(("the plan file", args.plan))
+    outputs = [("--trace", args.trace, TRACE_ENV, "trace"),
+               ("--ledger", args.ledger, LEDGER_ENV, "ledger"),
+               ("--sim-pool", args.sim_pool, POOL_ENV, "sim pool")]
+    for option, value, env, what in outputs:
+        field, path = (option, value) if value else (env, os.environ.get(env) or None)
+        if not path:
+            continue
+        for name, source in inputs:
+            if same_file(source, path):
+                raise ArgumentError(f"{field} = {path!r}: is {name} {source!r}; the {what} "
+                                    "would overwrite it", argument=field.lstrip("-"),
+                                    value=path)
 
 
 def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
@@ -453,7 +491,15 @@ def run(args: argparse.Namespace) -> int:
                                 "process per rank); without it --fail-at K fails the K-th "
                                 "driver call of the one process", argument="fail-rank",
                                 value=args.fail_rank)
+        if args.timeout is not None:
+            # was: silently ignored (one process waits for no other rank)
+            raise ArgumentError(f"--timeout = {args.timeout:g}: only with --procs (how long "
+                                "a rank waits for the others); one process runs every rank "
+                                "here", argument="timeout", value=args.timeout)
         check_ledger_path(args.ledger)
+        if args.sim_pool is not None:
+            check_new_file_path("--sim-pool", args.sim_pool, "sim pool")
+        _check_outputs_spare_inputs(args)
         _check_trace_target(args.geometry, args.trace, args.force)
         from kvgrant.layout.geometry import load_geometry, on_ranks
 

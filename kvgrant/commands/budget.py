@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from kvgrant.commands._args import check_ledger_path, count
+from kvgrant.commands._args import check_ledger_path, count, path_arg
 
 __all__ = ["add_parser", "run"]
 
@@ -25,7 +25,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "budget", help="list the host ledger: holders of driver handles, total, margin",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("--ledger", default=None, metavar="PATH",
+    p.add_argument("--ledger", type=path_arg, default=None, metavar="PATH",
                    help="ledger file (default KVGRANT_LEDGER or /dev/shm/kvgrant-ledger.json)")
     p.add_argument("--handle-budget", type=count, default=DEFAULT_HANDLE_BUDGET, metavar="N",
                    help=f"the host's budget (default {DEFAULT_HANDLE_BUDGET:,})")

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any, Callable, Iterable
 
-from kvgrant.commands._args import count, positive_int, positive_seconds
+from kvgrant.commands._args import count, path_arg, positive_int, positive_seconds
 from kvgrant.commands._report import error_document
 from kvgrant.errors import ArgumentError, KVGrantError, ToolError, TraceError
 
@@ -44,18 +44,18 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "conform", help="check a trace against the lifecycle model (TLC and/or Python)",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("trace", metavar="TRACE", nargs="+",
+    p.add_argument("trace", type=path_arg, metavar="TRACE", nargs="+",
                    help="NDJSON trace written by kvgrant alloc --trace; for a process group "
                         "(docs/group-trace.md) its per-rank files, or their directory")
     p.add_argument("--engine", choices=("python", "tlc", "both"), default="python",
                    help="python: fast replay; tlc: TLC on specs/KVLifecycleTrace.tla; "
                         "both: run both and require the same verdict (default: python)")
-    p.add_argument("--tlc-max-events", type=count, default=TLC_MAX_EVENTS, metavar="N",
+    p.add_argument("--tlc-max-events", type=count, default=None, metavar="N",
                    help=f"refuse to hand TLC a trace of more than N events (default "
                         f"{TLC_MAX_EVENTS:,}, what it finishes within the timeout; 0: no limit)")
-    p.add_argument("--tlc-timeout", type=positive_seconds, default=TLC_TIMEOUT_S, metavar="S",
+    p.add_argument("--tlc-timeout", type=positive_seconds, default=None, metavar="S",
                    help=f"seconds TLC may take (default {TLC_TIMEOUT_S:.0f})")
-    p.add_argument("--geometry", metavar="FILE", default=None,
+    p.add_argument("--geometry", type=path_arg, metavar="FILE", default=None,
                    help="also check that the trace header's plan (allocations, planes, "
                         "regions, reservation sizes, import groups, declared readers) is "
                         "the one this geometry gives for the header's plan label and pages "
@@ -122,6 +122,23 @@ def run(args: argparse.Namespace) -> int:
     from kvgrant.conformance.group_check import is_group_input, run_group
     from kvgrant.conformance.tlc import exit_on_signals
 
+    tlc_options = [(f"--{name.replace('_', '-')}", getattr(args, name, None))
+                   for name in ("tlc_max_events", "tlc_timeout")]
+    given = [(flag, v) for flag, v in tlc_options if v is not None]
+    if given and getattr(args, "engine", "python") == "python":
+        # was: ignored; only the TLC engine reads them
+        flag, value = given[0]
+        err = ArgumentError(f"{flag} = {value:g}: only with --engine tlc or both (the "
+                            "python engine does not run TLC)", argument=flag.lstrip("-"),
+                            value=value)
+        if len(args.trace) == 1:
+            args.trace = args.trace[0]
+        _error(args, str(err), kind="argument", error_class=ArgumentError)
+        return 2
+    if getattr(args, "tlc_max_events", None) is None:
+        args.tlc_max_events = TLC_MAX_EVENTS
+    if getattr(args, "tlc_timeout", None) is None:
+        args.tlc_timeout = TLC_TIMEOUT_S
     if getattr(args, "ranks", None) is not None and getattr(args, "geometry", None) is None:
         # was: ignored; the trace's header says its ranks, --ranks only says how the
         # geometry was run (kvgrant alloc --ranks N) for the --geometry comparison

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from kvgrant.commands._args import count
+from kvgrant.commands._args import count, path_arg
 from kvgrant.commands._report import report_error
 from kvgrant.errors import KVGrantError
 
@@ -33,7 +33,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "plan", help="compare naive, reference and packed plans; pre-flight handle demand",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("geometry", metavar="GEOMETRY", help="geometry JSON file")
+    p.add_argument("geometry", type=path_arg, metavar="GEOMETRY", help="geometry JSON file")
     p.add_argument("--handle-budget", type=count, default=DEFAULT_HANDLE_BUDGET,
                    metavar="N",
                    help=f"driver handles the whole host may hold, over every process and GPU "

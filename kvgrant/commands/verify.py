@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvgrant.commands._args import positive_int, positive_seconds
+from kvgrant.commands._args import path_arg, positive_int, positive_seconds
 from kvgrant.conformance.spec_mutants import (GROUP_MUTANTS, MUTANTS, caught,
                                               run_group_mutant, run_mutant)
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
@@ -39,7 +39,7 @@ def add_parser(subparsers: Any) -> None:
         "verify", help="model-check the lifecycle specs with TLC",
         description="Run TLC on every MC*.cfg under SPECDIR and print a table; "
                     "exit 1 when any check fails.")
-    p.add_argument("specdir", nargs="?", default=None, metavar="SPECDIR",
+    p.add_argument("specdir", type=path_arg, nargs="?", default=None, metavar="SPECDIR",
                    help="folder of specs (default: the specs kvgrant ships; KVGRANT_SPECS)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="S",

@@ -42,6 +42,9 @@ PATIENT_S = 45.0
     ({"timeout_s": float("inf")}, "timeout_s = "),
     ({"handle_budget": -1}, "handle_budget = -1"),
     ({"trace_errors": "raise"}, "raise"),
+    # review 2026-12-02: accepted as truthy, and a GroupError wrapping a PlanError
+    ({"check_contract": "yes"}, 'check_contract = "yes"'),
+    ({"plan": "pakced"}, 'plan = "pakced"'),
 ])
 def test_a_bad_argument_of_one_rank_is_named_by_every_rank_at_once(
         bad: dict[str, Any], names: str) -> None:
@@ -76,3 +79,10 @@ def test_with_no_group_to_join_the_rank_raises_what_stops_the_join_noting_its_ar
         allocate_rank(tiny(), 0, store=5, backend="sim", memory_limit="lots")
     assert "store = 5" in str(err.value)
     assert any("memory_limit = 'lots'" in note for note in err.value.__notes__)
+
+
+@pytest.mark.parametrize("rank", [5, -1, True, 1.0, "0"])
+def test_a_rank_out_of_the_layout_is_a_bad_argument(rank: Any) -> None:
+    """Was a GroupError (as if the group had refused); it is the caller's argument."""
+    with pytest.raises(ArgumentError, match=r"rank = .*: must be an integer rank 0\.\.1"):
+        allocate_rank(tiny(), rank, store=DictStore(), backend=SimDriver(devices=2))

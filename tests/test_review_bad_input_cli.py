@@ -1,0 +1,126 @@
+"""Bad input found by a review (2026-12-02), on the CLI and the library: each is
+refused as bad input (exit 2, ArgumentError) naming the option, its value and the rule,
+before any driver object, and no file the command reads is overwritten."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvgrant.cli import main
+from kvgrant.errors import ArgumentError
+from kvgrant.runtime.allocator import allocate
+from kvgrant.runtime.sim import SimDriver
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ROOT / "examples" / "small.json"
+
+
+def _geometry(tmp_path: Path) -> Path:
+    g = tmp_path / "g.json"
+    shutil.copy(SMALL, g)
+    return g
+
+
+@pytest.mark.parametrize("argv", [
+    ["conform", ""], ["verify", ""], ["plan", ""], ["budget", "--ledger", ""],
+    ["alloc", "G", "--ledger", ""], ["alloc", "G", "--sim-pool", ""],
+    ["alloc", "G", "--plan", ""], ["alloc", "G", "--trace", " "],
+    ["conform", "T", "--geometry", ""],
+])
+def test_an_empty_path_is_refused(argv: list[str], tmp_path: Path, capsys) -> None:
+    """An empty path became "." (the working folder)."""
+    argv = [str(_geometry(tmp_path)) if a in ("G", "T") else a for a in argv]
+    with pytest.raises(SystemExit) as ex:
+        main(argv)
+    assert ex.value.code == 2
+    assert "must be a path (not empty)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--ledger", "--sim-pool"])
+def test_an_output_file_that_is_the_geometry_is_refused(option: str, tmp_path: Path,
+                                                         capsys) -> None:
+    g = _geometry(tmp_path)
+    before = g.read_bytes()
+    assert main(["alloc", str(g), "--backend", "sim", option, str(g)]) == 2
+    err = capsys.readouterr().err
+    assert f"{option} = '{g}': is the geometry file" in err
+    assert g.read_bytes() == before
+
+
+def test_a_trace_over_the_plan_file_is_refused_even_with_force(tmp_path: Path,
+                                                                capsys) -> None:
+    g = _geometry(tmp_path)
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(g), "--json"]) == 0
+    plan.write_text(capsys.readouterr().out)
+    before = plan.read_bytes()
+    rc = main(["alloc", str(g), "--backend", "sim", "--plan", str(plan), "--trace",
+               str(plan), "--force"])
+    assert rc == 2
+    assert "is the plan file" in capsys.readouterr().err
+    assert plan.read_bytes() == before
+
+
+@pytest.mark.parametrize("value, rule", [("1", "not a switch"), (" ", "blank")])
+def test_a_sim_pool_variable_that_is_no_path_is_refused(value: str, rule: str,
+                                                        tmp_path: Path, monkeypatch,
+                                                        capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVGRANT_SIM_POOL", value)
+    assert main(["alloc", str(SMALL), "--backend", "sim", "--ranks", "1"]) == 2
+    assert f"KVGRANT_SIM_POOL = {value!r}" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []   # no pool file named "1" or " "
+    with pytest.raises(ArgumentError, match=rule):
+        SimDriver(devices=1)
+
+
+def test_a_sim_pool_in_a_missing_folder_is_refused_and_not_made(tmp_path: Path,
+                                                                 capsys) -> None:
+    pool = tmp_path / "missing" / "pool"
+    assert main(["alloc", str(SMALL), "--backend", "sim", "--sim-pool", str(pool)]) == 2
+    assert "--sim-pool" in capsys.readouterr().err
+    assert not pool.parent.exists()
+    with pytest.raises(ArgumentError, match="does not exist"):
+        SimDriver(devices=1, host_pool=pool)
+
+
+@pytest.mark.parametrize("devices", ["2,0", "0,1,2,3"])
+def test_procs_needs_one_device_per_rank(devices: str, capsys) -> None:
+    """A short list left ranks on their rank numbers (two on one device), a long one was
+    cut; both were accepted."""
+    rc = main(["alloc", str(SMALL), "--backend", "sim", "--procs", "3", "--devices", devices])
+    assert rc == 2
+    assert f"--devices = {devices}: with --procs 3, one distinct CUDA ordinal per rank" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["alloc", str(SMALL), "--backend", "sim", "--timeout", "5"], "--timeout = 5"),
+    (["conform", "TRACE", "--tlc-max-events", "1"], "--tlc-max-events = 1"),
+    (["conform", "TRACE", "--tlc-timeout", "5"], "--tlc-timeout = 5"),
+])
+def test_an_option_the_run_would_ignore_is_refused(argv: list[str], flag: str,
+                                                   tmp_path: Path, capsys) -> None:
+    trace = tmp_path / "t.ndjson"
+    assert main(["alloc", str(SMALL), "--backend", "sim", "--ranks", "1", "--trace",
+                 str(trace)]) == 0
+    capsys.readouterr()
+    argv = [str(trace) if a == "TRACE" else a for a in argv]
+    assert main(argv) == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("devices, rule", [
+    ([0, 0, 1], r"two ranks on one device: devices\[1\] = 0 as devices\[0\]"),
+    ([0, 1], "need 3 distinct CUDA ordinals"),
+])
+def test_allocate_refuses_bad_devices_as_an_argument(devices: list[int], rule: str) -> None:
+    """Was a PlanError (exit 1, as if the plan had been refused)."""
+    drv = SimDriver(devices=4)
+    with pytest.raises(ArgumentError, match=rule):
+        allocate(SMALL, backend=drv, devices=devices)
+    assert drv.live().as_dict()["handles"] == 0 and sum(drv.calls.values()) == 0
