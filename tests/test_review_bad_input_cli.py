@@ -124,3 +124,20 @@ def test_allocate_refuses_bad_devices_as_an_argument(devices: list[int], rule: s
     with pytest.raises(ArgumentError, match=rule):
         allocate(SMALL, backend=drv, devices=devices)
     assert drv.live().as_dict()["handles"] == 0 and sum(drv.calls.values()) == 0
+
+
+def test_a_plan_that_is_no_label_and_no_file_names_the_labels(capsys) -> None:
+    assert main(["alloc", str(SMALL), "--backend", "sim", "--plan", "Packed"]) == 2
+    assert "--plan = 'Packed': not a plan label (naive, reference, packed)" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, value", [("--sim-pool", "POOL"),
+                                           ("--sim-handle-budget", "10")])
+def test_sim_only_options_with_the_cuda_backend_are_refused(option: str, value: str,
+                                                            tmp_path: Path, capsys) -> None:
+    """They were dropped without a word (before any CUDA call, so no GPU is needed)."""
+    value = str(tmp_path / "pool") if value == "POOL" else value
+    assert main(["alloc", str(SMALL), "--backend", "cuda", option, value]) == 2
+    err = capsys.readouterr().err
+    assert f"{option} = " in err and "sim backend only" in err, err

@@ -161,6 +161,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         if args.sim_pool is not None:
             check_new_file_path("--sim-pool", args.sim_pool, "sim pool")
         _check_outputs_spare_inputs(args)
+        _check_plan_and_backend_options(args)
         g = load_geometry(args.geometry)
         if args.ranks is not None:
             g = on_ranks(g, args.ranks)
@@ -244,6 +245,22 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         print(f"kvgrant alloc: error: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_plan_and_backend_options(args: argparse.Namespace) -> None:
+    """``--plan`` that is neither a label nor an existing file, and sim-only options with
+    ``--backend cuda`` (they were dropped without a word), are bad input."""
+    if args.plan not in _LABELS and not os.path.exists(args.plan):
+        raise ArgumentError(f"--plan = {args.plan!r}: not a plan label ({', '.join(_LABELS)}) "
+                            "and no such file (a plan file is written by kvgrant plan --json)",
+                            argument="plan", value=args.plan)
+    if args.backend == "cuda":
+        for flag, value in (("--sim-handle-budget", args.sim_handle_budget),
+                            ("--sim-pool", args.sim_pool)):
+            if value is not None:
+                raise ArgumentError(f"{flag} = {value!r}: sim backend only, and --backend is "
+                                    "cuda (the real host's budget is --handle-budget)",
+                                    argument=flag.lstrip("-"), value=value)
 
 
 def _check_outputs_spare_inputs(args: argparse.Namespace) -> None:
@@ -500,6 +517,7 @@ def run(args: argparse.Namespace) -> int:
         if args.sim_pool is not None:
             check_new_file_path("--sim-pool", args.sim_pool, "sim pool")
         _check_outputs_spare_inputs(args)
+        _check_plan_and_backend_options(args)
         _check_trace_target(args.geometry, args.trace, args.force)
         from kvgrant.layout.geometry import load_geometry, on_ranks
 
