@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
-__all__ = ["DuplicateKeyError", "NonFiniteNumberError", "field_path", "strict_json_loads",
-           "unique_keys_loads"]
+__all__ = ["DuplicateKeyError", "HugeIntegerError", "NonFiniteNumberError", "field_path",
+           "strict_json_loads", "unique_keys_loads"]
 
 
 class DuplicateKeyError(ValueError):
@@ -59,6 +60,33 @@ class _NonFinite:
         self.literal = literal
 
 
+class HugeIntegerError(ValueError):
+    """An integer literal longer than Python's int-to-str limit (4,300 digits by default),
+    which json.loads refuses with a ValueError naming no field and suggesting
+    ``sys.set_int_max_str_digits()``.
+
+    ``field`` is where it is (as for :class:`NonFiniteNumberError`), ``digits`` how many
+    digits it has, ``limit`` the limit it passed; ``value`` describes the number
+    (``"<integer of 5000 digits>"``), a short string, so an error document stays JSON."""
+
+    def __init__(self, field: str, digits: int, limit: int) -> None:
+        self.field = field
+        self.digits = digits
+        self.limit = limit
+        self.value = f"<integer of {digits} digits>"
+        super().__init__(f"{field} = {self.value}: a number with more than {limit:,} "
+                         "digits: no count or size in an input file is that large")
+
+
+class _HugeInt:
+    """What parse_int gives for a literal past the digit limit (see _NonFinite)."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_]+\Z")
 _KEY_LIMIT = 80  # a key is cut as kvgrant.layout.validate.show_value cuts a string
 
@@ -81,14 +109,15 @@ def field_path(parts: list[str | int]) -> str:
     return out or "<root>"
 
 
-def _first_non_finite(doc: Any) -> tuple[str, str] | None:
-    """(field path, literal) of the first marker in document order, or None. A loop,
-    not recursion: a document json.loads could decode must not overflow the stack."""
+def _first_marker(doc: Any, kind: type) -> tuple[str, Any] | None:
+    """(field path, marker) of the first ``kind`` marker in document order, or None. A
+    loop, not recursion: a document json.loads could decode must not overflow the
+    stack."""
     stack: list[tuple[Any, list[str | int]]] = [(doc, [])]
     while stack:
         value, path = stack.pop()
-        if isinstance(value, _NonFinite):
-            return field_path(path), value.literal
+        if isinstance(value, kind):
+            return field_path(path), value
         if isinstance(value, dict):
             items: list[tuple[str | int, Any]] = list(value.items())
         elif isinstance(value, list):
@@ -120,12 +149,42 @@ def strict_json_loads(text: str) -> Any:
         found.append(True)
         return _NonFinite(literal)
 
-    doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=constant)
+    try:
+        doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=constant)
+    except (json.JSONDecodeError, DuplicateKeyError):
+        raise
+    except ValueError:
+        # an integer past the digit limit (was: "Exceeds the limit (4300 digits) ...
+        # use sys.set_int_max_str_digits()", naming no field): find it and name it
+        _raise_huge_integer(text)
+        raise
     if found:
-        where = _first_non_finite(doc)
+        where = _first_marker(doc, _NonFinite)
         if where is not None:  # always, unless a hook dropped it
-            raise NonFiniteNumberError(*where)
+            raise NonFiniteNumberError(where[0], where[1].literal)
     return doc
+
+
+def _raise_huge_integer(text: str) -> None:
+    """Raise HugeIntegerError for the first integer literal of ``text`` past Python's
+    int-to-str digit limit; return when there is none. Only called after json.loads
+    failed, so a document that loads pays nothing for it."""
+    limit = sys.get_int_max_str_digits()
+    if limit <= 0:  # no limit: json.loads failed for another reason
+        return
+
+    def integer(literal: str) -> Any:
+        digits = len(literal) - literal.startswith("-")
+        return _HugeInt(digits) if digits > limit else int(literal)
+
+    try:
+        doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=str,
+                         parse_int=integer)
+    except (ValueError, RecursionError):
+        return
+    where = _first_marker(doc, _HugeInt)
+    if where is not None:
+        raise HugeIntegerError(where[0], where[1].digits, limit) from None
 
 
 def unique_keys_loads(text: str) -> Any:

@@ -38,8 +38,13 @@ if TYPE_CHECKING:
     from kvgrant.runtime.ledger import HostLedger
     from kvgrant.runtime.trace import TraceWriter
 
-__all__ = ["Backend", "Grouped", "HandleBudget", "RankShorthands", "Shorthands",
+__all__ = ["Backend", "Grouped", "HandleBudget", "MAX_HANDLES", "RankShorthands", "Shorthands",
            "TraceOptions", "group_options"]
+
+#: Largest ``HandleBudget.handles`` / ``reserve``: the cap the CLI puts on its counts
+#: (kvgrant.commands._args.MAX_COUNT); no driver has a pool near it, and a larger value
+#: (``handles=2**200``) is a typo that pre-flight and the ledger would carry on.
+MAX_HANDLES = 10**15
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,8 +64,13 @@ class HandleBudget:
     ledger: "HostLedger | str | os.PathLike[str] | bool | None" = None
 
     def __post_init__(self) -> None:
-        check_count("HandleBudget.handles", self.handles)
-        check_count("HandleBudget.reserve", self.reserve)
+        for name in ("handles", "reserve"):
+            value = getattr(self, name)
+            check_count(f"HandleBudget.{name}", value)
+            if value is not None and value > MAX_HANDLES:
+                raise fail(f"HandleBudget.{name}", value,
+                           f"must be at most {MAX_HANDLES:,} (10**15, the cap on the CLI's "
+                           "counts)")
         check_flag("HandleBudget.preflight", self.preflight)
         check_ledger("HandleBudget.ledger", self.ledger)
 

@@ -86,6 +86,12 @@ def prepare(geometry: "Geometry | str | Path", *,
         raise ArgumentError(f"devices = {devs}: need {nranks} distinct CUDA ordinals, one per "
                             f"rank of topology.ranks = {nranks}", argument="devices",
                             value=devs)
+    if g.granularity & (g.granularity - 1):
+        # was: cuMemAddressReserve failed on the alignment (exit 1 after the driver
+        # opened); a planning-only layout may have any granularity, memory may not
+        raise PlanError(f"granularity = {g.granularity}: must be a power of two to allocate "
+                        "(the VA reservation's alignment; the driver's granularities are "
+                        "powers of two)")
     fixed_plan = plan if isinstance(plan, PhysicalPlan) else None
     if fixed_plan is not None:
         require_plan_for(fixed_plan, g)

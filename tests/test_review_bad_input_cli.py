@@ -4,6 +4,7 @@ before any driver object, and no file the command reads is overwritten."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -141,3 +142,24 @@ def test_sim_only_options_with_the_cuda_backend_are_refused(option: str, value: 
     assert main(["alloc", str(SMALL), "--backend", "cuda", option, value]) == 2
     err = capsys.readouterr().err
     assert f"{option} = " in err and "sim backend only" in err, err
+
+
+def test_a_granularity_that_is_no_power_of_two_is_refused_before_the_driver(
+        tmp_path: Path) -> None:
+    """Planning takes any granularity; allocating one of 3 x 2 MiB reached
+    cuMemAddressReserve, which refused the alignment (an allocation failure)."""
+    from kvgrant.errors import PlanError
+
+    G = 3 << 21
+    g = {"name": "g6m", "granularity": G, "pages": 2, "page_tokens": 16,
+         "planes": [{"name": "p", "bytes_per_page": G}],
+         "regions": [{"name": "r", "rows": 1, "row_bytes": G}],
+         "aliases": [{"region": "r", "offset": 0, "plane": "p", "plane_offset": 0,
+                      "length": G}],
+         "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
+    path = tmp_path / "g6m.json"
+    path.write_text(json.dumps(g))
+    drv = SimDriver(devices=2)
+    with pytest.raises(PlanError, match="granularity = 6291456: must be a power of two"):
+        allocate(path, backend=drv)
+    assert sum(drv.calls.values()) == 0

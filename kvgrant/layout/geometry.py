@@ -18,7 +18,8 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvgrant.errors import ArgumentError, GeometryError
-from kvgrant.strict_json import DuplicateKeyError, NonFiniteNumberError, strict_json_loads
+from kvgrant.strict_json import (DuplicateKeyError, HugeIntegerError, NonFiniteNumberError,
+                                 strict_json_loads)
 # validate.py imports nothing from this module at run time (only for type checking),
 # so the two never form an import cycle (issue #15).
 from kvgrant.layout.validate import check_geometry_rules, show_path, show_value
@@ -352,6 +353,13 @@ def _decode_json(text: str, where: str) -> Any:
         raise GeometryError(f"{where}: {err}", field=err.key, value=where) from None
     except NonFiniteNumberError as err:  # names the field (was: "unreadable JSON value")
         raise GeometryError(f"{where}: {err}", field=err.field, value=err.value) from None
+    except HugeIntegerError as err:  # names the field (was: "unreadable JSON value:
+        # Exceeds the limit (4300 digits) ... use sys.set_int_max_str_digits() t")
+        # ("unreadable JSON value" stays: tests/layout/test_geometry.py looks for it)
+        raise GeometryError(f"{where}: {err.field} = {err.value}: unreadable JSON value: a "
+                            f"number with more than {err.limit:,} digits; no count or size "
+                            f"in a geometry is that large (at most {MAX_BYTES:,})",
+                            field=err.field, value=err.value) from None
     except json.JSONDecodeError as err:
         raise GeometryError(f"{where}: not valid JSON at line {err.lineno} column {err.colno}: "
                             f"{err.msg}", field="<file>", value=where) from None

@@ -21,7 +21,8 @@ from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry, require_geometry, 
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import naive_plan, reference_plan
 from kvgrant.layout.validate import show_path
-from kvgrant.strict_json import DuplicateKeyError, NonFiniteNumberError, strict_json_loads
+from kvgrant.strict_json import (DuplicateKeyError, HugeIntegerError, NonFiniteNumberError,
+                                 field_path, strict_json_loads)
 
 __all__ = ["PLAN_FILE_VERSION", "PLAN_LABELS", "geometry_hash", "load_plan_document",
            "plan_document", "plan_from_document", "read_plan_file"]
@@ -30,6 +31,11 @@ PLAN_FILE_VERSION = 1
 #: Plan labels a plan file may carry (the trace header and ``kvgrant conform
 #: --geometry`` name the plan by it; it is printed, so no free text).
 PLAN_LABELS = ("naive", "reference", "packed")
+#: The keys of a plan document (:func:`plan_document`), then those the plan cache adds
+#: (runtime/plancache.py): any other key is refused, so a typo (``"lable"``) is not
+#: silently read as the default.
+_DOCUMENT_KEYS = ("version", "label", "geometry", "geometry_hash", "allocations")
+_CACHE_KEYS = ("cache_key", "cache_format")
 
 
 def geometry_hash(g: Geometry) -> str:
@@ -107,6 +113,11 @@ def load_plan_document(path: str | Path) -> Any:
     except NonFiniteNumberError as err:  # names the field (was: "not JSON: NaN is not ...")
         raise PlanFileError(f"plan file {show_path(path)}: {err}", path=str(path),
                             field=err.field, value=err.value) from None
+    except HugeIntegerError as err:  # names the field (was: "not JSON: Exceeds the limit")
+        raise PlanFileError(f"plan file {show_path(path)}: {err.field} = {err.value}: a "
+                            f"number with more than {err.limit:,} digits: no offset or "
+                            "length in a plan is that large", path=str(path),
+                            field=err.field, value=err.value) from None
     except (UnicodeDecodeError, ValueError) as err:
         raise _file_fail(path, f"not JSON: {str(err)[:120]}") from None
     except RecursionError:
@@ -127,9 +138,23 @@ def plan_from_document(doc: Any, g: Geometry, path: str | Path) -> PhysicalPlan:
     if type(version) is not int or version != PLAN_FILE_VERSION:
         raise _fail(path, "version", version,
                     f"must be {PLAN_FILE_VERSION} (write the file with kvgrant plan --json)")
+    unknown = next((k for k in doc if k not in _DOCUMENT_KEYS + _CACHE_KEYS), None)
+    if unknown is not None:
+        name = field_path([unknown])
+        raise PlanFileError(
+            f"plan file {show_path(path)}: {name}: unknown key (a plan document has the "
+            f"keys {', '.join(_DOCUMENT_KEYS)}; a plan cache file also "
+            f"{', '.join(_CACHE_KEYS)})", path=str(path), field=name, value=unknown)
     label = doc.get("label", "packed")
     if not isinstance(label, str) or label not in PLAN_LABELS:
         raise _fail(path, "label", label, f"must be one of {', '.join(PLAN_LABELS)}")
+    for key, rule in (("geometry", "the name of the geometry the plan was made for"),
+                      ("geometry_hash", "geometry_hash(g) of the layout the plan was made "
+                                        "for (\"sha256:...\")"),
+                      ("cache_key", "the plan cache's key"),
+                      ("cache_format", "the plan cache's format")):
+        if key in doc and not isinstance(doc[key], str):
+            raise _fail(path, key, doc[key], f"must be a string: {rule}")
     want = geometry_hash(g)
     if doc.get("geometry_hash") != want:
         raise _fail(path, "geometry_hash", doc.get("geometry_hash"),

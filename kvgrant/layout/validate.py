@@ -159,6 +159,10 @@ def _check_topology(g: "Geometry") -> None:
     t = g.topology
     member: dict[int, int] = {}
     for gi, group in enumerate(t.import_groups):
+        if not group:
+            _fail(f"topology.import_groups[{gi}]", group, shown="[]",
+                  rule="an import group lists the ranks that import each other's memory; "
+                  "an empty group names no rank (leave it out)")
         for rank in group:
             if not 0 <= rank < t.ranks:
                 _fail(f"topology.import_groups[{gi}]", rank,
@@ -175,10 +179,16 @@ def _check_topology(g: "Geometry") -> None:
         if not 0 <= owner < t.ranks:
             _fail("topology.declared_readers", owner,
                   f"owner ranks must be in 0..{t.ranks - 1} (topology.ranks = {t.ranks})")
+        seen: set[int] = set()
         for rd in readers:
             if not 0 <= rd < t.ranks:
                 _fail(f"topology.declared_readers.{owner}", rd,
                       f"reader ranks must be in 0..{t.ranks - 1} (topology.ranks = {t.ranks})")
+            if rd in seen:
+                _fail(f"topology.declared_readers.{owner}", rd,
+                      f"reader {rd} is listed twice for owner {owner}: each declared "
+                      "reader must be listed once")
+            seen.add(rd)
         missing = sorted(set(g.importers(owner)) - set(readers) - {owner})
         if missing:
             _fail(f"topology.declared_readers.{owner}", list(readers),
