@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
 from kvgrant.conformance.trace_io import PHASES, _parse_lifecycle_header, unreadable_json
-from kvgrant.conformance.trace_plan import Layout
+from kvgrant.conformance.trace_plan import Layout, rank_key_error
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import unique_keys_loads
@@ -198,11 +198,13 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
         raise _fail(source, 1, f"header.devices = {devs_raw!r}: must be an object")
     devices: dict[int, int] = {}
     for k, v in devs_raw.items():
-        if not (isinstance(k, str) and k.isdigit() and int(k) < h.ranks) or \
-                type(v) is not int or v < 0:
+        why = rank_key_error(k, h.ranks, "header.devices")
+        if why is not None:
+            raise _fail(source, 1, why)
+        if type(v) is not int or v < 0:
             raise _fail(source, 1, f"header.devices[{k!r}] = {v!r}: must map a rank to a "
                                    "CUDA ordinal >= 0")
-        devices[int(k)] = v
+        devices[int(k)] = v  # one spelling per rank: no two keys give the same int
     c = GroupConstants(h.ranks, h.allocs, h.aliased, h.owner_only, h.importers,
                        h.declared_readers)
     lay = h.layout

@@ -18,7 +18,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
-from kvgrant.conformance.trace_plan import Layout, derive_importers, parse_layout
+from kvgrant.conformance.trace_plan import (Layout, derive_importers, parse_layout,
+                                             rank_key_error)
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import DuplicateKeyError, unique_keys_loads
@@ -385,9 +386,10 @@ def _rank_table(obj: Mapping[str, Any], key: str, ranks: int, lineno: int,
         raise _fail(source, lineno, f"header.{key} = {table!r}: must be an object keyed by rank")
     out: dict[int, Any] = {}
     for k, v in table.items():
-        if not (isinstance(k, str) and k.isdigit() and int(k) < ranks):
-            raise _fail(source, lineno, f"header.{key} key {k!r}: must be a rank 0..{ranks - 1}")
-        out[int(k)] = v
+        why = rank_key_error(k, ranks, f"header.{key}")
+        if why is not None:
+            raise _fail(source, lineno, why)
+        out[int(k)] = v  # one spelling per rank: no two keys give the same int
     return out
 
 

@@ -12,12 +12,14 @@ plan is inconsistent (overlaps, out-of-range offsets, unaligned lengths) is malf
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvgrant.errors import TraceError
 
-__all__ = ["Layout", "PlanAlloc", "compare_plan", "derive_importers", "parse_layout"]
+__all__ = ["Layout", "PlanAlloc", "compare_plan", "derive_importers", "parse_layout",
+           "rank_key_error"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,27 @@ def derive_importers(ranks: int, groups: tuple[tuple[int, ...], ...]
 
 def _is_int(v: Any) -> bool:
     return type(v) is int
+
+
+# A rank written as a JSON object key: ASCII decimal, no leading zeros (so each rank has
+# one spelling and "0" / "00" cannot both name rank 0); str.isdigit() would also take
+# "\u00b2" (int() refuses it) and "\u0660" (int() reads it as 0).
+_RANK_KEY = re.compile(r"0|[1-9][0-9]*")
+
+
+def rank_key_error(key: Any, ranks: int, field: str) -> str | None:
+    """Why ``key`` (an object key of the rank table ``field``, e.g. ``header.devices``)
+    does not name a rank 0..ranks-1, as a message naming the field, the key and the
+    rule; None when it does (then ``int(key)`` is that rank)."""
+    shown = repr(key)
+    if len(shown) > 40:  # the rule stays readable after a 5000-digit key
+        shown = shown[:32] + f"... ({len(key) if isinstance(key, str) else '?'} chars)"
+    if not isinstance(key, str) or not _RANK_KEY.fullmatch(key):
+        return (f"{field} key {shown}: must be a rank number written in ASCII decimal "
+                f"without leading zeros (0..{ranks - 1})")
+    if len(key) > len(str(ranks - 1)) or int(key) >= ranks:  # no int() of 10^4 digits
+        return f"{field} key {shown}: rank out of range (the ranks are 0..{ranks - 1})"
+    return None
 
 
 def _first_overlap(spans: list[tuple[int, int, int]]
@@ -172,8 +195,9 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
             raise fail(f"header.{name} = {item!r}: must be [plane, plane_offset, length, "
                        "region or null, region_offset or null]")
         plane, poff, length, region, roff = item
-        if plane not in planes:
-            raise fail(f"header.{name}.plane = {plane!r}: not a plane of header.planes")
+        if type(plane) is not str or plane not in planes:  # a list would be unhashable
+            raise fail(f"header.{name}.plane = {plane!r}: must be a string naming a plane "
+                       "of header.planes")
         aligned(poff, name + ".plane_offset")
         aligned(length, name + ".length", 1)
         if poff + length > planes[plane][1]:
@@ -187,9 +211,9 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
                            "allocation is not aliased")
             alias_off.append(-1)
         else:
-            if region not in regions:
-                raise fail(f"header.{name}.region = {region!r}: not a region of "
-                           "header.regions")
+            if type(region) is not str or region not in regions:
+                raise fail(f"header.{name}.region = {region!r}: must be null or a string "
+                           "naming a region of header.regions")
             aligned(roff, name + ".region_offset")
             if roff + length > regions[region][1]:
                 raise fail(f"header.{name}: region bytes [{roff:#x}, {roff + length:#x}) pass "
@@ -222,9 +246,10 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
             raise fail(f"header.{name}.size = {size:#x}: smaller than the layout "
                        f"({span_end:#x} bytes of planes and regions)")
         reservations[r] = (base, size)
-    extra = sorted(set(res_raw) - {str(r) for r in range(ranks)})
-    if extra:
-        raise fail(f"header.reservations key {extra[0]!r}: must be a rank 0..{ranks - 1}")
+    for k in res_raw:
+        why = rank_key_error(k, ranks, "header.reservations")
+        if why is not None:
+            raise fail(why)
     hit = _first_overlap([(b, b + s, r) for r, (b, s) in reservations.items()
                           if b is not None])
     if hit is not None:
@@ -236,10 +261,10 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
     if not isinstance(topo, dict):
         raise fail(f"header.topology = {topo!r}: must be an object with import_groups and "
                    "declared_readers (as in the geometry)")
-    groups_raw = topo.get("import_groups") or []
-    if not isinstance(groups_raw, list):
+    groups_raw = topo.get("import_groups")
+    if not isinstance(groups_raw, list):  # 0, "", {}, false and a missing key included
         raise fail(f"header.topology.import_groups = {groups_raw!r}: must be a list of "
-                   "lists of ranks")
+                   f"lists of distinct ranks 0..{ranks - 1} ([] when no rank imports)")
     seen: set[int] = set()
     groups: list[tuple[int, ...]] = []
     for i, grp in enumerate(groups_raw):
@@ -259,13 +284,17 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
                        "rank -> list of ranks")
         declared = {}
         for k, v in dec_raw.items():
-            if not (isinstance(k, str) and k.isdigit() and int(k) < ranks):
-                raise fail(f"header.topology.declared_readers key {k!r}: must be a rank "
-                           f"0..{ranks - 1}")
+            why = rank_key_error(k, ranks, "header.topology.declared_readers")
+            if why is not None:
+                raise fail(why)
             if not isinstance(v, list) or not all(_is_int(x) and 0 <= x < ranks for x in v):
                 raise fail(f"header.topology.declared_readers[{k}] = {v!r}: must be a list "
                            f"of ranks 0..{ranks - 1}")
-            declared[int(k)] = tuple(sorted(set(v)))
+            if len(set(v)) != len(v):
+                dup = next(x for i, x in enumerate(v) if x in v[:i])
+                raise fail(f"header.topology.declared_readers[{k}] = {v!r}: reader {dup} is "
+                           f"listed twice for owner {k} (each reader once)")
+            declared[int(k)] = tuple(sorted(v))
     return Layout(G, pages, planes, regions, tuple(plan), reservations, tuple(groups),
                   declared, tuple(map_off), tuple(alias_off))
 
