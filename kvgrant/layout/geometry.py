@@ -129,6 +129,12 @@ class Topology(_Strict):
                 owner: Any = int(key)
             elif isinstance(key, int) and not isinstance(key, bool):
                 owner = key
+            elif isinstance(key, str) and re.fullmatch(r"[0-9]+", key, re.ASCII):
+                # decimal, but past any rank (was: "must be ... written in decimal")
+                raise GeometryError(
+                    f"topology.declared_readers key = {show_value(key)}: not a rank (ranks "
+                    f"are 0..{MAX_RANKS - 1} at most, and below topology.ranks)",
+                    field="topology.declared_readers", value=key)
             else:
                 raise GeometryError(
                     f"topology.declared_readers key = {show_value(key)}: owner keys must be "

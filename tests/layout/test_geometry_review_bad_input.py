@@ -214,3 +214,12 @@ def test_the_handle_budget_shorthand_is_capped_too() -> None:
     with pytest.raises((ArgumentError, PlanError)) as info:
         allocate(parse_geometry(geometry_dict()), handle_budget=2 ** 200)
     assert "at most 1,000,000,000,000,000" in str(info.value)
+
+
+def test_a_decimal_owner_key_past_every_rank_says_so() -> None:
+    """Was "owner keys must be rank numbers written in decimal" for a decimal key."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "examples" / "small.json")
+                     .read_text())
+    doc["topology"]["declared_readers"] = {"9999999": [0]}
+    with pytest.raises(GeometryError, match=r'key = "9999999": not a rank'):
+        parse_geometry(doc)
