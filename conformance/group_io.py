@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
-from kvgrant.conformance.trace_io import PHASES, _parse_lifecycle_header, unreadable_json
+from kvgrant.conformance.trace_io import (PHASES, _parse_lifecycle_header, null_field_rule,
+                                          null_fields, unreadable_json)
 from kvgrant.conformance.trace_plan import Layout, rank_key_error
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
@@ -62,6 +63,8 @@ assert _GROUP_ACTIONS == frozenset(GROUP_SHAPES), "the format and the model list
 #: Actions that are a call (a driver call, sendmsg, all_gather), as the format's table
 #: says: they record a ``result``; the model-only steps record null.
 _CALLED = frozenset(a for a, s in GROUP_SHAPES.items() if s.call is not None)
+#: Per action, the object fields its line leaves null (GROUP_SHAPES).
+_NULL_FIELDS = null_fields(GROUP_SHAPES)
 
 
 def _check_call(source: str, ln: int, action: str, call: "str | None",
@@ -376,6 +379,10 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
     for k, (seq, r, action, args, call, result, _dv, _va, _sz, _hd, state) in enumerate(m):
         if (result == nul) is (action in _CALLED):  # the detailed reader names the line
             return None
+        nulls = _NULL_FIELDS[action]
+        if nulls and ((_va != nul and "va" in nulls) or (_sz != nul and "size" in nulls)
+                      or (_hd != nul and "handle" in nulls)):
+            return None
         if (action, call, result) not in calls_seen:
             try:
                 _check_call(source, k + 2, action, None if call == nul else call[1:-1],
@@ -485,6 +492,8 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
             v = obj[key]
             if v is not None and (type(v) is not int or v < 0):
                 raise _fail(source, ln, f"{key} = {v!r}: must be an integer >= 0 or null")
+            if v is not None and key in _NULL_FIELDS[action]:
+                raise _fail(source, ln, null_field_rule(key, v, action))
             ob.append(v)
         out.append((action, args, result, state))
         objs.append(tuple(ob))  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvgrant.traceformat import format_group_event
+from kvgrant.traceformat import GROUP_SHAPES, format_group_event
 
 __all__ = ["GROUP_MUTATIONS", "GroupMutant", "OBJECT_MUTATIONS", "OBJECT_WORDS",
            "group_mutants", "parse_texts", "to_texts"]
@@ -104,6 +104,16 @@ def _import_grant_other_device(heads: list[dict[str, Any]], evs: Raw):
     return None
 
 
+def _null_unset_fields(ev: dict[str, Any]) -> None:
+    """An event made from another action's line keeps a well-formed line: the object
+    fields its own action leaves null (GROUP_SHAPES) become null, so the mutant is
+    rejected by the model at its event, not by the reader."""
+    shape = GROUP_SHAPES[ev["action"]]
+    for key in ("va", "size", "handle"):
+        if not getattr(shape, key):
+            ev[key] = None
+
+
 def _import_from_non_importer(heads: list[dict[str, Any]], evs: Raw):
     h = heads[0]
     n = h["ranks"]
@@ -116,6 +126,7 @@ def _import_from_non_importer(heads: list[dict[str, Any]], evs: Raw):
             ev = copy.deepcopy(evs[r][k - 1])
             ev.update(action="Import", args={"owner": o, "alloc": 0},
                       call="cuMemImportFromShareableHandle", result="CUDA_SUCCESS")
+            _null_unset_fields(ev)
             ev["state"]["imported"] += 1
             evs[r].insert(k, ev)
             return r, k, (f"rank {r} (not an importer of rank {o}) imports rank {o}'s "
@@ -201,6 +212,7 @@ def _send_to_non_importer(heads: list[dict[str, Any]], evs: Raw):
             ev = copy.deepcopy(es[k])
             ev.update(action="Send", args={"alloc": ev["args"]["alloc"], "to": others[0]},
                       call="sendmsg", result="SUCCESS")
+            _null_unset_fields(ev)
             ev["state"]["sent"] += 1
             es.insert(k + 1, ev)
             return r, k + 1, (f"rank {r} sends an fd to rank {others[0]} (a declared reader "

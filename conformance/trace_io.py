@@ -590,12 +590,32 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
         if v is not None and (type(v) is not int or v < 0):
             raise _fail(source, lineno, f"{key} = {_show(v)}: must be an integer >= 0 or null")
         objs.append(v)
+    for key in _NULL_FIELDS[action]:
+        if get(key) is not None:
+            raise _fail(source, lineno, null_field_rule(key, get(key), action))
     return Event(index, lineno, seq, rank, action, args, call, result, state, obj,
                  alloc, mapping, *objs)
 
 
 #: The fields naming an event's objects (CUDA ordinal, VA, bytes, handle id).
 _OBJECT_FIELDS = ("device", "va", "size", "handle")
+
+
+def null_fields(shapes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Per action, the object fields its line leaves null (``va``, ``size`` or
+    ``handle`` its shape does not set; docs/INTERFACES.md): e.g. a handle on Reserve."""
+    return {a: tuple(k for k in ("va", "size", "handle") if not getattr(s, k))
+            for a, s in shapes.items()}
+
+
+def null_field_rule(key: str, value: Any, action: str) -> str:
+    """The message for a ``key`` that ``action``'s line leaves null."""
+    return f"{key} = {_show(value)}: must be null: a {action} event carries no {key}"
+
+
+_NULL_FIELDS = null_fields(ACTIONS)
+#: Row indices of those fields, for the fast path.
+_NULL_IDX = {a: tuple(ROW[k] for k in ks) for a, ks in _NULL_FIELDS.items()}
 
 
 # --- fast path -----------------------------------------------------------------------------
@@ -666,6 +686,9 @@ def _parse_fast(text: str, source: str) -> Trace | None:
             return None
         if not all(_combo_ok(header, *key) for key in set(map(_COMBO, rows))):
             return None
+        action_at = ROW["action"]
+        if any(row[i] != "null" for row in rows for i in _NULL_IDX[row[action_at]]):
+            return None   # the detailed reader names the field
         return Trace(header=header, events=_LazyEvents(text, nl + 1, n, header, source),
                      source=source, rows=tuple(rows))
 

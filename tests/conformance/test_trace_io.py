@@ -311,8 +311,11 @@ def _event(draw, seq: int = 0) -> dict:
             "rank": None if group else draw(st.integers(0, 2)), "action": action, "args": args,
             "call": shape.call, "result": None if shape.call is None else draw(
                 st.sampled_from(["CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"])),
-            "device": None if group else draw(st.integers(0, 2)), "va": draw(_NULL_OR_U64),
-            "size": draw(_NULL_OR_U64), "handle": draw(_NULL_OR_U64), "state": state}
+            "device": None if group else draw(st.integers(0, 2)),
+            # a field the action's shape leaves null stays null (the readers refuse it)
+            **{k: draw(_NULL_OR_U64) if getattr(ACTIONS[action], k) else None
+               for k in ("va", "size", "handle")},
+            "state": state}
 
 
 @given(events=st.lists(_event(), min_size=1, max_size=8))
