@@ -88,8 +88,9 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
     bad_state = [dict(e) for e in raw]
     assert raw[6]["action"] == "MapAlias"
     bad_state[6] = {**raw[6], "state": {**raw[6]["state"], "alias_mapped": 0}}
+    # a well-formed Create line (no va: its shape leaves it null) before any Reserve
     first = trace_from_events(h, [{**raw[0], "action": "Create", "args": {"alloc": 0},
-                                   "call": "cuMemCreate"}] + raw[1:])
+                                   "call": "cuMemCreate", "va": None}] + raw[1:])
     traces = good + [cut, trace_from_events(h, bad_state), first]
     tlc = check_traces_tlc(traces, jobs=2)
     for t, v in zip(traces, tlc):
