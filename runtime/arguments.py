@@ -39,6 +39,7 @@ __all__ = [
     "check_index",
     "check_ledger",
     "check_name",
+    "check_plan_arg",
     "check_plan_object",
     "check_trace_errors",
     "check_trace_target",
@@ -245,15 +246,7 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
                                              "JSON file")
         if not os.fspath(geometry) or "\0" in os.fspath(geometry):
             raise fail("geometry", geometry, "must be a file path (non-empty, no NUL)")
-    if isinstance(plan, str):
-        from kvgrant.layout.plans import PLAN_LABELS
-
-        if plan not in PLAN_LABELS:
-            raise fail("plan", plan, f"must be one of {', '.join(PLAN_LABELS)}, a "
-                                     "PhysicalPlan or a planner callable")
-    elif not isinstance(plan, PhysicalPlan) and not callable(plan):
-        raise fail("plan", plan, "must be a plan label, a PhysicalPlan or a planner "
-                                 "callable geometry -> PhysicalPlan")
+    check_plan_arg(plan)
     devs = check_devices(devices)
     if isinstance(memory_limit, bool) or (
             memory_limit is not None and not isinstance(memory_limit, (str, int))):
@@ -274,6 +267,22 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
     if callable(plan) and not isinstance(plan, (str, PhysicalPlan)):
         plan = checked_planner(plan)
     return devs, plan
+
+
+def check_plan_arg(plan: Any) -> None:
+    """``plan`` of allocate() / allocate_rank(): a plan label, a PhysicalPlan or a
+    planner callable (a PhysicalPlan's own fields: :func:`check_plan_object`)."""
+    from kvgrant.layout.plan import PhysicalPlan
+
+    if isinstance(plan, str):
+        from kvgrant.layout.plans import PLAN_LABELS
+
+        if plan not in PLAN_LABELS:
+            raise fail("plan", plan, f"must be one of {', '.join(PLAN_LABELS)}, a "
+                                     "PhysicalPlan or a planner callable")
+    elif not isinstance(plan, PhysicalPlan) and not callable(plan):
+        raise fail("plan", plan, "must be a plan label, a PhysicalPlan or a planner "
+                                 "callable geometry -> PhysicalPlan")
 
 
 def check_plan_object(plan: Any, argument: str = "plan") -> None:

@@ -48,8 +48,7 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.validate import show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
-from kvgrant.layout.plans import PLAN_LABELS
-from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_flag, check_index
+from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_flag, check_index, check_plan_arg
 from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
@@ -1003,9 +1002,7 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
                          "(the group published together); pass 'continue' or None")
         _check_timeout(timeout_s)
         check_flag("check_contract", check_contract)   # was: any value, read as truthy
-        if isinstance(plan, str) and plan not in PLAN_LABELS:   # as allocate() refuses it
-            raise refuse("plan", plan, f"must be one of {', '.join(PLAN_LABELS)}, a "
-                                       "PhysicalPlan or a planner callable")
+        check_plan_arg(plan)   # as allocate() checks it
         if device is not None:   # a str once failed as a bare TypeError, -1 in the driver
             check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
         limit = parse_memory_limit(memory_limit)

@@ -156,10 +156,7 @@ def _env_pool_path() -> str | None:
     raw = os.environ.get(POOL_ENV)
     if not raw:
         return None
-    if not raw.strip():
-        raise ArgumentError(f"{POOL_ENV} = {raw!r}: blank; unset it for no pool, or name "
-                            "the pool file", argument=POOL_ENV, value=raw)
-    _check_pool_path(POOL_ENV, raw)
+    _check_pool_path(POOL_ENV, raw)   # a blank value too
     return raw
 
 

@@ -157,11 +157,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
     fail_rank = 0 if args.fail_rank is None else args.fail_rank
     plan: Any = args.plan
     try:
-        check_ledger_path(args.ledger)
-        if args.sim_pool is not None:
-            check_new_file_path("--sim-pool", args.sim_pool, "sim pool")
-        _check_outputs_spare_inputs(args)
-        _check_plan_and_backend_options(args)
+        _check_paths_and_options(args)
         g = load_geometry(args.geometry)
         if args.ranks is not None:
             g = on_ranks(g, args.ranks)
@@ -245,6 +241,17 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         print(f"kvgrant alloc: error: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_paths_and_options(args: argparse.Namespace) -> None:
+    """The checks both the one-process and the ``--procs`` run make before any work:
+    where the ledger and the sim pool go, that no output is an input, and the plan and
+    backend options."""
+    check_ledger_path(args.ledger)
+    if args.sim_pool is not None:
+        check_new_file_path("--sim-pool", args.sim_pool, "sim pool")
+    _check_outputs_spare_inputs(args)
+    _check_plan_and_backend_options(args)
 
 
 def _check_plan_and_backend_options(args: argparse.Namespace) -> None:
@@ -513,11 +520,7 @@ def run(args: argparse.Namespace) -> int:
             raise ArgumentError(f"--timeout = {args.timeout:g}: only with --procs (how long "
                                 "a rank waits for the others); one process runs every rank "
                                 "here", argument="timeout", value=args.timeout)
-        check_ledger_path(args.ledger)
-        if args.sim_pool is not None:
-            check_new_file_path("--sim-pool", args.sim_pool, "sim pool")
-        _check_outputs_spare_inputs(args)
-        _check_plan_and_backend_options(args)
+        _check_paths_and_options(args)
         _check_trace_target(args.geometry, args.trace, args.force)
         from kvgrant.layout.geometry import load_geometry, on_ranks
 

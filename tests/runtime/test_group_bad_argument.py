@@ -45,6 +45,7 @@ PATIENT_S = 45.0
     # review 2026-12-02: accepted as truthy, and a GroupError wrapping a PlanError
     ({"check_contract": "yes"}, 'check_contract = "yes"'),
     ({"plan": "pakced"}, 'plan = "pakced"'),
+    ({"plan": 5}, "plan = 5"),
 ])
 def test_a_bad_argument_of_one_rank_is_named_by_every_rank_at_once(
         bad: dict[str, Any], names: str) -> None:
