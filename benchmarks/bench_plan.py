@@ -17,7 +17,10 @@ Layouts: every ``examples/*.json``; the seeded exporter family
 while the exact model was built, and seeds 1000.. that nobody looked at before the
 figures were taken); and random layouts (``random``). ``--large`` adds the scale
 cases (one plane, 2-page chunks: about 5,000, 10,000, 66,560 and 100,000 aliases;
-and the published exporter at 5 times its scale).
+and the published exporter at 5 times its scale). ``--odd N`` adds the fuzz-like odd
+family (``tools/gen_layout.py odd``, seeds 0..N-1): some of its members keep HiGHS's
+root LP busy for minutes, so each odd layout is measured in a child process that is
+stopped after ``--odd-limit`` wall seconds (default 120) and reported as over it.
 
 Usage::
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import multiprocessing
 import pathlib
 import sys
 import time
@@ -96,6 +100,49 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
     return planner_view(row)
 
 
+def measure_limited(g: Geometry, limit_s: float, **kwargs: Any) -> dict[str, Any]:
+    """:func:`measure` in a child process stopped after ``limit_s`` wall seconds.
+
+    Why: a layout whose root LP runs for minutes would hold the whole benchmark (HiGHS
+    checks no limit inside it), and the figure wanted is "over the limit", not the
+    minutes. The child is killed and reaped before this returns, whatever happens.
+    """
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_measure_into, args=(send, g, kwargs), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if recv.poll(limit_s):
+            kind, value = recv.recv()
+            if kind == "error":
+                return {"name": g.name, "chunks": len(g.aliases), "error": value}
+            return value
+        return {"name": g.name, "chunks": len(g.aliases), "over_s": limit_s}
+    except EOFError:
+        return {"name": g.name, "chunks": len(g.aliases),
+                "error": f"measuring process died (exit {child.exitcode})"}
+    finally:
+        recv.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+
+
+def _measure_into(send: Any, g: Geometry, kwargs: dict[str, Any]) -> None:
+    try:
+        send.send(("row", measure(g, **kwargs)))
+    except Exception as exc:  # noqa: BLE001 - reported as the layout's row
+        send.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        send.close()
+
+
+def _done(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows that were measured (not over the limit, no error)."""
+    return [r for r in rows if "over_s" not in r and "error" not in r]
+
+
 def planner_view(row: dict[str, Any]) -> dict[str, Any]:
     """Add what ``plan_packed`` returns for this layout, derived from the parts.
 
@@ -126,6 +173,10 @@ def planner_view(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _failures(r: dict[str, Any]) -> list[str]:
+    if "error" in r:
+        return [r["error"]]
+    if "over_s" in r:
+        return []
     out = []
     if r["exact_contract"]:
         out.append("exact plan breaks the contract")
@@ -142,6 +193,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
             "| bound cpu s | packed planning cpu s |")
     out = [head, "|" + "---|" * 14]
     for r in rows:
+        if "over_s" in r or "error" in r:
+            what = f"over {r['over_s']:g} s wall" if "over_s" in r else r["error"]
+            out.append(f"| {r['name']} | {r['chunks']:,} | {what} |" + " |" * 12)
+            continue
         out.append(f"| {r['name']} | {r['chunks']:,} | {r['naive']:,} | {r['reference']:,} "
                    f"| {r.get('heuristic', '-')} | {r['exact']:,} | {r['verdict']} "
                    f"| {r.get('bound', '-')} | {r['packed']:,} | {r['packed_verdict']} "
@@ -151,10 +206,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = _done(all_rows)
     n = len(rows)
+    if not n:
+        return {"layouts": len(all_rows), "measured": 0,
+                "over_wall_limit": sum("over_s" in r for r in all_rows),
+                "errors": sum("error" in r for r in all_rows)}
     return {
-        "layouts": n,
+        "layouts": len(all_rows),
+        "measured": n,
         "optimal": sum(r["verdict"] == "optimal" for r in rows),
         "packed_optimal": sum(r["packed_verdict"] == "optimal" for r in rows),
         "max_packed_gap_pct": max(100 * (r["packed"] - r["packed_bound"]) / r["packed"]
@@ -165,6 +226,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_exact_over_reference": round(sum(r["exact"] / r["reference"] for r in rows) / n, 3),
         "max_packed_cpu_s": max(r["packed_cpu_s"] for r in rows),
         "packed_cpu_over_2s": sum(r["packed_cpu_s"] > 2 for r in rows),
+        "over_wall_limit": sum("over_s" in r for r in all_rows),
+        "errors": sum("error" in r for r in all_rows),
     }
 
 
@@ -203,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random", type=int, default=10, metavar="N",
                     help="random layouts, seeds 0..N-1 (default 10)")
     ap.add_argument("--large", action="store_true", help="add the scale cases")
+    ap.add_argument("--odd", type=int, default=0, metavar="N",
+                    help="add the odd (fuzz-like) family, seeds 0..N-1 (default none)")
+    ap.add_argument("--odd-limit", type=float, default=120.0, metavar="S",
+                    help="wall seconds per odd layout before it is stopped (default 120)")
     ap.add_argument("--no-heuristic", action="store_true", help="skip the heuristic packer")
     ap.add_argument("--no-bound", action="store_true", help="skip the combinatorial bound")
     ap.add_argument("--only", metavar="NAMES",
@@ -216,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.from_json:
         doc = json.loads(pathlib.Path(args.from_json).read_text())
-        results = {k: [planner_view(r) for r in v] for k, v in doc["results"].items()}
+        results = {k: [planner_view(r) if _done([r]) else r for r in v]
+                   for k, v in doc["results"].items()}
         _print(results, {r["name"]: _failures(r) for v in results.values() for r in v
                          if _failures(r)})
         return 0
@@ -231,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.large:
         groups["large"] = _large(gen)
+    if args.odd:
+        groups["odd"] = [parse_geometry(gen.odd_layout(s)) for s in range(args.odd)]
     if args.only:
         keep = set(args.only.split(","))
         groups = {k: [g for g in v if g.name in keep] for k, v in groups.items()}
@@ -240,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = []
         for g in gs:
             print(f"bench_plan: {g.name} ({len(g.aliases):,} chunks)", file=sys.stderr, flush=True)
-            results[name].append(measure(g, heuristic=not args.no_heuristic,
-                                         bound=not args.no_bound, options=options))
+            kwargs = {"heuristic": not args.no_heuristic, "bound": not args.no_bound,
+                      "options": options}
+            results[name].append(measure_limited(g, args.odd_limit, **kwargs)
+                                 if name == "odd" else measure(g, **kwargs))
     bad = {r["name"]: _failures(r) for rows in results.values() for r in rows if _failures(r)}
     if args.json:
         print(json.dumps({"results": results, "summary": {k: _summary(v) for k, v in

@@ -21,6 +21,7 @@ Usage::
 
     python tools/gen_layout.py published --dcp 8 -o examples/published-dcp8.json
     python tools/gen_layout.py random --seed 3 -o /tmp/random.json
+    python tools/gen_layout.py odd --seed 7 -o /tmp/odd.json      # fuzz-like, see odd_layout
     python tools/gen_layout.py examples          # rewrite every examples/*.json
 """
 
@@ -330,6 +331,75 @@ def exporter_layout(seed: int) -> dict[str, Any]:
             pages = pages * 3 // 2
 
 
+ODD_GRANULES = (4, 16, 64, 96, 256, 4096, 65536, G_H200)
+ODD_MAX_GRANULES = 1 << 20  # per rank: a quarter of the geometry's reservation limit
+
+
+def odd_layout(seed: int) -> dict[str, Any]:
+    """One member of the seeded *odd family*: layouts unlike any exporter's, the kind
+    a fuzzer finds (G from 4 B to 2 MiB, 1 to 5,000 pages, 1 to 40 planes of mixed
+    bytes per page, rows of a third of a granule to a hundred granules and past them,
+    chunks of 1 to 400 granules dealt to random planes with gaps, owner-only regions).
+
+    Why: the exporter family is what engines emit; this family is where the planner's
+    work caps and fallbacks are exercised, and it is judged by the same benchmark
+    (``bench_plan.py --odd N``) without picking seeds. Every member is a valid
+    geometry: a draw whose chunks do not fit its planes is drawn again from the next
+    sub-seed (``random.Random(f"odd-{seed}-{attempt}")``), so a seed always names
+    the same layout.
+    """
+    for attempt in range(1000):
+        doc = _odd_draw(random.Random(f"odd-{seed}-{attempt}"), f"odd-{seed}")
+        if doc is not None:
+            return doc
+    raise ValueError(f"odd_layout({seed}): no valid draw in 1,000 attempts")
+
+
+def _odd_draw(rng: random.Random, name: str) -> dict[str, Any] | None:
+    G = rng.choice(ODD_GRANULES)
+    pages = rng.choice([1, 2, 7, 64, 500, 2234, 5000])
+    planes = []
+    for i in range(rng.choice([1, 2, 4, 12, 22, 40])):
+        bpp = rng.choice([G, max(1, G // 2), 3 * G, 4 * G + 7, rng.randint(1, 8 * G), 128 * G])
+        planes.append({"name": f"p{i}", "bytes_per_page": bpp})
+    plane_bytes = {p["name"]: _round_up(p["bytes_per_page"] * pages, G) for p in planes}
+    total = sum(plane_bytes.values())
+    regions: list[dict[str, Any]] = []
+    aliases: list[dict[str, Any]] = []
+    cursor = dict.fromkeys(plane_bytes, 0)
+    region_granules = 0
+    for k in range(rng.choice([1, 1, 2])):
+        rows = rng.choice([1, 2, 5, 112, 1000, 20000])
+        budget = total // (3 * (k + 1))
+        row_bytes = max(1, min(budget // rows, rng.choice(
+            [G // 3 + 1, G + 5, 7 * G - 3, 100 * G + 1, 6344])))
+        region = {"name": f"r{k}", "rows": rows, "row_bytes": row_bytes}
+        if rng.random() < 0.3:
+            region["access"] = "owner"
+        regions.append(region)
+        need = _round_up(rows * row_bytes, G)
+        region_granules += need // G
+        offset = 0
+        while offset < need:
+            length = min(need - offset, G * rng.choice([1, 1, 2, 5, 30, 400]))
+            fits = [p for p in plane_bytes if plane_bytes[p] - cursor[p] >= length]
+            if not fits:
+                return None
+            plane = rng.choice(fits)
+            room = (plane_bytes[plane] - cursor[plane] - length) // G
+            gap = G * rng.randint(0, max(0, min(3, room)))
+            aliases.append({"region": region["name"], "offset": offset, "plane": plane,
+                            "plane_offset": cursor[plane] + gap, "length": length})
+            cursor[plane] += gap + length
+            offset += length
+    if total // G + region_granules > ODD_MAX_GRANULES or len(aliases) > 6000:
+        return None
+    return {"name": name, "granularity": G, "pages": pages, "page_tokens": 16,
+            "planes": planes, "regions": regions, "aliases": aliases,
+            "topology": {"ranks": 2, "import_groups": [[0, 1]],
+                         "declared_readers": {"0": [0, 1], "1": [0, 1]}}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     out = argparse.ArgumentParser(add_help=False)
@@ -342,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=0)
     x = sub.add_parser("exporter", parents=[out], help="a member of the seeded exporter family")
     x.add_argument("--seed", type=int, default=0)
+    o = sub.add_parser("odd", parents=[out], help="a member of the seeded odd (fuzz-like) family")
+    o.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("examples", help="rewrite every examples/*.json")
     e.add_argument("folder", nargs="?", default="examples")
     args = ap.parse_args(argv)
@@ -355,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = small_layout()
     elif args.kind == "exporter":
         doc = exporter_layout(args.seed)
+    elif args.kind == "odd":
+        doc = odd_layout(args.seed)
     else:
         doc = random_layout(args.seed)
     text = _dump(doc)
