@@ -76,8 +76,9 @@ Usage::
     .venv/bin/python benchmarks/cross_check_optimum.py --seeds /tmp/xcheck/x.json
 
 ``--seeds`` takes comma-separated items: ``random:A-B`` (tools/gen_layout.py
-``random_layout``), ``exporter:A-B`` (``exporter_layout``), ``mini:A-B`` (the page-group
-exporter of tools/gen_layout.py at a small scale and small G, :func:`mini_exporter`),
+``random_layout``), ``exporter:A-B`` (``exporter_layout``), ``odd:A-B``
+(``odd_layout``), ``mini:A-B`` (the page-group exporter of tools/gen_layout.py at a
+small scale and small G, :func:`mini_exporter`),
 ``own:A-B`` (:func:`small_random`, this script's own small random geometries), or a
 geometry JSON path. ``--random N`` adds ``own:0-(N-1)``.
 """
@@ -787,7 +788,7 @@ def layouts(spec: str, n_random: int) -> list[tuple[str, Any]]:
         items.append(f"own:0-{n_random - 1}")
     for item in items:
         kind, _, rng = item.partition(":")
-        if kind in ("random", "exporter", "mini", "own") and rng:
+        if kind in ("random", "exporter", "odd", "mini", "own") and rng:
             for s in _span(rng):
                 if kind == "random":
                     gen = gen or _gen()
@@ -795,6 +796,8 @@ def layouts(spec: str, n_random: int) -> list[tuple[str, Any]]:
                 elif kind == "exporter":
                     out.append((f"exporter-{s}",
                                 lambda s=s: parse_geometry(_gen().exporter_layout(s))))
+                elif kind == "odd":
+                    out.append((f"odd-{s}", lambda s=s: parse_geometry(_gen().odd_layout(s))))
                 elif kind == "mini":
                     out.append((f"mini-{s}", lambda s=s: parse_geometry(mini_exporter(s))))
                 else:
@@ -820,7 +823,7 @@ def _line(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="", help="comma-separated: random:A-B, exporter:A-B, "
+    ap.add_argument("--seeds", default="", help="comma-separated: random:A-B, exporter:A-B, odd:A-B, "
                     "mini:A-B, own:A-B or geometry JSON paths")
     ap.add_argument("--random", type=int, default=0, metavar="N",
                     help="add N of this script's own small random geometries (own:0-(N-1))")

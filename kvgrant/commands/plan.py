@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from kvgrant.commands._args import count, path_arg
+from kvgrant.commands._args import count, path_arg, positive_seconds
 from kvgrant.commands._report import report_error
 from kvgrant.errors import KVGrantError
 
@@ -44,7 +44,22 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="machine-readable output, including the packed plan as a plan "
                         "document for kvgrant alloc --plan FILE")
+    p.add_argument("--time-limit", type=_time_limit, default=None, metavar="S",
+                   help="stop the solver and the heuristic packer after S wall seconds "
+                        "and keep the best plan found, with its gap (default: no limit; "
+                        "the plan then depends on this host's speed, so write it with "
+                        "--json and give every rank the file: kvgrant alloc --plan FILE)")
     p.set_defaults(run=run)
+
+
+def _time_limit(text: str) -> float:
+    """``--time-limit``: seconds > 0, at most the planner's limit (a day)."""
+    from kvgrant.layout.planner import MAX_TIME_LIMIT
+
+    value = positive_seconds(text)
+    if value > MAX_TIME_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value:g}: must be at most {MAX_TIME_LIMIT:,.0f} s")
+    return value
 
 
 class _Progress:
@@ -86,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     g = load_geometry(args.geometry)
     progress(f"planning {g.name!r} ({len(g.aliases):,} declared chunks)")
     plans = [naive_plan(g), reference_plan(g)]
-    packed = plan_packed(g, progress=progress)
+    packed = plan_packed(g, progress=progress, time_limit=args.time_limit)
     plans.append(packed.plan)
     progress(f"packed plan: {len(packed.plan.allocations):,} allocations, {packed.verdict()}")
     bound = handles = None

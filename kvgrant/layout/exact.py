@@ -88,6 +88,37 @@ on the host's speed (ranks that plan for themselves must agree, and a group whos
 ranks fail aborts as a whole). Within the size and node limits no solve measured
 here came near it."""
 
+
+
+class OutOfTime(Exception):
+    """A solve reached the caller's ``time_limit`` (never raised without one)."""
+
+
+def arm_clock(h: "highspy.Highs", deadline: float | None) -> None:
+    """Set ``h``'s wall-clock limit for its next run: the time left to ``deadline``
+    (a :func:`time.perf_counter` reading), or the :data:`SAFETY_SECONDS` net when the
+    caller set no time limit. HiGHS measures ``time_limit`` per run."""
+    left = SAFETY_SECONDS if deadline is None else deadline - time.perf_counter()
+    h.setOptionValue("time_limit", max(1e-3, min(SAFETY_SECONDS, left)))
+
+
+def out_of_time(h: "highspy.Highs", deadline: float | None, what: str) -> bool:
+    """Whether ``h``'s last run stopped at its wall-clock limit: True under the
+    caller's ``time_limit``; without one it is the safety net, and that is a
+    :class:`PlanError` (a plan that depends on the host's speed is refused)."""
+    import highspy
+
+    if h.getModelStatus() != highspy.HighsModelStatus.kTimeLimit:
+        return False
+    if deadline is not None:
+        return True
+    raise PlanError(f"{what} ran past the {SAFETY_SECONDS:g} s safety net; planning refuses "
+                    "a plan that depends on the host's speed. Plan once with "
+                    "`kvgrant plan --json --time-limit SECONDS > plan.json` (the best plan "
+                    "found in that time, with its gap) and pass the file to every rank "
+                    "(`kvgrant alloc --plan plan.json`, or allocate(plan=...))")
+
+
 _FREE = -1
 DEFAULT_MAX_SOLVES = 6
 """Solves of the whole model per plan: the first, then up to 5 more with lost joins
@@ -866,7 +897,8 @@ the geometry)."""
 
 def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
             lost: Iterable[tuple[int, int, int, int]], checks: list[int],
-            node_limit: int | None = None) -> list[float] | None:
+            node_limit: int | None = None, deadline: float | None = None
+            ) -> list[float] | None:
     """Column values of a solution that keeps ``vals`` everywhere but near the lost
     joins (the granules that labels within :data:`_REPAIR_REACH` of a lost join's label
     may take, and the joins touching them), solved with the cuts just added; None when
@@ -885,8 +917,8 @@ def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
     ------
     PlanError
         When the repair ran past :data:`SAFETY_SECONDS` (as a whole solve does: a plan
-        never depends on the host's speed)."""
-    import highspy
+        never depends on the host's speed); under a ``deadline`` the repair that
+        reaches it finds nothing (None)."""
     import numpy as np
 
     near: set[int] = set()
@@ -921,11 +953,10 @@ def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
                      else min(int(node_limit), _REPAIR_NODES))
     checks[0], checks[1] = 0, 0
     try:
+        arm_clock(h, deadline)
         h.run()
-        if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
-            raise PlanError(f"one exact repair solve ran past the {SAFETY_SECONDS:g} s "
-                            "safety net; planning refuses a plan that depends on the "
-                            "host's speed")
+        if out_of_time(h, deadline, "one exact repair solve"):
+            return None
         found = h.getInfo().primal_solution_status == 2
         return list(h.getSolution().col_value) if found else None
     finally:
@@ -965,11 +996,13 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS,
                options: Mapping[str, object] | None = None,
                progress: Callable[[str], None] | None = None,
-               lower_bound: Callable[[], int] | None = None) -> ExactResult:
+               lower_bound: Callable[[], int] | None = None,
+               time_limit: float | None = None) -> ExactResult:
     """The best plan HiGHS finds within deterministic work limits, with its proof.
 
     The result is a pure function of ``g`` and the arguments: every limit is a count
-    (nodes per solve, solves, model size), never a clock.
+    (nodes per solve, solves, model size), never a clock, unless ``time_limit`` is
+    given.
 
     Parameters
     ----------
@@ -1010,6 +1043,13 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         windows (:mod:`kvgrant.layout.windows`; ``source`` "windows", no proof) up to
         ``max_windowed_nonzeros`` (None: any size), else not at all (``source``
         "start", ``status`` says why): see :data:`DEFAULT_MAX_NONZEROS`.
+    time_limit
+        Wall seconds for the whole call (None: none, and the :data:`SAFETY_SECONDS`
+        net per solve raises). When they run out, the best plan so far (at worst
+        ``start``) is returned with the best dual bound so far and ``model["timed_out"]``
+        = 1; windows that run out give no windowed plan. Such a plan depends on the
+        host's speed: for ``kvgrant plan --time-limit``, whose plan file every rank
+        then reads, never for ranks that plan for themselves.
 
     Returns
     -------
@@ -1021,11 +1061,11 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     ------
     PlanError
         When no plan exists (no start and no solver solution), or a solve ran past
-        :data:`SAFETY_SECONDS` (a broken host, never a plan that depends on it).
+        :data:`SAFETY_SECONDS` without a ``time_limit`` (a broken host, never a plan
+        that depends on it).
     """
-    import highspy
-
     t0 = time.perf_counter()
+    deadline = None if time_limit is None else t0 + time_limit
     rc = {k: float(v) for k, v in (region_cost or {}).items()}
     if start is not None and plane_cost == 1 and not any(rc.values()):
         floor = _floor(g)
@@ -1090,7 +1130,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
                     progress(f"windows: {refused}")
             else:
                 won = _windowed(g, m, lab, label, start, plane_cost, rc, node_limit,
-                                progress)
+                                progress, deadline)
+                if won is None and deadline is not None and time.perf_counter() >= deadline:
+                    size["timed_out"] = 1
             if won is not None:
                 plan, cost, note = won
                 floor = _floor(g) if plane_cost == 1 and not any(rc.values()) else 0
@@ -1105,8 +1147,9 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         if progress:
             progress(f"exact model: {nnz:,} nonzeros, over the {max_nonzeros:,} limit; "
                      "not solved")
-        return _unsolved(g, start, label, plane_cost, rc, t0,
-                         f"Not solved (model over {max_nonzeros:,} nonzeros)", size)
+        why = ("the time limit ran out in its windows" if size.get("timed_out")
+               else f"model over {max_nonzeros:,} nonzeros")
+        return _unsolved(g, start, label, plane_cost, rc, t0, f"Not solved ({why})", size)
     if pending is not None:
         pending.add_rows(m)
     h = _mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, *_csr(m.rows),
@@ -1125,13 +1168,13 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     while True:
         rounds += 1
         checks[0] = 0
+        arm_clock(h, deadline)
         h.run()
         size["checks"] = size.get("checks", 0) + checks[0]
-        if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
-            raise PlanError(f"geometry {g.name!r}: one exact solve ran past the "
-                            f"{SAFETY_SECONDS:g} s safety net ({nnz:,} nonzeros); planning "
-                            "refuses a plan that depends on the host's speed. Plan once with "
-                            "`kvgrant plan --json` and pass the file to `kvgrant alloc --plan`")
+        timed_out = out_of_time(h, deadline, f"geometry {g.name!r}: one exact solve "
+                                f"({nnz:,} nonzeros)")
+        if timed_out:
+            size["timed_out"] = 1
         status = h.modelStatusToString(h.getModelStatus())
         info = h.getInfo()
         if bound_valid and info.mip_dual_bound == info.mip_dual_bound:
@@ -1144,14 +1187,14 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             c = _cost(cand, plane_cost, rc)
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
-        interrupted = max_checks is not None and checks[0] > max_checks
+        interrupted = timed_out or (max_checks is not None and checks[0] > max_checks)
         if not lost or best_cost is None or best_cost <= _ceil(dual):
             break
         # a run joined at both ends of a row that has more runs: cut that pattern off,
         # then look for the lost join near it (a small solve of its own limits, also
         # after the last or an interrupted solve) before solving the whole model again
         bound_valid = _cut_lost(h, m, lab, lost) and bound_valid
-        repaired = _repair(h, m, lab, vals, lost, checks, node_limit)
+        repaired = _repair(h, m, lab, vals, lost, checks, node_limit, deadline)
         size["repairs"] = size.get("repairs", 0) + 1
         size["repair_checks"] = size.get("repair_checks", 0) + checks[0]
         if repaired is not None:
@@ -1176,14 +1219,16 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
 
 def _windowed(g: Geometry, m: _Model, lab: Labels, label: str, start: PhysicalPlan | None,
               plane_cost: int, rc: dict[str, float], node_limit: int | None,
-              progress: Callable[[str], None] | None
+              progress: Callable[[str], None] | None, deadline: float | None = None
               ) -> tuple[PhysicalPlan, float, dict[str, int]] | None:
     """The model solved window by window: (plan, cost, window counts) when that gives
-    a contract-keeping plan cheaper than ``start``, else None."""
+    a contract-keeping plan cheaper than ``start``, else None (also when ``deadline``
+    passes before the last window)."""
     from kvgrant.layout.windows import solve_windows
 
     res = solve_windows(m, lab.need, g.granularity, node_limit=node_limit,
-                        max_window_nonzeros=DEFAULT_MAX_NONZEROS, progress=progress)
+                        max_window_nonzeros=DEFAULT_MAX_NONZEROS, progress=progress,
+                        deadline=deadline)
     if res.values is None:
         if progress:
             progress(f"windows: {res.status}")

@@ -47,6 +47,7 @@ the packed plan never needs more allocations than the reference rule.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 from kvgrant.gc_pause import gc_paused
@@ -250,8 +251,12 @@ def _gap_delta(owner: list[list[int]], chosen: set[tuple[int, int]],
 
 
 @gc_paused()
-def pack(g: Geometry) -> PhysicalPlan:
-    """kvgrant's packed plan for ``g`` (see the module docstring for the method)."""
+def pack(g: Geometry, deadline: float | None = None) -> PhysicalPlan:
+    """kvgrant's packed plan for ``g`` (see the module docstring for the method).
+
+    ``deadline`` (a :func:`time.perf_counter` reading, for ``kvgrant plan
+    --time-limit`` only) stops the packer at its next step past it with the best
+    arrangement so far; without it every limit is a count."""
     reference = reference_plan(g)
     starts = {"declared": list(g.aliases),
               "reference": [a for a in reference.allocations if a.aliased]}
@@ -260,6 +265,8 @@ def pack(g: Geometry) -> PhysicalPlan:
     # published-scale planning well under a second
     modes = [("declared", True), ("reference", False), ("reference", True)]
     for name, steal in modes:
+        if plan is not None and _past(deadline):
+            break
         start = starts[name]
         try:
             how = "taking later rows' granules" if steal else "keeping reservations"
@@ -272,10 +279,12 @@ def pack(g: Geometry) -> PhysicalPlan:
     if plan is None:  # pragma: no cover - defensive
         return PhysicalPlan("packed", g, reference.allocations,
                             ("packer gave up; reference arrangement used",))
-    swapped = finish_plan(g, "packed", _exchange(g, [a for a in plan.allocations if a.aliased]),
-                          notes=plan.notes + ("then granules exchanged between rows",))
-    if len(swapped.allocations) < len(plan.allocations) and not check_contract(g, swapped):
-        plan = swapped
+    if not _past(deadline):
+        swapped = finish_plan(g, "packed", _exchange(g, [a for a in plan.allocations
+                                                         if a.aliased], deadline=deadline),
+                              notes=plan.notes + ("then granules exchanged between rows",))
+        if len(swapped.allocations) < len(plan.allocations) and not check_contract(g, swapped):
+            plan = swapped
     if check_contract(g, plan):  # pragma: no cover - defensive
         return PhysicalPlan("packed", g, reference.allocations,
                             ("packer result broke the contract; reference arrangement used",))
@@ -287,6 +296,10 @@ def pack(g: Geometry) -> PhysicalPlan:
 
 class _Infeasible(Exception):
     pass
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
 
 
 def _pack_units(g: Geometry, start: list, steal: bool = False) -> list[Allocation]:
@@ -646,8 +659,8 @@ def _facts(g: Geometry) -> _Facts:
     return _Facts(pl, rows, elig, fixed, conflict_ranges(g, fixed_allocs), assign, fixed_js)
 
 
-def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
-              ) -> list[Allocation]:
+def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000,
+              deadline: float | None = None) -> list[Allocation]:
     """Improve a packed arrangement by exchanging granules between rows.
 
     Why: the row-by-row packer decides each row with only its neighbours in view, so
@@ -799,7 +812,8 @@ def _exchange(g: Geometry, allocs: list[Allocation], max_tries: int = 80000
         changed = False
         for moves in cands:
             tries += 1
-            if tries > max_tries:
+            if tries > max_tries or (tries % 256 == 0 and _past(deadline)):
+                tries = max_tries  # (a deadline ends the rounds too)
                 break
             if not all(0 <= y < len(owner[x]) for x, y, _ in moves):
                 continue

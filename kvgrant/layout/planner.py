@@ -14,7 +14,9 @@ Planning is a pure function of the geometry: every limit on the way (solver node
 solves, model size, the packer's exchange tries) is a count, never a clock, because
 the ranks of a group plan independently, in separate processes, and must compute the
 same plan whatever the host's load (an allocation size mismatch would abort the
-group). Results are cached per process by :func:`geometry_hash`, so ``allocate()``
+group). The one clock is ``time_limit``, for planning once into a plan file that every
+rank then reads (``kvgrant plan --time-limit``). Results are cached per process by
+:func:`geometry_hash`, so ``allocate()``
 (which plans before and, when pages are fitted, after fitting) never solves the same
 layout twice.
 """
@@ -72,6 +74,9 @@ class PackedResult:
     lower_bound: LowerBound | None = None
     """The combinatorial bound when it was computed (no proof): ``kvgrant plan``
     reports it without computing it again (12 s at 40,000 chunks)."""
+    timed_out: bool = False
+    """The caller's ``time_limit`` ran out before the work limits did: the plan is the
+    best found in that time (it depends on the host's speed)."""
 
     @property
     def gap(self) -> int:
@@ -81,15 +86,16 @@ class PackedResult:
         """"optimal" or "within N of optimal" (allocations), as ``kvgrant plan`` prints."""
         if self.optimal:
             return "optimal"
+        late = " (time limit reached)" if self.timed_out else ""
         if self.bound <= 0:
-            return "optimality unknown (no solver bound)"
-        return f"within {self.gap:,} of optimal"
+            return f"optimality unknown (no solver bound){late}"
+        return f"within {self.gap:,} of optimal{late}"
 
     def to_json(self) -> dict[str, object]:
         return {"allocations": len(self.plan.allocations), "bound": self.bound,
                 "optimal": self.optimal, "gap": self.gap, "verdict": self.verdict(),
                 "source": self.source, "bound_source": self.bound_source,
-                "seconds": round(self.seconds, 3),
+                "seconds": round(self.seconds, 3), "timed_out": self.timed_out,
                 "solver": None if self.exact is None else self.exact.to_json()}
 
 
@@ -98,25 +104,51 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
                 max_nonzeros: int | None = DEFAULT_MAX_NONZEROS,
                 max_solves: int = DEFAULT_MAX_SOLVES,
                 max_checks: int | None = DEFAULT_MAX_CHECKS,
-                max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS
-                ) -> PackedResult:
+                max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS,
+                time_limit: float | None = None) -> PackedResult:
     """The packed plan of ``g`` with its optimality verdict (cached per layout).
 
     The plan depends on the geometry and the five work limits only (see the module
     docstring and :func:`kvgrant.layout.exact.exact_plan`); ``progress`` only
     receives messages. Every rank must use the same limits: the defaults, unless a
     test wants a cheaper (and equally deterministic) plan.
+
+    ``time_limit`` (wall seconds, None: none) is for planning once into a plan file
+    (``kvgrant plan --time-limit S --json``): when it runs out first, the result is
+    the best plan found so far with its gap (``timed_out``), which depends on the
+    host's speed, so ranks that plan for themselves (``allocate()``) never pass one.
+    The reference rule, the combinatorial bound (for the gap) and the report are not
+    limited by it; the solver and the heuristic packer stop at it.
     """
     _check_plan_args(g, progress, node_limit=node_limit, max_nonzeros=max_nonzeros,
                      max_solves=max_solves, max_checks=max_checks,
                      max_windowed_nonzeros=max_windowed_nonzeros)
+    _check_time_limit(time_limit)
     res = _cached(_Keyed(geometry_hash(g), g, progress), node_limit, max_nonzeros,
-                  max_solves, max_checks, max_windowed_nonzeros)
+                  max_solves, max_checks, max_windowed_nonzeros, time_limit)
     if res.plan.geometry is g:
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
     return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact,
-                        res.bound_source, res.lower_bound)
+                        res.bound_source, res.lower_bound, res.timed_out)
+
+
+MAX_TIME_LIMIT = 86_400.0
+"""The largest ``time_limit`` (a day): past it the limit is no limit in practice, and a
+typo (``3600000``) is caught."""
+
+
+def _check_time_limit(value: Any) -> None:
+    """An ArgumentError naming ``time_limit`` unless it is None or a finite number of
+    seconds in (0, :data:`MAX_TIME_LIMIT`]."""
+    if value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and value == value and 0 < value <= MAX_TIME_LIMIT
+    if not ok:
+        raise ArgumentError(f"plan_packed: time_limit = {show_value(value)}: must be None "
+                            f"(no limit) or wall seconds > 0 and <= {MAX_TIME_LIMIT:,.0f}",
+                            argument="time_limit", value=value)
 
 
 def _check_plan_args(g: Any, progress: Any, **limits: Any) -> None:
@@ -157,14 +189,14 @@ class _Keyed:
 @functools.lru_cache(maxsize=8)
 def _cached(k: _Keyed, node_limit: int | None, max_nonzeros: int | None,
             max_solves: int, max_checks: int | None,
-            max_windowed_nonzeros: int | None) -> PackedResult:
+            max_windowed_nonzeros: int | None, time_limit: float | None) -> PackedResult:
     """Memo of :func:`_solve` by geometry hash and limits."""
     return _solve(k.g, k.progress, node_limit, max_nonzeros, max_solves, max_checks,
-                  max_windowed_nonzeros)
+                  max_windowed_nonzeros, time_limit)
 
 
-def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None
-                      ) -> PhysicalPlan | None:
+def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None,
+                      deadline: float | None = None) -> PhysicalPlan | None:
     """The heuristic packer's plan when it keeps the contract with fewer allocations
     than ``best``, else None."""
     pairs = eligible_pairs(g)
@@ -173,10 +205,15 @@ def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None
             progress(f"solver gave no proof; the layout has {pairs:,} (granule, label) "
                      f"pairs, over the heuristic packer's {MAX_HEURISTIC_PAIRS:,}")
         return None
+    if deadline is not None and time.perf_counter() >= deadline:
+        if progress:
+            progress("solver gave no proof; the time limit ran out before the heuristic "
+                     "packer")
+        return None
     if progress:
         progress("solver gave no proof within its work limits; running the heuristic "
                  "packer too")
-    heur = pack(g)
+    heur = pack(g, deadline)
     if not check_contract(g, heur) and len(heur.allocations) < len(best.allocations):
         return heur
     return None
@@ -186,8 +223,10 @@ def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None
 def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
            max_nonzeros: int | None, max_solves: int = DEFAULT_MAX_SOLVES,
            max_checks: int | None = DEFAULT_MAX_CHECKS,
-           max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS) -> PackedResult:
+           max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS,
+           time_limit: float | None = None) -> PackedResult:
     t0 = time.perf_counter()
+    deadline = None if time_limit is None else t0 + time_limit
     ref = reference_plan(g)
     start = ref
     exact: ExactResult | None = None
@@ -204,7 +243,9 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
                            node_limit=node_limit, max_nonzeros=max_nonzeros,
                            max_solves=max_solves, max_checks=max_checks,
                            max_windowed_nonzeros=max_windowed_nonzeros,
-                           lower_bound=lambda: lower_bound().total)
+                           lower_bound=lambda: lower_bound().total,
+                           time_limit=None if deadline is None
+                           else max(1e-3, deadline - time.perf_counter()))
     except ImportError:  # pragma: no cover - highspy is a dependency
         exact = None
     if exact is not None and exact.optimal and memo and exact.source == "start" \
@@ -226,6 +267,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
     # solver's may be the trivial floor when the model was not solved
     lower = lower_bound()
     comb = lower.total
+    timed_out = bool(exact is not None and exact.model.get("timed_out"))
     if exact is not None and exact.source == "windows":
         # the windows beat the reference rule already; the heuristic packer would
         # cost about as much again on a model this large and planned 7.7% more at
@@ -234,7 +276,12 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
     else:
         # when ``best`` meets the combinatorial bound no plan has fewer allocations,
         # so the packer's plan could not be taken: it is not run (35 s at 2^20 rows)
-        heur = _better_heuristic(g, best, progress) if len(best.allocations) > comb else None
+        heur = None
+        if len(best.allocations) > comb:
+            heur = _better_heuristic(g, best, progress, deadline)
+            # the packer stops at its next step past the deadline, or is not run
+            timed_out = timed_out or (deadline is not None
+                                      and time.perf_counter() >= deadline)
         if heur is not None:
             best, source = heur, "heuristic"
         else:
@@ -244,4 +291,4 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
     bound = min(max(bound, comb), len(best.allocations))
     plan = PhysicalPlan("packed", g, best.allocations, best.notes)
     return PackedResult(plan, bound, len(plan.allocations) <= bound, source,
-                        time.perf_counter() - t0, exact, bound_source, lower)
+                        time.perf_counter() - t0, exact, bound_source, lower, timed_out)

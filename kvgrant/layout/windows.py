@@ -27,11 +27,12 @@ merged with the window before it and solved again, up to :data:`MAX_MERGES` time
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from kvgrant.errors import PlanError
-from kvgrant.layout.exact import SAFETY_SECONDS, _FREE, _Model, _count_checks, _mip
+from kvgrant.layout.exact import (_FREE, OutOfTime, _count_checks, _mip, _Model, arm_clock,
+                                  out_of_time)
 
 __all__ = ["MAX_MERGES", "WindowResult", "first_window_refusal", "solve_windows"]
 
@@ -169,18 +170,16 @@ def _window_rows(m: _Model, ch: _Chain, value: list[float | None], a: int, e: in
 
 def _solve(m: _Model, cols: list[int], lo: list[float], hi: list[float], starts: list[int],
            index: list[int], coefs: list[float], node_limit: int | None,
-           max_checks: int | None) -> list[float] | None:
-    """One window's MIP under the planner's deterministic limits; None: no solution."""
-    import highspy
-
+           max_checks: int | None, deadline: float | None = None) -> list[float] | None:
+    """One window's MIP under the planner's deterministic limits; None: no solution.
+    Raises :class:`~kvgrant.layout.exact.OutOfTime` when it reaches ``deadline``."""
     h = _mip([m.cost[c] for c in cols], [m.lower[c] for c in cols],
              [m.upper[c] for c in cols], lo, hi, starts, index, coefs, node_limit)
     _count_checks(h, max_checks)
+    arm_clock(h, deadline)
     h.run()
-    if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
-        raise PlanError(f"one window solve ran past the {SAFETY_SECONDS:g} s safety net "
-                        f"({len(index):,} nonzeros); planning refuses a plan that depends "
-                        "on the host's speed")
+    if out_of_time(h, deadline, f"one window solve ({len(index):,} nonzeros)"):
+        raise OutOfTime
     if h.getInfo().primal_solution_status != 2:
         return None
     return list(h.getSolution().col_value)
@@ -218,12 +217,15 @@ def first_window_refusal(m: _Model, nl: int, granularity: int,
 def solve_windows(m: _Model, need: Sequence[int], granularity: int, *, core: int = 80,
                   margin: int = 20, horizon: int = 100, node_limit: int | None = 300,
                   max_checks: int | None = 20, max_window_nonzeros: int | None = None,
-                  progress: Callable[[str], None] | None = None) -> WindowResult:
+                  progress: Callable[[str], None] | None = None,
+                  deadline: float | None = None) -> WindowResult:
     """Column values for the whole model ``m``, window by window (module docstring).
 
     Deterministic: every limit is a count (labels per window, nodes and limit checks
-    per window solve, merges), never a clock. A window over ``max_window_nonzeros``
-    (labels whose granules span most of the planes) ends the attempt: no plan.
+    per window solve, merges), never a clock, unless the caller gives a ``deadline``
+    (a :func:`time.perf_counter` reading; ``kvgrant plan --time-limit``): reaching it
+    ends the attempt, no plan. A window over ``max_window_nonzeros`` (labels whose
+    granules span most of the planes) ends it too.
     """
     nl = len(need)
     ch = _chain(m, nl, granularity)
@@ -243,7 +245,15 @@ def solve_windows(m: _Model, need: Sequence[int], granularity: int, *, core: int
                                 f"window {windows} (labels {a:,}-{e - 1:,}) has "
                                 f"{len(index):,} nonzeros, over {max_window_nonzeros:,}",
                                 sizes)
-        sol = _solve(m, cols, lo, hi, starts, index, coefs, node_limit, max_checks)
+        if deadline is not None and time.perf_counter() >= deadline:
+            return WindowResult(None, windows, merges, "the time limit ran out before "
+                                f"window {windows}", sizes)
+        try:
+            sol = _solve(m, cols, lo, hi, starts, index, coefs, node_limit, max_checks,
+                         deadline)
+        except OutOfTime:
+            return WindowResult(None, windows, merges, f"the time limit ran out in window "
+                                f"{windows}", sizes)
         if sol is None:
             if not starts_done or merges >= MAX_MERGES:
                 return WindowResult(None, windows, merges,

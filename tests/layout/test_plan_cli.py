@@ -207,8 +207,9 @@ def test_the_bound_for_the_gap_is_not_computed_twice(tmp_path: Path, capsys: Any
     monkeypatch.setattr(planner, "allocation_lower_bound", counted)
     # no solve at all (max_nonzeros 0, no windows): the gap needs the combinatorial bound
     real_plan = planner.plan_packed
-    monkeypatch.setattr(planner, "plan_packed", lambda g, progress=None: real_plan(
-        g, progress=progress, max_nonzeros=0, max_windowed_nonzeros=0))
+    monkeypatch.setattr(planner, "plan_packed", lambda g, progress=None, time_limit=None:
+                        real_plan(g, progress=progress, max_nonzeros=0,
+                                  max_windowed_nonzeros=0, time_limit=time_limit))
     path = tmp_path / "pub.json"
     path.write_text(json.dumps(published_like_dict(ranks=2)))
     assert run_plan([str(path)]) == 0
