@@ -25,7 +25,7 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import DuplicateKeyError, unique_keys_loads
 from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, FAST_EVENT, GROUP_ACTIONS,
                                  LIFECYCLE_VERSION, PHASES, RANK_ACTIONS, RANK_COUNTERS, ROW,
-                                 ROW_FIELDS)
+                                 ROW_FIELDS, SETUP_CALLS, TRACE_BACKENDS)
 
 __all__ = [
     "DRIVER_STEPS",
@@ -61,6 +61,9 @@ MAX_TRACE_ALLOCS = 1 << 22
 MAX_NESTING = 32
 #: Largest CUDA ordinal a header may name.
 _MAX_ORDINAL = (1 << 31) - 1
+#: Longest geometry name (kvgrant.layout.geometry.MAX_NAME_CHARS; not imported: the
+#: readers stay free of the layout package and its pydantic import).
+_MAX_NAME_CHARS = 256
 _NEEDS_ALLOC = frozenset(a for a, sh in ACTIONS.items() if "alloc" in sh.args)
 _NEEDS_MAPPING = frozenset(a for a, sh in ACTIONS.items() if "mapping" in sh.args)
 #: The args keys the format gives some action, and per action those it does not take:
@@ -393,6 +396,38 @@ def _rank_table(obj: Mapping[str, Any], key: str, ranks: int, lineno: int,
     return out
 
 
+def _is_geometry_name(v: Any) -> bool:
+    """A name the geometry model accepts (kvgrant.layout.geometry's ``Name``): 1..256
+    printable characters, no white space around them."""
+    return (type(v) is str and 0 < len(v) <= _MAX_NAME_CHARS and v.isprintable()
+            and v == v.strip())
+
+
+def _check_run_fields(obj: Mapping[str, Any], lineno: int, source: str) -> None:
+    """The header's account of the run: ``geometry`` (the geometry's name), ``plan``
+    (the plan's label) and ``backend`` (the driver's name), as the writers put them
+    (runtime/engine.py, runtime/group.py). Each may be absent (the headers tools and
+    tests build carry none); one that is present must be a value a writer can write.
+
+    Why: they were read as any JSON value (``"plan": 5``, ``"backend": {}``,
+    ``"geometry": null``) and printed or compared later (``kvgrant conform
+    --geometry`` makes the plan its label names)."""
+    if "geometry" in obj and not _is_geometry_name(obj["geometry"]):
+        raise _fail(source, lineno, f"header.geometry = {_show(obj['geometry'])}: must be "
+                                    "the geometry's name (a string of 1.."
+                                    f"{_MAX_NAME_CHARS} printable characters, no white "
+                                    "space around them)")
+    if "plan" in obj and (type(obj["plan"]) is not str or not obj["plan"]):
+        raise _fail(source, lineno, f"header.plan = {_show(obj['plan'])}: must be the plan's "
+                                    "label, a non-empty string (naive, reference, packed "
+                                    "or a planner's own name)")
+    if "backend" in obj and (type(obj["backend"]) is not str
+                             or obj["backend"] not in TRACE_BACKENDS):
+        raise _fail(source, lineno, f"header.backend = {_show(obj['backend'])}: must be "
+                                    + " or ".join(repr(b) for b in TRACE_BACKENDS)
+                                    + " (the driver backend that ran)")
+
+
 def _parse_lifecycle_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
     """A one-process trace's header: version 2 (the plan, reservations and topology;
     the model's constants are derived from them)."""
@@ -424,6 +459,7 @@ def _parse_lifecycle_header(obj: dict[str, Any], lineno: int, source: str) -> He
                                         "declared reader")
         readers.append(s)
     devices = _parse_devices(obj, ranks, lineno, source)
+    _check_run_fields(obj, lineno, source)
     known = {"kind", "version", "ranks", "allocs", "devices", "granularity", "pages", "planes",
              "regions", "allocations", "reservations", "topology"}
     extra = {k: v for k, v in obj.items() if k not in known}
@@ -490,6 +526,7 @@ def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
                                         f"{miss[0]} is not a declared reader")
         readers.append(s)
     devices = _parse_devices(obj, ranks, lineno, source)
+    _check_run_fields(obj, lineno, source)
     known = {"kind", "version", "ranks", "allocs", "aliased", "owner_only", "importers",
              "declared_readers", "devices"}
     extra = {k: v for k, v in obj.items() if k not in known}
@@ -554,8 +591,14 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
     if call is not None and call != RANK_ACTIONS.get(action):
         if not isinstance(call, str):
             raise _fail(source, lineno, f"call = {call!r}: must be a string or null")
-        raise _fail(source, lineno, f"call = {call!r}: {action} calls "
-                                    f"{RANK_ACTIONS.get(action)!r}")
+        if action != "Reserve":
+            raise _fail(source, lineno, f"call = {call!r}: {action} calls "
+                                        f"{RANK_ACTIONS.get(action)!r}")
+        if call not in SETUP_CALLS or type(result) is not str or result == SUCCESS:
+            raise _fail(source, lineno, f"call = {_show(call)}: Reserve calls "
+                                        f"{RANK_ACTIONS['Reserve']!r} (only a failed Reserve "
+                                        "may name the set-up query that stopped the start-up "
+                                        f"before it: {', '.join(sorted(SETUP_CALLS))})")
     if result is not None and type(result) is not str:
         raise _fail(source, lineno, f"result = {result!r}: must be a string or null")
     if RANK_ACTIONS.get(action) is not None and (call is None or result is None):
@@ -664,7 +707,10 @@ def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
     want = RANK_ACTIONS.get(action)
     if want is None:
         return call == "null"
-    return call[1:-1] == want and result != "null"  # a driver step names both
+    if result == "null":   # a driver step names both
+        return False
+    return call[1:-1] == want or (action == "Reserve" and call[1:-1] in SETUP_CALLS
+                                  and result != '"' + SUCCESS + '"')
 
 
 def _parse_fast(text: str, source: str) -> Trace | None:

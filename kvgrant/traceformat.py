@@ -45,7 +45,9 @@ __all__ = [
     "RANK_COUNTERS",
     "ROW",
     "ROW_FIELDS",
+    "SETUP_CALLS",
     "Shape",
+    "TRACE_BACKENDS",
     "args_alloc",
     "args_grant",
     "args_unmap",
@@ -109,6 +111,16 @@ RANK_ACTIONS: Mapping[str, str | None] = {a: s.call for a, s in ACTIONS.items()
 DRIVER_STEPS = frozenset({"Reserve", "Create", "Map", "MapAlias", "Grant"})
 #: Driver entry points that lifecycle events name.
 DRIVER_CALLS = frozenset(s.call for s in ACTIONS.values() if s.call is not None)
+#: The driver queries a one-process start-up makes before its first ``Reserve`` (the
+#: device count, then each device's granularity and free memory). One that fails is
+#: traced as that rank's failed ``Reserve`` naming the query (the model's
+#: ``Fail(r, "Reserve")``: nothing was made), then ``Abort`` and ``AbortComplete``, as a
+#: group rank traces its failed set-up (docs/group-trace.md); a failed Reserve may name
+#: one of these instead of cuMemAddressReserve, no other event may.
+SETUP_CALLS = frozenset({"cuDeviceGetCount", "cuMemGetAllocationGranularity",
+                         "cuMemGetInfo"})
+#: The header's ``backend``: the name of the driver that ran (``Driver.name``).
+TRACE_BACKENDS = ("sim", "cuda")
 #: Rank counters of an event's ``state``, in line order, with their Python types.
 RANK_COUNTERS: Mapping[str, type] = {
     "va": bool, "created": int, "mapped": int, "alias_mapped": int, "grants": int,

@@ -164,11 +164,25 @@ def check_backend_name(argument: str, value: Any) -> None:
 
 
 def driver_gap(value: Any) -> str | None:
-    """Why ``value`` is not an open driver (a class, or a VMM method it lacks), or None."""
+    """Why ``value`` is not an open driver (a class, a VMM method it lacks, or a ``name``
+    that is not a backend's), or None.
+
+    Why the name: it is the trace header's ``backend``, which ``kvgrant conform``
+    takes only as ``sim`` or ``cuda`` (kvgrant.traceformat.TRACE_BACKENDS, as the
+    Driver protocol says); a driver of another name wrote traces the checker refuses."""
+    from kvgrant.traceformat import TRACE_BACKENDS
+
     if isinstance(value, type):
         return "it is a class; pass an open instance"
     missing = [m for m in _DRIVER_METHODS if not callable(getattr(value, m, None))]
-    return f"it lacks {missing[0]}" if missing else None
+    if missing:
+        return f"it lacks {missing[0]}"
+    name = getattr(value, "name", None)
+    if not isinstance(name, str) or name not in TRACE_BACKENDS:
+        return (f"its name is {show(name)}; a driver's name is "
+                + " or ".join(repr(b) for b in TRACE_BACKENDS)
+                + ", the backend its traces name")
+    return None
 
 
 def check_driver(argument: str, value: Any) -> None:

@@ -10,7 +10,11 @@ Published semantics of ``--memory-limit``:
 Sizes take a binary unit ``K``, ``M``, ``G`` or ``T`` (optionally ``KiB``/``KB``...).
 A string without a unit is a byte count and must be 0 or at least 1 MiB (``-1`` is
 surely a missing ``G``, not one byte); no size may exceed 1 PiB per GPU. Digits are
-ASCII only. Why here and not after a failure: pages are chosen so the cache
+ASCII only. A value that breaks these rules is an :class:`~kvgrant.errors.ArgumentError`
+naming ``memory_limit`` (bad input, as any other argument); a well-formed limit that
+leaves too little for the layout on the GPUs at hand is a
+:class:`~kvgrant.errors.PlanError` (the request was refused: the same limit fits a
+larger GPU). Why here and not after a failure: pages are chosen so the cache
 fits *before* anything is created, and a failed start-up is never retried smaller.
 Rows are not fitted: the declared layout fixes every region row (snapshot slots);
 only KV pages shrink, and only while every declared alias still lies inside its plane.
@@ -20,9 +24,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
-from kvgrant.errors import PlanError
+from kvgrant.errors import ArgumentError, PlanError
 from kvgrant.layout.geometry import Geometry, round_up
 
 __all__ = ["MemoryLimit", "PageFit", "fit_pages", "parse_memory_limit", "rank_bytes"]
@@ -34,6 +38,27 @@ _PATTERN = re.compile(r"^\s*([+-]?)(\d{1,20}(?:\.\d{1,12})?)\s*([KMGT]?)(?:I?B)?
 MAX_LIMIT_BYTES = 1 << 50
 #: A size written without a unit is bytes; below this it is surely a missing unit.
 MIN_UNITLESS_BYTES = 1 << 20
+
+
+#: What a limit may be, for the messages.
+_FORMS = "must be a size such as -1G, -0G, -512M or 40G"
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a user value, cut to 80 characters (a huge int by its size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<{'negative ' if value < 0 else ''}integer of {value.bit_length()} bits>"
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:76] + " ..."
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        return text if isinstance(value, bool) else f"{text} ({type(value).__name__})"
+    return text
+
+
+def _bad(field: str, value: Any, rule: str) -> ArgumentError:
+    """``field = value: rule`` as the ArgumentError of a malformed memory limit."""
+    return ArgumentError(f"{field} = {_shown(value)}: {rule}", argument=field, value=value)
 
 
 @dataclass(frozen=True)
@@ -63,12 +88,12 @@ def _checked_limit(limit: MemoryLimit) -> MemoryLimit:
             continue
         if isinstance(value, bool) or not isinstance(value, int) \
                 or not 0 <= value <= MAX_LIMIT_BYTES:
-            raise PlanError(f"memory_limit.{name} = {value!r}: must be "
-                            f"{'None or ' if none_ok else ''}a byte count in "
-                            f"0..{MAX_LIMIT_BYTES:,} (1 PiB)")
+            raise _bad(f"memory_limit.{name}", value,
+                       f"must be {'None or ' if none_ok else ''}a byte count in "
+                       f"0..{MAX_LIMIT_BYTES:,} (1 PiB)")
     if not isinstance(limit.text, str):
-        raise PlanError(f"memory_limit.text = {limit.text!r}: must be a str (how the limit "
-                        "was written, for messages)")
+        raise _bad("memory_limit.text", limit.text, "must be a str (how the limit was "
+                   "written, for messages)")
     return limit
 
 
@@ -77,42 +102,44 @@ def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
 
     Raises
     ------
-    PlanError
-        The text is not a size; the message names the value and the accepted forms.
+    ArgumentError
+        The value is not a size (wrong type, bad syntax, a unitless count below 1 MiB,
+        more than 1 PiB, a positive 0), or a MemoryLimit's fields are out of range; the
+        message names ``memory_limit`` (or its field), the value and the rule.
     """
     if value is None:
         return MemoryLimit(text="-0G")
     if isinstance(value, MemoryLimit):
         return _checked_limit(value)
     if isinstance(value, bool):
-        raise PlanError(f"memory_limit = {value!r}: must be a size such as -1G, -0G, -512M or 40G")
+        raise _bad("memory_limit", value, f"{_FORMS} (True and False are not sizes)")
     if isinstance(value, int):
         if abs(value) > MAX_LIMIT_BYTES:
-            raise PlanError(f"memory_limit = {value if value.bit_length() < 64 else '<huge>'}:"
-                            f" must be at most {MAX_LIMIT_BYTES:,} bytes (1 PiB) per GPU")
+            raise _bad("memory_limit", value, f"must be at most {MAX_LIMIT_BYTES:,} bytes "
+                       "(1 PiB) per GPU either way (a negative count keeps that much free)")
         text = str(value)
     elif isinstance(value, str):
         text = value
     else:
-        raise PlanError(f"memory_limit = {value!r}: must be a size such as -1G, -0G, -512M or 40G")
+        raise _bad("memory_limit", value, f"{_FORMS}, a byte count (int) or a MemoryLimit")
     m = _PATTERN.match(text)
     if not m:
-        raise PlanError(f"memory_limit = {text!r}: must be a size such as -1G, -0G, -512M or 40G "
-                        "(a leading '-' keeps that much free per GPU; units K, M, G, T are binary)")
+        raise _bad("memory_limit", value, f"{_FORMS} (a leading '-' keeps that much free per "
+                   "GPU; units K, M, G, T are binary; ASCII digits)")
     sign, number, unit = m.group(1), m.group(2), m.group(3).upper()
     nbytes = int(float(number) * _UNITS[unit]) if "." in number else int(number) * _UNITS[unit]
     if nbytes > MAX_LIMIT_BYTES:
-        raise PlanError(f"memory_limit = {text!r}: {nbytes:,} bytes is more than 1 PiB per GPU; "
-                        "write a size such as -1G or 40G")
+        raise _bad("memory_limit", value, f"{nbytes:,} bytes is more than 1 PiB per GPU; "
+                   "write a size such as -1G or 40G")
     if not unit and 0 < nbytes < MIN_UNITLESS_BYTES and isinstance(value, str):
-        raise PlanError(f"memory_limit = {text!r}: a size without a unit is bytes, and "
-                        f"{nbytes} byte(s) is surely not meant; write e.g. {sign}{number}G "
-                        "(units K, M, G, T are binary)")
+        raise _bad("memory_limit", value, f"a size without a unit is bytes, and {nbytes} "
+                   f"byte(s) is surely not meant; write e.g. {sign}{number}G (units K, M, "
+                   "G, T are binary)")
     if sign == "-":
         return MemoryLimit(text=text.strip(), keep=nbytes)
     if nbytes == 0:
-        raise PlanError(f"memory_limit = {text!r}: a positive limit of 0 bytes leaves nothing to "
-                        "allocate; use -0G to use all free memory")
+        raise _bad("memory_limit", value, "a positive limit of 0 bytes leaves nothing to "
+                   "allocate; use -0G to use all free memory")
     return MemoryLimit(text=text.strip(), cap=nbytes)
 
 
@@ -158,6 +185,8 @@ def fit_pages(g: Geometry, free: Mapping[int, int], limit: MemoryLimit | str | N
 
     Raises
     ------
+    ArgumentError
+        ``limit`` is malformed (:func:`parse_memory_limit`).
     PlanError
         Not even the pages that the declared aliases need fit; the message names the
         device, its free bytes, the limit and the bytes needed.

@@ -196,6 +196,26 @@ class Engine:
             self._record(rec)  # type: ignore[misc]
         self._pending.clear()
 
+    def setup_failed(self, rank: int, call: str, result: str) -> None:
+        """A driver query of the preparation (:data:`kvgrant.traceformat.SETUP_CALLS`:
+        the device count, a device's granularity or free memory) failed before any rank
+        reserved: trace it as rank ``rank``'s failed ``Reserve`` naming that query, the
+        model's ``Fail(r, "Reserve")`` (nothing was made, as a group rank traces its
+        failed set-up), then ``Abort`` naming the rank and ``AbortComplete``; close the
+        trace. Why: the trace the user asked for was never written, so the failure
+        was in no trace at all."""
+        if self.trace.enabled:
+            st = self.ranks[rank]
+            st.failed = True
+            self._t0 = clock()
+            self.header()
+            self._ev(st, "Reserve", "{}", call, result)
+            self.phase = "Aborting"
+            self._group("Abort", {"failed_rank": rank})
+            self.phase = "Aborted"
+            self._group("AbortComplete")
+        self.trace.close()
+
     def _ev(self, st: _Rank, action: str, args: str, call: str | None,
             result: str | None, va: int | None = None, size: int | None = None,
             handle: int | None = None) -> None:

@@ -991,7 +991,7 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
     # A bad argument of this rank only (memory_limit, device, timeout_s, ...) is told to
     # the group in the hello, so the others abort at once naming it instead of waiting
     # out timeout_s, and every rank's attempt count stays the same for the next call.
-    arg_error: KVGrantError | None = None   # ArgumentError, or memory_limit's PlanError
+    arg_error: KVGrantError | None = None   # an ArgumentError (memory_limit's too)
     try:
         opts = group_options(allocate_rank, shorthands, budget=budget, trace=trace,
                              backend=backend,

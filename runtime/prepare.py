@@ -152,17 +152,20 @@ def prepare(geometry: "Geometry | str | Path", *,
         tw.close()
         _drop_lease(lease, e)
         raise
+    query = "cuDeviceGetCount"   # the driver query under way (a failed one is traced)
     try:
         if driver.device_count() <= max(devs):
             raise PlanError(f"topology.ranks = {nranks} needs devices {devs} (one GPU per rank); "
                             f"the {getattr(driver, 'name', '?')} backend has "
                             f"{driver.device_count()} device(s)")
         for d in sorted(set(devs)):
+            query = "cuMemGetAllocationGranularity"
             gran = driver.granularity(d)
             if g.granularity % gran:
                 raise PlanError(f"granularity = {g.granularity}: not a multiple of the "
                                 f"allocation granularity {gran} of device {d} (rank "
                                 f"{devs.index(d)})")
+        query = "cuMemGetInfo"
         free_before = _free_map(driver, devs)
         fit = fit_pages(g, free_before, limit)
         if fit.reduced:
@@ -183,15 +186,20 @@ def prepare(geometry: "Geometry | str | Path", *,
             if lease is not None:
                 lease.resize(demand, check=preflight)
     except DriverError as e:
-        tw.close()
+        rank = devs.index(e.device) if e.device in devs else None
+        # the trace records it (its rank's failed Reserve, Abort, AbortComplete); a
+        # query of the whole driver (no device) stopped rank 0 before its first step
+        _trace_setup_failure(g, the_plan, driver, devs, tw, 0 if rank is None else rank,
+                             query, e)
         if owns:
             driver.close()
-        rank = devs.index(e.device) if e.device in devs else None
+        trace_note = "" if tw.error is None else \
+            f"; the trace is incomplete: writing it failed: {tw.error}"
         err = AllocationError(
             f"{e.call} failed with {e.result_name} on {_where(rank, e.device)} before "
             f"anything was created (no address reserved, so no byte range); nothing was "
-            f"published. Cause: {e}", cause=e, rank=rank, device=e.device, call=e.call,
-            result_name=e.result_name, live=driver.live().as_dict())
+            f"published. Cause: {e}{trace_note}", cause=e, rank=rank, device=e.device,
+            call=e.call, result_name=e.result_name, live=driver.live().as_dict())
         _drop_lease(lease, err)
         raise err from e
     except BaseException as e:
@@ -208,6 +216,22 @@ def prepare(geometry: "Geometry | str | Path", *,
 
     return Prepared(g, the_plan, devs, driver, owns, backend_reason, capacity, fit,
                     free_before, lease, tw, declared)
+
+
+def _trace_setup_failure(g: Geometry, plan: PhysicalPlan, driver: Driver, devs: list[int],
+                         tw: TraceWriter, rank: int, query: str, err: DriverError) -> None:
+    """Trace a failed query of the preparation (before any rank reserved) and close the
+    trace: :meth:`kvgrant.runtime.engine.Engine.setup_failed`. A trace that cannot be
+    written does not raise: its error is in ``tw.error``, as in the start-up."""
+    if not tw.enabled:
+        tw.close()
+        return
+    from kvgrant.runtime.engine import Engine
+
+    try:
+        Engine(g, plan, driver, devs, tw).setup_failed(rank, query, err.result_name)
+    finally:
+        tw.close()
 
 
 def _where(rank: int | None, device: int | None) -> str:

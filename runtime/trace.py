@@ -35,6 +35,8 @@ renderer process starts up front (27-37 ms on the 2-core machine, more than a sm
 start-up), but the file is created or truncated only once there is a line to write and its descriptor is
 then handed to the renderer over a socket; a run refused before its first event (bad
 options, too few devices, a ledger refusal) leaves the file the user named as it was.
+(A driver query that fails before the first reserve is a failure, and is traced:
+:meth:`kvgrant.runtime.engine.Engine.setup_failed`.)
 """
 
 from __future__ import annotations

@@ -102,6 +102,24 @@ for _v in (0, "", {}, False, None, "[[0, 1]]"):
 CASES.append(("import-groups-missing", lambda h: h["topology"].pop("import_groups"),
               ("header.topology.import_groups = None", "must be a list")))
 
+# The run's account in the header (review 2026-12-02: "take any JSON type"): ``plan``
+# is the plan's label (a non-empty str: check_plan_object), ``backend`` the driver's
+# name (sim or cuda), ``geometry`` the geometry's name (Geometry's Name rule).
+RUN_FIELD_CASES: list[tuple[str, Edit, tuple[str, ...]]] = []
+for _v in (5, None, "", True, ["packed"], {"label": "packed"}, 1.5):
+    RUN_FIELD_CASES.append((f"plan-{json.dumps(_v)}", _set("plan", value=_v),
+                            (f"header.plan = {_v!r}", "must be the plan's label, a "
+                             "non-empty string")))
+for _v in ("gpu", "SIM", "sim ", "", "?", None, 0, ["sim"], {"name": "sim"}, False):
+    RUN_FIELD_CASES.append((f"backend-{json.dumps(_v)}", _set("backend", value=_v),
+                            (f"header.backend = {_v!r}", "must be 'sim' or 'cuda'")))
+for _v in (None, 3, "", " small", "small\n", "sm\u202eall", "x" * 257, ["small"],
+           {"name": "small"}, True):
+    RUN_FIELD_CASES.append((f"geometry-{json.dumps(_v)[:20]}", _set("geometry", value=_v),
+                            (f"header.geometry = {_v!r}"[:50], "must be the geometry's "
+                             "name (a string of 1..256 printable characters")))
+CASES += RUN_FIELD_CASES
+
 # header.devices: a one-process trace reads it in trace_io, a group file in group_io.
 DEVICE_CASES: list[tuple[str, Edit, tuple[str, ...]]] = [
     ("devices-superscript-two", lambda h: h["devices"].update({"\u00b2": 7}),
@@ -223,3 +241,49 @@ def test_rank_key_error(key: Any, ranks: int, ok: bool) -> None:
     assert (why is None) == ok
     if why is not None:
         assert why.startswith("header.devices key ") and len(why) < 200, why
+
+
+@pytest.mark.parametrize("field, value", [
+    ("plan", "packed"), ("plan", "naive"), ("plan", "reference"), ("plan", "chunks"),
+    ("plan", "my plan (v2)"), ("backend", "sim"), ("backend", "cuda"),
+    ("geometry", "small"), ("geometry", "published dcp8 \u00fc"), ("geometry", "x" * 256)])
+def test_what_a_writer_writes_in_the_run_fields_is_read(field: str, value: str,
+                                                        one_proc: list[str]) -> None:
+    """The controls of RUN_FIELD_CASES: every value the writers can write (a plan label
+    of a planner's own, a geometry name of 256 characters) reads, by both readers and
+    in a group file; and a header without the fields (as tools build them) reads."""
+    lines = _with_header(one_proc, _set(field, value=value))
+    for trace in (parse_trace_lines(lines), parse_trace("\n".join(lines) + "\n")):
+        assert trace.header.extra[field] == value
+    assert parse_trace("\n".join(lines) + "\n").rows is not None   # the fast path took it
+    texts = _group_texts(_set(field, value=value))
+    assert parse_proc_trace(texts[0], "g/rank0").header.extra[field] == value
+    assert fast_accept_texts((f"rank{p}", t) for p, t in enumerate(texts)) is not None
+    bare = _with_header(one_proc, lambda h: [h.pop(k) for k in ("plan", "backend",
+                                                                 "geometry")])
+    assert parse_trace("\n".join(bare) + "\n").header.extra.get(field) is None
+
+
+def test_the_recorded_run_fields_are_the_writers(one_proc: list[str]) -> None:
+    """What the runtime wrote is what the rules describe (so the rules track it)."""
+    h = json.loads(one_proc[0])
+    assert (h["geometry"], h["plan"], h["backend"]) == ("small", "packed", "sim")
+
+
+def test_the_geometry_name_rule_is_the_geometrys() -> None:
+    """The reader's copy of the name rule (it does not import the layout package) keeps
+    up with the geometry model's: every name the model takes reads, the others do not."""
+    from kvgrant.conformance import trace_io
+    from kvgrant.errors import GeometryError
+    from kvgrant.layout.geometry import MAX_NAME_CHARS, parse_geometry
+
+    assert trace_io._MAX_NAME_CHARS == MAX_NAME_CHARS
+    doc = json.loads(SMALL.read_text())
+    for name in ("small", "x" * 256, "x" * 257, "", " a", "a\t", "a\u200bb", "\u00fc-1",
+                 "a b"):
+        try:
+            parse_geometry({**doc, "name": name})
+            model_ok = True
+        except GeometryError:
+            model_ok = False
+        assert trace_io._is_geometry_name(name) is model_ok, name

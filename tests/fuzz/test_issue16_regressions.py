@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from _fuzz_support import SMALL, assert_clean, run_cli
-from kvgrant.errors import ArgumentError, GeometryError, PlanError, ReleasedError, TraceError
+from kvgrant.errors import ArgumentError, GeometryError, ReleasedError, TraceError
 
 
 def _doc() -> dict[str, Any]:
@@ -300,7 +300,7 @@ def test_allocate_refuses_a_full_width_memory_limit() -> None:
     from kvgrant.runtime import allocate
 
     drv = _sim()
-    with pytest.raises(PlanError, match="memory_limit"):
+    with pytest.raises(ArgumentError, match="memory_limit"):   # bad input (was PlanError)
         allocate(str(SMALL), driver=drv, memory_limit="\uff14\uff10G")
     assert drv.live().is_empty()
 

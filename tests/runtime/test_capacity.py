@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from kvgrant.errors import PlanError
+from kvgrant.errors import ArgumentError, PlanError
 from kvgrant.layout.geometry import parse_geometry
 from kvgrant.runtime.capacity import fit_pages, parse_memory_limit, rank_bytes
 
@@ -45,8 +45,11 @@ def test_default_is_use_what_is_free() -> None:
                                  # issue #16: no unit, past 1 PiB, non-ASCII digits
                                  "-1", "2048", "9999999999999T", 1 << 60, "\uff14\uff10G"])
 def test_parse_rejects_bad_values_naming_them(bad: object) -> None:
-    with pytest.raises(PlanError, match="memory_limit"):
+    # a malformed limit is bad input (ArgumentError, exit 2), not a refused plan
+    with pytest.raises(ArgumentError, match="^memory_limit = ") as err:
         parse_memory_limit(bad)  # type: ignore[arg-type]
+    assert err.value.argument == "memory_limit" and err.value.value is bad
+    assert not isinstance(err.value, PlanError)
 
 
 def test_budget_keep_and_cap() -> None:

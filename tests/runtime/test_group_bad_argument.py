@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvgrant.errors import ArgumentError, GroupError, PlanError
+from kvgrant.errors import ArgumentError, GroupError
 from kvgrant.runtime.group import GroupPublished, allocate_rank
 from kvgrant.runtime.sim import SimDriver
 
@@ -53,8 +53,9 @@ def test_a_bad_argument_of_one_rank_is_named_by_every_rank_at_once(
     drivers = [_CountingSim(devices=2), _CountingSim(devices=2)]
     store = DictStore()
     outs = run_threads(g, drivers, per_rank={1: bad}, timeout_s=PATIENT_S, store=store)
-    # the bad rank raises what allocate() raises for it (memory_limit: a PlanError)
-    assert isinstance(outs[1], (ArgumentError, PlanError)), outs[1]
+    # the bad rank raises what allocate() raises for it: an ArgumentError (memory_limit
+    # too: it was a PlanError)
+    assert isinstance(outs[1], ArgumentError), outs[1]
     assert names in str(outs[1])
     assert isinstance(outs[0], GroupError), outs[0]
     text = str(outs[0])

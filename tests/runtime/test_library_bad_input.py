@@ -159,12 +159,13 @@ def test_a_plan_for_a_layout_of_the_same_name_names_the_fields_that_differ() -> 
     ({"text": 3}, "memory_limit.text = 3"),
 ])
 def test_a_hand_made_memory_limit_is_checked(kw: dict[str, Any], needle: str) -> None:
-    from kvgrant.errors import PlanError
+    from kvgrant.errors import ArgumentError
     from kvgrant.runtime.capacity import MemoryLimit
 
-    with pytest.raises(PlanError) as err:
+    with pytest.raises(ArgumentError) as err:   # bad input (was a PlanError)
         allocate(SMALL, backend="sim", memory_limit=MemoryLimit(**kw))
     assert str(err.value).startswith(needle), err.value
+    assert err.value.argument == needle.split(" =")[0]
     pub = allocate(SMALL, backend="sim", memory_limit=MemoryLimit(text="40G", cap=40 << 30))
     pub.release()
 
@@ -181,3 +182,42 @@ def test_more_ranks_than_ordinals_in_one_process_names_topology_ranks() -> None:
     with pytest.raises(PlanError, match=r"^topology\.ranks = 1025: allocate\(\) gives every "
                                         r"rank its own CUDA ordinal"):
         allocate(parse_geometry(doc), backend="sim")
+
+
+def _misnamed(name: Any) -> Any:
+    """A working sim driver under another ``name`` (the trace header's ``backend``)."""
+    from kvgrant.runtime.sim import SimDriver
+
+    class Renamed(SimDriver):
+        pass
+
+    Renamed.name = name  # type: ignore[assignment]
+    return Renamed(devices=3)
+
+
+@pytest.mark.parametrize("name", ["mydriver", "", "SIM", None, 5])
+@pytest.mark.parametrize("keyword", ["backend", "driver"])
+def test_a_driver_not_named_sim_or_cuda_is_refused(name: Any, keyword: str) -> None:
+    """Its name is the trace header's ``backend``, which ``kvgrant conform`` takes only
+    as sim or cuda: such a driver wrote traces the checker refuses (was accepted)."""
+    drv = _misnamed(name)
+    with pytest.raises(ArgumentError) as err:
+        allocate(SMALL, **{keyword: drv})
+    assert err.value.argument == keyword
+    text = str(err.value)
+    assert text.startswith(f"{keyword} = ") and "its name is " in text, text
+    assert "a driver's name is 'sim' or 'cuda'" in text, text
+    assert sum(drv.calls.values()) == 0 and drv.live().is_empty()
+
+
+def test_a_misnamed_driver_of_one_group_rank_is_named_by_every_rank() -> None:
+    from kvgrant.errors import GroupError
+    from kvgrant.runtime.sim import SimDriver
+    from tests.runtime._dict_store import run_threads
+
+    bad, good = _misnamed("mydriver"), SimDriver(devices=2)
+    outs = run_threads(tiny(), [good, bad], timeout_s=30.0)
+    assert isinstance(outs[1], ArgumentError) and outs[1].argument == "driver", outs[1]
+    assert "its name is \"mydriver\"" in str(outs[1]), outs[1]
+    assert isinstance(outs[0], GroupError) and "rank 1 failed: ArgumentError" in str(outs[0])
+    assert sum(bad.calls.values()) == 0 and good.live().is_empty()
