@@ -6,9 +6,10 @@ limits on some layout; then the heuristic packer (:mod:`kvgrant.layout.packer`)
 runs too and the better plan is kept, with the solver's dual bound saying how far
 from optimal it may be. A model over the size limit of one solve is solved window
 by window (:mod:`kvgrant.layout.windows`), and the heuristic only runs when that
-finds no plan. The reference
-rule's plan is the solver's warm start, so the packed plan never needs more
-allocations than the reference rule.
+finds no plan. The solver's warm start is the reference rule's plan, or the
+contiguous plan (:mod:`kvgrant.layout.contiguous`: each region in one run of one plane)
+when that needs fewer allocations, so the packed plan never needs more allocations
+than the reference rule.
 
 Planning is a pure function of the geometry: every limit on the way (solver nodes,
 solves, model size, the packer's exchange tries) is a count, never a clock, because
@@ -31,6 +32,7 @@ from typing import Any, Callable
 from kvgrant.errors import ArgumentError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.bound import LowerBound, allocation_lower_bound
+from kvgrant.layout.contiguous import contiguous_plan
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import (DEFAULT_MAX_CHECKS, DEFAULT_MAX_NONZEROS, DEFAULT_MAX_SOLVES,
                                   DEFAULT_MAX_WINDOWED_NONZEROS, DEFAULT_NODE_LIMIT,
@@ -228,7 +230,10 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
     t0 = time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
     ref = reference_plan(g)
-    start = ref
+    start, start_name = ref, "reference"
+    contiguous = contiguous_plan(g)  # each region in one run: better on few big chunks
+    if contiguous is not None and len(contiguous.allocations) < len(ref.allocations):
+        start, start_name = contiguous, "contiguous"
     exact: ExactResult | None = None
     memo: list[LowerBound] = []
 
@@ -239,7 +244,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
         return memo[0]
 
     try:
-        exact = exact_plan(g, start=ref, label="packed", progress=progress,
+        exact = exact_plan(g, start=start, label="packed", progress=progress,
                            node_limit=node_limit, max_nonzeros=max_nonzeros,
                            max_solves=max_solves, max_checks=max_checks,
                            max_windowed_nonzeros=max_windowed_nonzeros,
@@ -250,11 +255,17 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
         exact = None
     if exact is not None and exact.optimal and memo and exact.source == "start" \
             and exact.bound == memo[0].total:  # the start met the combinatorial bound
-        plan = PhysicalPlan("packed", g, ref.allocations,
-                            (f"reference rule: optimal ({exact.bound:,} allocations, the "
+        plan = PhysicalPlan("packed", g, start.allocations,
+                            (f"{start_name} plan: optimal ({exact.bound:,} allocations, the "
                              "combinatorial lower bound; the model was not solved)",))
-        return PackedResult(plan, exact.bound, True, "reference", time.perf_counter() - t0,
+        return PackedResult(plan, exact.bound, True, start_name, time.perf_counter() - t0,
                             exact, "combinatorial", memo[0])
+    if exact is not None and exact.optimal and exact.source == "start":
+        plan = PhysicalPlan("packed", g, exact.plan.allocations,
+                            (f"{start_name} plan: optimal ({exact.bound:,} allocations; "
+                             f"{exact.status})",))
+        return PackedResult(plan, exact.bound, True, start_name, time.perf_counter() - t0,
+                            exact)
     if exact is not None and exact.optimal:
         plan = PhysicalPlan("packed", g, exact.plan.allocations,
                             (f"exact: optimal ({exact.bound:,} allocations proven by "
@@ -285,7 +296,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
         if heur is not None:
             best, source = heur, "heuristic"
         else:
-            source = "exact" if exact is not None and exact.source == "solver" else "reference"
+            source = "exact" if exact is not None and exact.source == "solver" else start_name
     bound = exact.bound if exact is not None else 0
     bound_source = "combinatorial" if comb > bound else "solver"
     bound = min(max(bound, comb), len(best.allocations))
