@@ -97,3 +97,15 @@ def test_odd_members_with_a_contiguous_plan_keep_the_contract():
         assert check_contract(g, plan) == []
         _one_run_per_region(g, plan)
     assert seen >= 5  # (the family has members it applies to: 16 of seeds 0-39)
+
+
+def test_a_contiguous_start_at_the_combinatorial_bound_is_not_solved():
+    # odd-36: 40 planes, 2 regions of 38 and 3 granules; the start (42) meets the
+    # combinatorial bound, which the solver took 24 s to prove
+    g = parse_geometry(gen_layout().odd_layout(36))
+    packed = plan_packed(g)
+    assert (packed.optimal, packed.source, packed.bound_source) == (
+        True, "contiguous", "combinatorial")
+    assert packed.exact is None and packed.lower_bound is not None
+    assert len(packed.plan.allocations) == packed.lower_bound.total == packed.bound
+    assert check_contract(g, packed.plan) == []
