@@ -15,10 +15,12 @@ error too). Steps that take more than a second report progress on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from kvgrant.commands._args import count, path_arg, positive_seconds
 from kvgrant.commands._report import report_error
@@ -46,9 +48,9 @@ def add_parser(subparsers: Any) -> None:
                         "document for kvgrant alloc --plan FILE")
     p.add_argument("--time-limit", type=_time_limit, default=None, metavar="S",
                    help="stop the solver and the heuristic packer after S wall seconds "
-                        "and keep the best plan found, with its gap (default: no limit; "
-                        "the plan then depends on this host's speed, so write it with "
-                        "--json and give every rank the file: kvgrant alloc --plan FILE)")
+                        "and keep the best plan found, with its gap. Such a plan depends "
+                        "on this host's speed: write it with --json and give every rank "
+                        "the file (kvgrant alloc --plan FILE). Default: no limit")
     p.set_defaults(run=run)
 
 
@@ -62,21 +64,60 @@ def _time_limit(text: str) -> float:
     return value
 
 
+HEARTBEAT_S = 30.0
+"""Seconds between "still planning" lines while the planner runs."""
+
+
+@contextlib.contextmanager
+def _heartbeat(progress: Callable[[str], None], limit: float | None,
+               every: float = HEARTBEAT_S) -> Iterator[None]:
+    """A "still planning" line every ``every`` seconds while the body runs.
+
+    Why: the solver reports at its limit checks only, and a root LP can run for minutes
+    between two (docs/layout.md, "Determinism"); a user watching a silent terminal
+    should learn it is working and, without a time limit, how to stop it early. It only
+    prints: the plan is the same with or without it (HiGHS frees the GIL while it runs).
+    """
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(every):
+            took = time.perf_counter() - t0
+            progress(f"still planning ({took:,.0f} s)" + (
+                f" of at most {limit:g} s" if limit is not None else
+                "; --time-limit S stops the solver after S s with its best plan and gap"))
+
+    thread = threading.Thread(target=beat, name="kvgrant-plan-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 class _Progress:
     """Progress lines on stderr, shown once a step has run for more than a second
-    (quick runs stay quiet)."""
+    (quick runs stay quiet). Thread-safe: the heartbeat reports from its own thread."""
 
     def __init__(self, delay: float = 1.0) -> None:
         self.t0 = time.perf_counter()
         self.delay = delay
+        self.lock = threading.Lock()
         self.pending: list[tuple[float, str]] = []
 
     def __call__(self, message: str) -> None:
-        self.pending.append((time.perf_counter() - self.t0, message))
-        self.flush()
+        with self.lock:
+            self.pending.append((time.perf_counter() - self.t0, message))
+            self._flush()
 
     def flush(self) -> None:
         """Print the held lines, each with the time it was reported at."""
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if time.perf_counter() - self.t0 < self.delay:
             return
         for at, m in self.pending:
@@ -101,7 +142,8 @@ def _run(args: argparse.Namespace) -> int:
     g = load_geometry(args.geometry)
     progress(f"planning {g.name!r} ({len(g.aliases):,} declared chunks)")
     plans = [naive_plan(g), reference_plan(g)]
-    packed = plan_packed(g, progress=progress, time_limit=args.time_limit)
+    with _heartbeat(progress, args.time_limit):
+        packed = plan_packed(g, progress=progress, time_limit=args.time_limit)
     plans.append(packed.plan)
     progress(f"packed plan: {len(packed.plan.allocations):,} allocations, {packed.verdict()}")
     bound = handles = None

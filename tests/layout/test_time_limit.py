@@ -113,3 +113,29 @@ def test_cli_plan_under_a_time_limit_writes_a_plan_file_alloc_reads(tmp_path: Pa
 
     plan = read_plan_file(plan_file, parse_geometry(doc))
     assert check_contract(parse_geometry(doc), plan) == []
+
+
+def _wait_for(messages: list[str], count: int) -> None:
+    """Until ``count`` heartbeat lines arrived (a condition, not a duration: bounded
+    only so a broken heartbeat fails instead of hanging)."""
+    for _ in range(5000):
+        if len(messages) >= count:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"heartbeat lines: {messages}")
+
+
+def test_the_heartbeat_says_planning_goes_on_and_how_to_stop_it() -> None:
+    from kvgrant.commands.plan import _heartbeat
+
+    without: list[str] = []
+    with _heartbeat(without.append, None, every=0.001):
+        _wait_for(without, 2)
+    assert without[0].startswith("still planning (") and "--time-limit S" in without[0]
+    limited: list[str] = []
+    with _heartbeat(limited.append, 12.5, every=0.001):
+        _wait_for(limited, 1)
+    assert "of at most 12.5 s" in limited[0] and "--time-limit" not in limited[0]
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "kvgrant-plan-heartbeat"]
