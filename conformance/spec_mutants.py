@@ -15,7 +15,10 @@ TLC then checks the mutant on :data:`MUTANT_CONFIG` against the one property nam
 by the mutant, and must report exactly that property violated (:func:`caught`),
 while the unmutated spec passes the same config with every property.  This proves
 each property is not vacuous, is stated independently of the guards, and that each
-guard is load-bearing.
+guard is load-bearing.  A liveness mutant runs on the spec's shipped liveness config
+instead (``MCKVLifecycle_Live.cfg`` / ``MCKVGroup_Live.cfg`` of the spec folder, its
+PROPERTIES replaced by the mutant's one property; :func:`live_config`), without
+deadlock checking: a stuck attempt is what it must show, and the property is the claim.
 
 ``TypeOK`` has no mutant: no guard protects it (it holds for any subset-valued
 update), so removing a guard cannot break it.
@@ -38,6 +41,8 @@ __all__ = [
     "ACTION_PROPERTIES",
     "BASE_SPEC",
     "GROUP_ACTION_PROPERTIES",
+    "GROUP_LIVENESS_PROPERTIES",
+    "GROUP_LIVE_CONFIG",
     "GROUP_MUTANTS",
     "GROUP_MUTANT_CONFIG",
     "GROUP_MUTANT_CONFIG_3",
@@ -45,6 +50,7 @@ __all__ = [
     "GROUP_SAFETY_INVARIANTS",
     "GROUP_SPEC",
     "LIVENESS_PROPERTIES",
+    "LIVE_CONFIG",
     "MUTANTS",
     "MUTANT_CONFIG",
     "MUTANT_CONFIG_PLAIN",
@@ -53,6 +59,7 @@ __all__ = [
     "apply_mutant",
     "caught",
     "find_guards",
+    "live_config",
     "mutate",
     "property_kind",
     "run_group_mutant",
@@ -103,7 +110,13 @@ ACTION_PROPERTIES: tuple[str, ...] = ("OneAttempt", "NoRetryAfterFailure",
 
 #: Liveness properties (TLC 2.15 does not name a violated one: one per run).
 LIVENESS_PROPERTIES: tuple[str, ...] = ("AttemptEnds", "ShutdownEnds",
-                                        "FailureLeadsToAbort")
+                                        "FailureLeadsToAbort", "EverythingReleased")
+
+#: The shipped liveness configs (in the spec folder) that liveness mutants run on.
+LIVE_CONFIG = "MCKVLifecycle_Live.cfg"
+GROUP_LIVE_CONFIG = "MCKVGroup_Live.cfg"
+
+_SPEC_FAIR = "Spec == Init /\\ [][Next]_vars /\\ WF_vars(Progress)"
 
 _GRANTSET_ELSE = "ELSE {r} \\cup Importers[r]"
 _GRANTSET_IF = 'IF m = "alias" /\\ a \\in OwnerOnly THEN {r}'
@@ -197,6 +210,38 @@ MUTANTS: tuple[Mutant, ...] = (
            "cuMemAddressFree only while aborting: shutdown never frees the VA",
            old="    /\\ Unwinding\n    /\\ va[r]\n",
            new="    /\\ phase = \"Aborting\"\n    /\\ va[r]\n"),
+    # liveness audit (2026-12-03): each on MCKVLifecycle_Live.cfg, one property per run
+    Mutant("unpublish-after-release", "ShutdownEnds",
+           "Unpublish waits until every rank has released everything, which only "
+           "unwinding does: a published cache never shuts down",
+           old="Unpublish ==\n    /\\ phase = \"Published\"\n",
+           new="Unpublish ==\n    /\\ phase = \"Published\"\n    /\\ NothingLeft\n"),
+    Mutant("release-skips-first", "FailureLeadsToAbort",
+           "the unwind loop stops before allocation 0 (off by one): its handle is never "
+           "released, so the VA is never freed and the abort never completes",
+           old="    /\\ a \\in created[r]\n    /\\ a \\notin mapped[r]  ",
+           new="    /\\ a \\in created[r] /\\ a > 0\n    /\\ a \\notin mapped[r]  "),
+    Mutant("free-only-when-shutting-down", "FailureLeadsToAbort",
+           "cuMemAddressFree only on shutdown: an abort never frees the VA",
+           old="    /\\ Unwinding\n    /\\ va[r]\n",
+           new="    /\\ phase = \"ShuttingDown\"\n    /\\ va[r]\n"),
+    Mutant("unwinding-not-fair", "FailureLeadsToAbort",
+           "fairness left out for the unwinding steps: an aborting attempt may stop",
+           old=_SPEC_FAIR,
+           new="Spec == Init /\\ [][Next]_vars /\\ WF_vars((\\E r \\in Ranks : RankStep(r)) "
+               "\\/ GroupStep)"),
+    Mutant("last-rank-starved", "AttemptEnds",
+           "fairness left out for the last rank: it may never get ready (or unwind)",
+           old=_SPEC_FAIR,
+           new="Spec == Init /\\ [][Next]_vars /\\ WF_vars((\\E r \\in Ranks \\ {NumRanks - 1} "
+               ": RankStep(r) \\/ UnwindStep(r)) \\/ GroupStep)"),
+    Mutant("abort-complete-when-empty", "EverythingReleased",
+           "the abort declared complete while ranks hold objects: unwinding stops there "
+           "and they are never released"),
+    Mutant("unpublish-never", "EverythingReleased",
+           "Unpublish never runs: the published cache is never released",
+           old="Unpublish ==\n    /\\ phase = \"Published\"\n",
+           new="Unpublish ==\n    /\\ FALSE\n"),
     # helpers the guards share: the properties are written out apart from them, so a
     # wrong helper weakens the guard only (helper-17's audit, 2026-12-02)
     Mutant("nothing-left-keeps-va", "NothingLeftAfterAbort",
@@ -244,7 +289,7 @@ def property_kind(name: str) -> str:
     listed as an action or liveness property, e.g. a group invariant, is an invariant)."""
     if name in ACTION_PROPERTIES or name in GROUP_ACTION_PROPERTIES:
         return "action"
-    if name in LIVENESS_PROPERTIES:
+    if name in LIVENESS_PROPERTIES or name in GROUP_LIVENESS_PROPERTIES:
         return "liveness"
     return "invariant"
 
@@ -324,6 +369,32 @@ def apply_mutant(text: str, mutant: Mutant) -> str:
     return text.replace(mutant.old, mutant.new)
 
 
+_PROPERTIES_LINE = re.compile(r"^PROPERT(?:Y|IES)\b", re.M)
+
+
+def live_config(specdir: str | Path, name: str = LIVE_CONFIG) -> str:
+    """The shipped liveness config ``name`` of ``specdir`` without its PROPERTIES (the
+    template a liveness mutant runs on; :func:`_config` appends the one property).
+
+    Raises
+    ------
+    ToolError
+        When the config is missing, has no PROPERTIES, or has anything after them
+        but property names and comments.
+    """
+    path = Path(specdir) / name
+    if not path.is_file():
+        raise ToolError(f"{path} does not exist: liveness mutants run on it")
+    text = path.read_text()
+    match = _PROPERTIES_LINE.search(text)
+    if match is None:
+        raise ToolError(f"{path} has no PROPERTIES")
+    tail = re.sub(r"\\\*[^\n]*", "", text[match.end():])
+    if not re.fullmatch(r"[\s\w]*", tail):
+        raise ToolError(f"{path}: only property names may follow PROPERTIES")
+    return text[:match.start()]
+
+
 def _config(properties: tuple[str, ...], template: str = MUTANT_CONFIG) -> str:
     """``template`` checking ``properties``: invariants as INVARIANTS, the rest as
     PROPERTIES."""
@@ -353,7 +424,8 @@ def _check(specdir: Path, text: str, properties: tuple[str, ...], *,
 def run_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 120,
                workers: int = 1) -> TLCResult:
     """Model-check ``mutant`` against its one property on :data:`MUTANT_CONFIG`
-    (:data:`MUTANT_CONFIG_PLAIN` for a mutant only a plain allocation shows).
+    (:data:`MUTANT_CONFIG_PLAIN` for a mutant only a plain allocation shows; a liveness
+    mutant on :data:`LIVE_CONFIG` of ``specdir``, see :func:`live_config`).
 
     The caller expects :func:`caught` to hold.
     """
@@ -361,7 +433,8 @@ def run_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 1
     if not (root / BASE_SPEC).is_file():
         raise ToolError(f"{root / BASE_SPEC} does not exist")
     text = apply_mutant((root / BASE_SPEC).read_text(), mutant)
-    config = MUTANT_CONFIG_PLAIN if mutant.guard in _PLAIN else MUTANT_CONFIG
+    config = (live_config(root, LIVE_CONFIG) if property_kind(mutant.invariant) == "liveness"
+              else MUTANT_CONFIG_PLAIN if mutant.guard in _PLAIN else MUTANT_CONFIG)
     return _check(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
                   config=config)
 
@@ -382,7 +455,8 @@ def run_unmutated(specdir: str | Path,
 GROUP_SPEC = "KVGroup.tla"
 _GROUP_MC_SPEC = "MCKVGroup.tla"
 
-#: One or more guard-removal mutants per safety invariant of KVGroup (TypeOK excluded).
+#: One or more mutants per property of KVGroup (TypeOK excluded): guard removals and
+#: operator changes; the liveness ones run on GROUP_LIVE_CONFIG.
 GROUP_MUTANTS: tuple[Mutant, ...] = (
     Mutant("decide-after-all-votes", "Agreement",
            "deciding while a live rank has not voted lets one abort and another publish"),
@@ -481,7 +555,87 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
            "cuMemSetAccess on a mapping that does not exist"),
     Mutant("send-after-export", "ImportOnlyByImporters",
            "sending an fd that was never exported"),
+    # --- liveness (audit of 2026-12-03): each on MCKVGroup_Live.cfg, one property per run
+    Mutant("no-deadline", "SurvivorsDecide",
+           "no deadline (GiveUp gone): an importer whose owner died or failed before "
+           "sending waits in the receive forever",
+           old="\\/ GroupStep(p) \\/ GiveUp(p)", new="\\/ GroupStep(p)"),
+    Mutant("deadline-only-on-crash", "SurvivorsDecide",
+           "the deadline fires for a dead owner only: an importer waits forever for an "
+           "owner whose step failed before it sent",
+           old="/\\ crashed[o] \\/ failed[o]", new="/\\ crashed[o]"),
+    Mutant("decide-waits-for-crashed-vote", "SurvivorsDecide",
+           "Decide waits for every vote, a crashed process's too: nobody decides",
+           old="/\\ \\A q \\in Missing : crashed[q]", new="/\\ Missing = {}"),
+    Mutant("failed-rank-never-votes", "SurvivorsDecide",
+           "a process whose step failed leaves without voting: the others wait for it",
+           old='/\\ v = "failed" => failed[p]', new='/\\ v = "failed" => FALSE'),
+    Mutant("no-fairness", "SurvivorsDecide",
+           "without weak fairness a process may stop anywhere",
+           old="/\\ WF_vars(Progress)", new=""),
+    Mutant("last-rank-starved", "SurvivorsDecide",
+           "fairness left out for the last process: it may never be scheduled",
+           old=_SPEC_FAIR,
+           new="Spec == Init /\\ [][Next]_vars /\\ WF_vars(\\E p \\in Ranks \\ {NumRanks - 1} : "
+               "ForwardStep(p) \\/ UnwindStep(p) \\/ GroupStep(p) \\/ GiveUp(p))"),
+    Mutant("unwinding-not-fair", "SurvivorsEnd",
+           "fairness left out for the unwinding steps: an aborting process may stop",
+           old=_SPEC_FAIR,
+           new="Spec == Init /\\ [][Next]_vars /\\ WF_vars(\\E p \\in Ranks : "
+               "ForwardStep(p) \\/ GroupStep(p) \\/ GiveUp(p))"),
+    Mutant("abort-waits-for-every-decision", "SurvivorsEnd",
+           "Abort waits until every process has decided, a crashed one too (a barrier "
+           "that counts the dead): the survivor never unwinds",
+           old='/\\ decision[p] = "abort"  ',
+           new='/\\ decision[p] = "abort" /\\ \\A q \\in Ranks : decision[q] # "none"  '),
+    Mutant("abort-complete-waits-for-peers", "SurvivorsEnd",
+           "AbortComplete waits until every other live process has aborted: two "
+           "aborting processes wait for each other",
+           old="/\\ phase' = [phase EXCEPT ![p] = \"Aborted\"]",
+           new="/\\ \\A q \\in Ranks \\ {p} : crashed[q] \\/ phase[q] = \"Aborted\"\n"
+               "    /\\ phase' = [phase EXCEPT ![p] = \"Aborted\"]"),
+    Mutant("release-skips-first", "SurvivorsEnd",
+           "the unwind loop stops before allocation 0 (off by one): its handle is never "
+           "released, so the VA is never freed and the abort never completes",
+           old="    /\\ imported[p] = {}\n    /\\ a \\in created[p]\n",
+           new="    /\\ imported[p] = {}\n    /\\ a \\in created[p] /\\ a > 0\n"),
+    Mutant("import-release-never", "SurvivorsEnd",
+           "an imported handle is never released: own unwinding (after the imports) "
+           "never starts",
+           old="    /\\ <<o, a>> \\in imported[p]\n    /\\ \\A m \\in MappingKinds",
+           new="    /\\ FALSE\n    /\\ <<o, a>> \\in imported[p]\n    /\\ \\A m \\in MappingKinds"),
+    Mutant("free-only-when-aborting", "SurvivorsRelease",
+           "cuMemAddressFree only while aborting: a shutdown never frees the VA",
+           old="    /\\ Unwinding(p)\n    /\\ imported[p] = {}\n    /\\ va[p]\n",
+           new="    /\\ phase[p] = \"Aborting\" /\\ Alive(p)\n    /\\ imported[p] = {}\n"
+               "    /\\ va[p]\n"),
+    Mutant("unpublish-never", "SurvivorsRelease",
+           "Unpublish never runs: a published process never releases its memory",
+           old="Unpublish(p) ==\n    /\\ phase[p] = \"Published\"",
+           new="Unpublish(p) ==\n    /\\ FALSE"),
+    Mutant("unpublish-waits-for-peers", "SurvivorsRelease",
+           "Unpublish waits until every other live process is shutting down: published "
+           "processes wait for each other",
+           old="/\\ phase' = [phase EXCEPT ![p] = \"ShuttingDown\"]",
+           new="/\\ \\A q \\in Ranks \\ {p} : crashed[q] \\/ phase[q] \\in "
+               "{\"ShuttingDown\", \"Shutdown\"}\n"
+               "    /\\ phase' = [phase EXCEPT ![p] = \"ShuttingDown\"]"),
+    Mutant("shutdown-waits-for-published-peers", "SurvivorsRelease",
+           "ShutdownComplete waits until every peer that decided publish has unpublished, "
+           "a peer that crashed after deciding too (seen only since the Live config "
+           "explores crashes after Decide)",
+           old="/\\ phase' = [phase EXCEPT ![p] = \"Shutdown\"]",
+           new="/\\ \\A q \\in Ranks \\ {p} : decision[q] = \"publish\" => phase[q] \\in "
+               "{\"ShuttingDown\", \"Shutdown\"}\n"
+               "    /\\ phase' = [phase EXCEPT ![p] = \"Shutdown\"]"),
+    Mutant("abort-complete-when-empty", "SurvivorsRelease",
+           "the abort declared complete while the process holds objects: unwinding stops "
+           "there and they are never released"),
 )
+
+#: Liveness properties of KVGroup (checked on GROUP_LIVE_CONFIG, one per run).
+GROUP_LIVENESS_PROPERTIES: tuple[str, ...] = ("SurvivorsDecide", "SurvivorsEnd",
+                                              "SurvivorsRelease")
 
 #: The action properties of KVGroup: the lifecycle's, stated per process, and the plan
 #: order of making (which the lifecycle's undo stack holds).
@@ -546,19 +700,24 @@ def _check_group(specdir: Path, text: str, invariants: tuple[str, ...], *,
         shutil.copy2(specdir / _GROUP_MC_SPEC, work / _GROUP_MC_SPEC)
         cfg = work / "MCMutant.cfg"
         cfg.write_text(_config(invariants, config))
-        return run_tlc(work / _GROUP_MC_SPEC, cfg, timeout=timeout, workers=workers)
+        live = any(property_kind(p) == "liveness" for p in invariants)
+        return run_tlc(work / _GROUP_MC_SPEC, cfg, timeout=timeout, workers=workers,
+                       deadlock=not live)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def run_group_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 300,
                      workers: int = 1) -> TLCResult:
-    """Model-check a KVGroup ``mutant`` against its invariant on GROUP_MUTANT_CONFIG."""
+    """Model-check a KVGroup ``mutant`` against its property on GROUP_MUTANT_CONFIG (a
+    liveness mutant on :data:`GROUP_LIVE_CONFIG` of ``specdir``, see :func:`live_config`)."""
     root = Path(specdir)
     if not (root / GROUP_SPEC).is_file():
         raise ToolError(f"{root / GROUP_SPEC} does not exist")
     text = apply_mutant((root / GROUP_SPEC).read_text(), mutant)
-    config = (GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS
+    config = (live_config(root, GROUP_LIVE_CONFIG)
+              if property_kind(mutant.invariant) == "liveness"
+              else GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS
               else GROUP_MUTANT_CONFIG_PLAIN if mutant.guard in _GROUP_PLAIN
               else GROUP_MUTANT_CONFIG)
     return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers,

@@ -751,4 +751,15 @@ SurvivorsDecide == \A p \in Ranks : <>(crashed[p] \/ decision[p] # "none")
 SurvivorsEnd ==
     \A p \in Ranks : <>(crashed[p] \/ phase[p] \in {"Published", "Aborted"})
 
+\* Every surviving process finishes with nothing held: it aborts, or it is
+\* published and then shut down (the request to shut down, Unpublish, is part
+\* of the fair Progress: the model assumes it comes), and it ends holding no
+\* driver object, imported handles included (HeldNothing, written out apart
+\* from the guards' NothingLeftOn), and stays so.  SurvivorsEnd alone is met
+\* by a process that stops in Aborting or ShuttingDown, never unpublishes,
+\* or reaches Aborted while it still holds objects.
+SurvivorsRelease ==
+    \A p \in Ranks :
+        <>[](crashed[p] \/ (phase[p] \in {"Aborted", "Shutdown"} /\ HeldNothing(p)))
+
 =============================================================================

@@ -509,11 +509,29 @@ UnwindInReverseOrder ==
 \* Every attempt ends: the cache is published or the attempt is aborted.
 AttemptEnds == <>(phase \in {"Published", "Aborted"})
 
-\* Every shutdown ends, and (with NothingLeftAfterShutdown) with nothing left.
-ShutdownEnds == (phase = "ShuttingDown") ~> (phase = "Shutdown")
+\* A published cache is shut down when asked, and every shutdown ends (with
+\* NothingLeftAfterShutdown, with nothing left).  The request to shut down,
+\* Unpublish, is part of the fair Progress: the model assumes it comes, so a
+\* cache that stays published because Unpublish cannot run (it waits for
+\* something that never happens) breaks this; "ShuttingDown ~> Shutdown"
+\* alone did not see it.
+ShutdownEnds == (phase \in {"Published", "ShuttingDown"}) ~> (phase = "Shutdown")
 
 \* A failure before Publish leads to a completed Abort (and, with
 \* FailureNeverPublishes, never to Publish).
 FailureLeadsToAbort == (\E r \in Ranks : failed[r]) ~> (phase = "Aborted")
+
+\* Every attempt finishes with every driver object released on every rank
+\* and nothing published, and stays so: it aborts, or it publishes and is
+\* shut down.  Written from the variables (HeldNothing, apart from the
+\* guards' NothingLeft), so it is not met by reaching a phase: an abort or
+\* shutdown declared complete while ranks still hold objects breaks it, as
+\* does unwinding that stops before the VA is freed.  (The safety invariants
+\* NothingLeftAfterAbort / ...Shutdown say the same of the terminal phases;
+\* this is the claim that the release happens, checked where they are not.)
+EverythingReleased ==
+    <>[](/\ phase \in {"Aborted", "Shutdown"}
+         /\ published = {}
+         /\ \A r \in Ranks : HeldNothing(r))
 
 =============================================================================

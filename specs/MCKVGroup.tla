@@ -23,6 +23,15 @@ MCStateConstraint ==
     /\ Cardinality({p \in Ranks : failed[p]}) <= MaxFailures
     /\ Cardinality({p \in Ranks : crashed[p]}) <= MaxCrashes
 
+\* For liveness: crashes bounded, failures not.  GiveUp (the deadline) is fair
+\* and sets failed[p]; a constraint that bounds failures cuts the GiveUp of an
+\* importer whose owner failed before sending (a second failure), and TLC then
+\* drops every such behaviour as unfair (GiveUp stays enabled, never taken),
+\* so the deadline's failed-owner case would be checked vacuously.  Crash is
+\* not fair, so bounding crashes only removes behaviours.
+MCLiveConstraint ==
+    Cardinality({p \in Ranks : crashed[p]}) <= MaxCrashes
+
 \* For 3 processes: one fault in all (a failed step or a crash), which keeps
 \* the state space small enough for `make verify`.
 MCOneFault ==
@@ -30,7 +39,9 @@ MCOneFault ==
 
 \* A crash after the process decided changes nothing for the others (no step
 \* of another process waits for it then): only crashes before Decide are
-\* explored (ACTION_CONSTRAINT MCCrashBeforeDecide).
+\* explored (ACTION_CONSTRAINT MCCrashBeforeDecide).  True of the correct spec
+\* only: the liveness config does without it, so a survivor that waits for a
+\* peer which crashed after deciding is seen.
 MCCrashBeforeDecide ==
     \A p \in Ranks : (crashed'[p] /\ ~crashed[p]) => decision[p] = "none"
 

@@ -439,11 +439,12 @@ def test_public_names_are_pinned() -> None:
         "discover_models", "exit_on_signals", "find_jar", "find_java", "kill_running",
         "parse_tool_output", "parse_value", "reporting_progress", "run_tlc", "tlc_command"]
     assert spec_mutants.__all__ == sorted(spec_mutants.__all__) == [
-        "ACTION_PROPERTIES", "BASE_SPEC", "GROUP_ACTION_PROPERTIES", "GROUP_MUTANTS",
+        "ACTION_PROPERTIES", "BASE_SPEC", "GROUP_ACTION_PROPERTIES",
+        "GROUP_LIVENESS_PROPERTIES", "GROUP_LIVE_CONFIG", "GROUP_MUTANTS",
         "GROUP_MUTANT_CONFIG", "GROUP_MUTANT_CONFIG_3", "GROUP_MUTANT_CONFIG_PLAIN",
-        "GROUP_SAFETY_INVARIANTS", "GROUP_SPEC", "LIVENESS_PROPERTIES", "MUTANTS",
-        "MUTANT_CONFIG", "MUTANT_CONFIG_PLAIN", "Mutant", "SAFETY_INVARIANTS",
-        "apply_mutant", "caught", "find_guards", "mutate", "property_kind",
+        "GROUP_SAFETY_INVARIANTS", "GROUP_SPEC", "LIVENESS_PROPERTIES", "LIVE_CONFIG",
+        "MUTANTS", "MUTANT_CONFIG", "MUTANT_CONFIG_PLAIN", "Mutant", "SAFETY_INVARIANTS",
+        "apply_mutant", "caught", "find_guards", "live_config", "mutate", "property_kind",
         "run_group_mutant", "run_group_unmutated", "run_mutant", "run_unmutated"]
     assert verify.__all__ == ["add_parser", "default_specdir", "run", "verify_specs"]
     assert tlc.ToolError is ToolError  # the library's error when kvgrant is installed

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from kvgrant.conformance.spec_mutants import (ACTION_PROPERTIES, LIVENESS_PROPERTIES,
-                                              MUTANT_CONFIG, MUTANT_CONFIG_PLAIN, MUTANTS,
+from kvgrant.conformance.spec_mutants import (ACTION_PROPERTIES, LIVE_CONFIG,
+                                              LIVENESS_PROPERTIES, MUTANT_CONFIG,
+                                              MUTANT_CONFIG_PLAIN, MUTANTS,
                                               SAFETY_INVARIANTS, Mutant, apply_mutant,
-                                              caught, find_guards, mutate, property_kind,
-                                              run_mutant, run_unmutated)
+                                              caught, find_guards, live_config, mutate,
+                                              property_kind, run_mutant, run_unmutated)
 from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
@@ -117,6 +118,28 @@ def test_property_kinds() -> None:
     assert property_kind("AccessOnlyOwnerAndImporters") == "invariant"
     assert property_kind("UnwindInReverseOrder") == "action"
     assert property_kind("FailureLeadsToAbort") == "liveness"
+    assert property_kind("EverythingReleased") == "liveness"
+    assert property_kind("SurvivorsRelease") == "liveness"
+
+
+def test_liveness_is_stated_apart_from_the_guards() -> None:
+    """The liveness properties read the variables (HeldNothing), not the guards'
+    NothingLeft / NothingLeftOn / Unwinding."""
+    text = spec_text()
+    live = re.sub(r"\\\*.*", "", text[text.index("(* Liveness properties"):])
+    for helper in ("NothingLeft", "Unwinding", "AllMappingsGranted", "Can", "Complete("):
+        assert helper not in live, helper
+    assert "HeldNothing" in live
+
+
+def test_liveness_mutants_run_on_the_shipped_live_config() -> None:
+    """A liveness mutant runs on MCKVLifecycle_Live.cfg (3 ranks, two failing), its
+    PROPERTIES replaced by the mutant's one property."""
+    template = live_config(SPECS, LIVE_CONFIG)
+    assert "PROPERTIES" not in template and "CONSTRAINT MCTwoFailures" in template
+    assert cfg_constants(template)["NumRanks"] == "3"
+    assert {m.invariant for m in MUTANTS if property_kind(m.invariant) == "liveness"} \
+        == set(LIVENESS_PROPERTIES)
 
 
 def test_mutate_replaces_exactly_the_tagged_conjunct() -> None:
@@ -286,7 +309,7 @@ def _run_module(tmp_path: Path, cfg_body: str, *, base: str | None = None,
 @pytest.mark.tlc
 @needs_java
 def test_liveness_holds_on_a_small_model(tmp_path: Path) -> None:
-    res = _run_module(tmp_path, "PROPERTIES AttemptEnds ShutdownEnds FailureLeadsToAbort\n")
+    res = _run_module(tmp_path, "PROPERTIES " + " ".join(LIVENESS_PROPERTIES) + "\n")
     assert res.ok, _explain(res)
 
 
