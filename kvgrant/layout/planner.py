@@ -44,7 +44,7 @@ from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planfile import geometry_hash
 from kvgrant.layout.rules import reference_plan
 
-__all__ = ["PackedResult", "geometry_hash", "plan_packed"]
+__all__ = ["PackedResult", "geometry_hash", "plan_packed", "warm_start"]
 
 Progress = Callable[[str], None]
 
@@ -221,6 +221,17 @@ def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None
     return None
 
 
+def warm_start(g: Geometry) -> tuple[PhysicalPlan, str]:
+    """The solver's start and its name: the reference rule's plan, or the contiguous
+    plan (each region in one run of one plane; better on a few chunks over large
+    planes) when that needs fewer allocations. ``bench_plan.py`` starts from the same."""
+    ref = reference_plan(g)
+    contiguous = contiguous_plan(g)
+    if contiguous is not None and len(contiguous.allocations) < len(ref.allocations):
+        return contiguous, "contiguous"
+    return ref, "reference"
+
+
 @gc_paused()
 def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
            max_nonzeros: int | None, max_solves: int = DEFAULT_MAX_SOLVES,
@@ -229,11 +240,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
            time_limit: float | None = None) -> PackedResult:
     t0 = time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
-    ref = reference_plan(g)
-    start, start_name = ref, "reference"
-    contiguous = contiguous_plan(g)  # each region in one run: better on few big chunks
-    if contiguous is not None and len(contiguous.allocations) < len(ref.allocations):
-        start, start_name = contiguous, "contiguous"
+    start, start_name = warm_start(g)
     exact: ExactResult | None = None
     memo: list[LowerBound] = []
 
