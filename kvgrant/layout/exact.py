@@ -89,7 +89,6 @@ ranks fail aborts as a whole). Within the size and node limits no solve measured
 here came near it."""
 
 
-
 class OutOfTime(Exception):
     """A solve reached the caller's ``time_limit`` (never raised without one)."""
 
