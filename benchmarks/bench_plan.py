@@ -80,6 +80,9 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
     row["reference"] = len(reference_plan(g).allocations)
     (start, start_name), ref_s = _cpu(lambda: warm_start(g))  # as plan_packed starts
     row["start"] = start_name
+    if heuristic:
+        h, h_s = _cpu(lambda: pack(g))
+        row["heuristic"], row["heuristic_s"] = len(h.allocations), round(h_s, 2)
     if start_name == "contiguous":  # plan_packed checks it against the bound first
         lb, lb_s = _cpu(lambda: allocation_lower_bound(g))
         if len(start.allocations) <= lb.total:
@@ -89,9 +92,6 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
                        bound_s=round(lb_s, 2), solver=None,
                        exact_only_cpu_s=round(ref_s + lb_s, 2),
                        exact_cpu_s=round(ref_s + lb_s, 2))
-            if heuristic:
-                h, h_s = _cpu(lambda: pack(g))
-                row["heuristic"], row["heuristic_s"] = len(h.allocations), round(h_s, 2)
             return planner_view(row)
     ex, ex_s = _cpu(lambda: exact_plan(g, start=start, options=options))
     row["exact"] = ex.cost
@@ -102,12 +102,8 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
     row["exact_source"] = ex.source
     packed_s = ref_s + ex_s
     row["exact_only_cpu_s"] = round(packed_s, 2)
-    if heuristic:
-        h, h_s = _cpu(lambda: pack(g))
-        row["heuristic"] = len(h.allocations)
-        row["heuristic_s"] = round(h_s, 2)
-        if not ex.optimal and ex.source != "windows":  # plan_packed runs it only then
-            packed_s += h_s
+    if heuristic and not ex.optimal and ex.source != "windows":
+        packed_s += h_s  # plan_packed runs the packer only then
     if bound:
         lb, lb_s = _cpu(lambda: allocation_lower_bound(g))
         row["bound"] = lb.total
@@ -225,13 +221,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows = _done(all_rows)
     n = len(rows)
+    counts = {"layouts": len(all_rows), "measured": n,
+              "over_wall_limit": sum("over_s" in r for r in all_rows),
+              "errors": sum("error" in r for r in all_rows)}
     if not n:
-        return {"layouts": len(all_rows), "measured": 0,
-                "over_wall_limit": sum("over_s" in r for r in all_rows),
-                "errors": sum("error" in r for r in all_rows)}
+        return counts
     return {
-        "layouts": len(all_rows),
-        "measured": n,
+        **counts,
         "optimal": sum(r["verdict"] == "optimal" for r in rows),
         "packed_optimal": sum(r["packed_verdict"] == "optimal" for r in rows),
         "max_packed_gap_pct": max(100 * (r["packed"] - r["packed_bound"]) / r["packed"]
@@ -242,8 +238,6 @@ def _summary(all_rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_exact_over_reference": round(sum(r["exact"] / r["reference"] for r in rows) / n, 3),
         "max_packed_cpu_s": max(r["packed_cpu_s"] for r in rows),
         "packed_cpu_over_2s": sum(r["packed_cpu_s"] > 2 for r in rows),
-        "over_wall_limit": sum("over_s" in r for r in all_rows),
-        "errors": sum("error" in r for r in all_rows),
     }
 
 

@@ -19,17 +19,15 @@ import pytest
 from kvgrant.cli import main
 from kvgrant.conformance.replay import replay, replay_file
 from kvgrant.conformance.trace_io import load_trace, parse_trace, parse_trace_lines
-from kvgrant.errors import AllocationError, DriverError, PlanError, TraceError
+from kvgrant.errors import AllocationError, DriverError, TraceError
 from kvgrant.runtime.allocator import allocate
 from kvgrant.runtime.cuda_errors import driver_error
 from kvgrant.runtime.faults import Fault
-from kvgrant.runtime.options import Backend
 from kvgrant.runtime.sim import SimDriver
 from kvgrant.traceformat import SETUP_CALLS
 from tests.runtime._small import chunk_plan, small_geometry
 
 SMALL = Path(__file__).resolve().parents[2] / "examples" / "small.json"
-KEEP = "not a trace, keep me\n"
 QUERIES = ["cuMemGetAllocationGranularity", "cuMemGetInfo"]
 
 
@@ -107,16 +105,6 @@ def test_untraced_it_is_the_same_error_and_no_file(tmp_path: Path,
     with pytest.raises(AllocationError, match="cuMemGetInfo failed"):
         allocate(g, plan=chunk_plan(g), backend=drv)
     assert list(tmp_path.iterdir()) == [] and drv.live().is_empty()
-
-
-def test_a_refusal_before_the_first_event_still_leaves_the_file_alone(tmp_path: Path) -> None:
-    """Too few devices is a refusal (PlanError), not a failed query: nothing to trace."""
-    g = small_geometry()
-    trace = tmp_path / "t.ndjson"
-    trace.write_text(KEEP)
-    with pytest.raises(PlanError, match="needs devices"):
-        allocate(g, plan=chunk_plan(g), backend=Backend("sim", {"devices": 1}), trace=trace)
-    assert trace.read_text() == KEEP
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
