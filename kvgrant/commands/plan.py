@@ -97,6 +97,14 @@ def _heartbeat(progress: Callable[[str], None], limit: float | None,
         thread.join()
 
 
+def _watched() -> bool:
+    """Whether stderr is a terminal (a closed or replaced stream counts as not)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class _Progress:
     """Progress lines on stderr, shown once a step has run for more than a second
     (quick runs stay quiet). Thread-safe: the heartbeat reports from its own thread."""
@@ -142,7 +150,10 @@ def _run(args: argparse.Namespace) -> int:
     g = load_geometry(args.geometry)
     progress(f"planning {g.name!r} ({len(g.aliases):,} declared chunks)")
     plans = [naive_plan(g), reference_plan(g)]
-    with _heartbeat(progress, args.time_limit):
+    # the heartbeat is for someone watching a terminal (and a thread of its own, which
+    # a caller counting this process's threads would see)
+    beat = _heartbeat(progress, args.time_limit) if _watched() else contextlib.nullcontext()
+    with beat:
         packed = plan_packed(g, progress=progress, time_limit=args.time_limit)
     plans.append(packed.plan)
     progress(f"packed plan: {len(packed.plan.allocations):,} allocations, {packed.verdict()}")

@@ -139,3 +139,23 @@ def test_the_heartbeat_says_planning_goes_on_and_how_to_stop_it() -> None:
     import threading
 
     assert not [t for t in threading.enumerate() if t.name == "kvgrant-plan-heartbeat"]
+
+
+@pytest.mark.parametrize("watched", [True, False])
+def test_the_heartbeat_runs_only_for_a_terminal(watched: bool, monkeypatch, capsys) -> None:
+    import contextlib
+
+    from kvgrant.commands import plan as plan_cmd
+
+    calls: list[Any] = []
+
+    @contextlib.contextmanager
+    def fake(progress: Any, limit: Any, every: float = 30.0):
+        calls.append(limit)
+        yield
+
+    monkeypatch.setattr(plan_cmd, "_heartbeat", fake)
+    monkeypatch.setattr(plan_cmd, "_watched", lambda: watched)
+    assert cli_main(["plan", str(ROOT / "examples" / "small.json"), "--no-bound",
+                     "--time-limit", "30"]) == 0
+    assert calls == ([30.0] if watched else [])
