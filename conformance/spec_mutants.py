@@ -47,6 +47,7 @@ __all__ = [
     "GROUP_MUTANT_CONFIG",
     "GROUP_MUTANT_CONFIG_3",
     "GROUP_MUTANT_CONFIG_PLAIN",
+    "GROUP_MUTANT_CONFIG_TWO_FAULTS",
     "GROUP_SAFETY_INVARIANTS",
     "GROUP_SPEC",
     "LIVENESS_PROPERTIES",
@@ -555,6 +556,12 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
            "cuMemSetAccess on a mapping that does not exist"),
     Mutant("send-after-export", "ImportOnlyByImporters",
            "sending an fd that was never exported"),
+    # seen only when two processes fail (GROUP_MUTANT_CONFIG_TWO_FAULTS)
+    Mutant("failed-votes-by-parity", "Validity",
+           "the failed votes combined by parity (an all-reduce with XOR where OR was "
+           "meant): two failures cancel and the group publishes",
+           old="Missing = {} /\\ FailedVoters = {}",
+           new="Missing = {} /\\ Cardinality(FailedVoters) % 2 = 0"),
     # --- liveness (audit of 2026-12-03): each on MCKVGroup_Live.cfg, one property per run
     Mutant("no-deadline", "SurvivorsDecide",
            "no deadline (GiveUp gone): an importer whose owner died or failed before "
@@ -690,6 +697,12 @@ GROUP_MUTANT_CONFIG_PLAIN = GROUP_MUTANT_CONFIG.replace(
     "Aliased = {0, 1}\n    OwnerOnly = {1}", "Aliased = {1}\n    OwnerOnly = {}")
 _GROUP_PLAIN = frozenset({"alias-only-aliased"})
 
+#: GROUP_MUTANT_CONFIG with up to two faults (specs/MCKVGroup_TwoFaults.cfg's
+#: constraint), for mutants that show only when both processes fail.
+GROUP_MUTANT_CONFIG_TWO_FAULTS = GROUP_MUTANT_CONFIG.replace(
+    "CONSTRAINT MCOneFault", "CONSTRAINT MCTwoFaults")
+_GROUP_TWO_FAULTS = frozenset({"failed-votes-by-parity"})
+
 
 def _check_group(specdir: Path, text: str, invariants: tuple[str, ...], *,
                  timeout: float | None, workers: int,
@@ -719,6 +732,7 @@ def run_group_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | No
               if property_kind(mutant.invariant) == "liveness"
               else GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS
               else GROUP_MUTANT_CONFIG_PLAIN if mutant.guard in _GROUP_PLAIN
+              else GROUP_MUTANT_CONFIG_TWO_FAULTS if mutant.guard in _GROUP_TWO_FAULTS
               else GROUP_MUTANT_CONFIG)
     return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
                         config=config)

@@ -37,6 +37,15 @@ MCLiveConstraint ==
 MCOneFault ==
     Cardinality({p \in Ranks : failed[p]}) + Cardinality({p \in Ranks : crashed[p]}) <= 1
 
+\* For 2 processes: up to two faults (failed steps or a crash), so that both
+\* processes fail, as when the owner's step fails before it sends and the importer
+\* then times out (GiveUp, or its Import fails).  The other safety configs allow one
+\* failed step in all: TLC checks the state of a second failure but none after it,
+\* so what the group does when both processes failed is seen only here.
+MCTwoFaults ==
+    /\ Cardinality({p \in Ranks : failed[p]}) + Cardinality({p \in Ranks : crashed[p]}) <= 2
+    /\ Cardinality({p \in Ranks : crashed[p]}) <= MaxCrashes
+
 \* A crash after the process decided changes nothing for the others (no step
 \* of another process waits for it then): only crashes before Decide are
 \* explored (ACTION_CONSTRAINT MCCrashBeforeDecide).  True of the correct spec

@@ -99,7 +99,8 @@ def test_the_live_config_bounds_crashes_only() -> None:
 def test_group_configs_are_discovered_and_check_every_claim() -> None:
     cfgs = [c for _, c in discover_models(SPECS) if c.name.startswith("MCKVGroup")]
     assert {c.name for c in cfgs} == {"MCKVGroup.cfg", "MCKVGroup_TwoAllocs.cfg",
-                                      "MCKVGroup_Plain.cfg", "MCKVGroup_Live.cfg"}
+                                      "MCKVGroup_Plain.cfg", "MCKVGroup_TwoFaults.cfg",
+                                      "MCKVGroup_Live.cfg"}
     checked: set[str] = set()
     for c in cfgs:
         checked |= set(re.findall(r"\b(\w+)\b", c.read_text().split("SPECIFICATION", 1)[1]))
@@ -215,6 +216,13 @@ EXTENDS MCKVGroup
 OwnerFailedBeforeSend == failed[0] /\\ sent = {} /\\ ~crashed[0] /\\ ~crashed[1]
 NoFairOwnerFailure == <>[]~OwnerFailedBeforeSend
 MCNoFault == \\A p \\in Ranks : ~failed[p] /\\ ~crashed[p]
+\\* both processes failed and went on to decide, nobody crashed, and rank 1 never got
+\\* the fd: the owner's step failed before it sent, the importer timed out (GiveUp or
+\\* a failed Import).  (A state constraint still lets TLC check the state that breaks
+\\* it, so a second failure alone is seen by every config; what follows it is not.)
+NeverBothFailedBeforeSend == ~(failed[0] /\\ failed[1] /\\ sent = {}
+                               /\\ ~crashed[0] /\\ ~crashed[1]
+                               /\\ decision[0] # "none" /\\ decision[1] # "none")
 ====
 """
 
@@ -238,6 +246,34 @@ def test_the_live_config_has_fair_behaviours_where_the_owner_fails(tmp_path: Pat
                      + "PROPERTIES NoFairOwnerFailure\n")
     assert res.status == "property", _explain(res)
     assert any(s.values and s.value("failed")[1] for s in res.counterexample)
+
+
+def _safety_part(cfg: str) -> str:
+    """A shipped safety config without its INVARIANTS and PROPERTIES sections."""
+    return cfg.split("INVARIANTS", 1)[0]
+
+
+@pytest.mark.tlc
+@needs_java
+def test_the_two_faults_config_reaches_both_processes_failed(tmp_path: Path) -> None:
+    """MCKVGroup_TwoFaults.cfg explores the common double failure (the owner's step
+    fails before it sends, the importer times out), which every other safety config
+    cuts off (one failed step in all); the parity mutant shows only there."""
+    cfg = _safety_part((SPECS / "MCKVGroup_TwoFaults.cfg").read_text())
+    res = _run_extra(tmp_path, cfg + "INVARIANT NeverBothFailedBeforeSend\n")
+    assert res.status == "invariant" and res.violated == "NeverBothFailedBeforeSend", \
+        _explain(res)
+    for other in ("MCKVGroup_Plain.cfg", "MCKVGroup_TwoAllocs.cfg"):
+        res = _run_extra(tmp_path, _safety_part((SPECS / other).read_text())
+                         + "INVARIANT NeverBothFailedBeforeSend\n")
+        assert res.ok, (other, _explain(res))
+    parity = next(m for m in GROUP_MUTANTS if m.guard == "failed-votes-by-parity")
+    text = apply_mutant(spec_text(), parity)
+    res = _run_extra(tmp_path, _safety_part((SPECS / "MCKVGroup_Plain.cfg").read_text())
+                     + "INVARIANT Validity\n", base=text)
+    assert res.ok, _explain(res)  # one failure at most: parity is right
+    res = _run_extra(tmp_path, cfg + "INVARIANT Validity\n", base=text)
+    assert res.status == "invariant" and res.violated == "Validity", _explain(res)
 
 
 @pytest.mark.tlc
