@@ -18,6 +18,9 @@ The proofs are in ``docs/layout.md`` ("Lower bound"); in short:
 * (C) Non-aliased allocations: one per plane holding pages in no conflict set; enough
   planes to hold the non-aliased bytes; and one per run of *dead* granules (granules
   no plan can alias), less the separations the spare non-aliased granules can fill.
+* (E) Chains: the rows one piece holds whole lie at one plane shift, which each row's
+  pages confine to an interval; rows whose pages drift against their bytes break the
+  chain, and every row held whole by no piece has a piece boundary inside it.
 * (D) A Lagrangian relaxation of the granule assignment: along each plane, count the
   starts of label runs (a row's interior, or one straddling granule) that cannot be
   one allocation, and of non-aliased stretches; price the "each label gets exactly its
@@ -47,7 +50,8 @@ class RegionBound:
     """Bound on the aliased allocations of one region.
 
     ``incidences`` is ``sum_k m_k``; ``crossable`` the number of row boundaries some
-    allocation could cross; ``pieces = max(1, incidences - crossable)``.
+    allocation could cross; ``pieces = max(1, incidences - crossable, chains)``, with
+    ``chains`` the bound (E) of the module docstring.
     """
 
     region: str
@@ -385,6 +389,56 @@ def _crossings(g: Geometry, rows: list[tuple[tuple[int, int], ...]]) -> int:
     return n
 
 
+MAX_CHAIN_WORK = 4_000_000
+"""Most (row, plane shape) steps the chain bound (E) walks; past it (E) is left out (1
+per region, its trivial value). A count of the geometry, not a clock: about a second of
+Python on the 2-core machine. The published example at 20 times its scale takes about
+80,000 steps; a region of 2^20 rows over 4 plane shapes would take 4.2 million."""
+
+
+def _chain_pieces(g: Geometry, r: Region, rows: list[tuple[tuple[int, int], ...]],
+                  per_row: list[int]) -> int:
+    """(E) Fewest aliased allocations of region ``r`` by the drift of its rows' pages.
+
+    Rows held whole by one allocation lie at one plane shift d (a multiple of G) in one
+    plane, and each such row k must touch exactly its pages at that shift: d lies in an
+    interval per row and plane. Consecutive rows that one allocation holds whole need a
+    common d; a row held by no allocation whole has a run boundary inside it (at least
+    ``per_row[k] - 1`` of them). The greedy walk below counts the fewest such
+    boundaries (docs/layout.md, "Lower bound", (E)); allocations = boundaries + 1.
+    Why: rows whose declared pages advance faster or slower than their bytes (chunks
+    with gaps) cannot share an allocation for long, which (B) does not see (it asks
+    only whether two neighbours can share one)."""
+    G, R, n = g.granularity, r.row_bytes, g.pages
+    shapes = sorted({(p.bytes_per_page, g.plane_bytes(p.name)) for p in g.planes})
+    if r.rows * len(shapes) > MAX_CHAIN_WORK:
+        return 1
+    cuts = 0
+    live: list[tuple[int, int]] | None = None  # per shape, the shifts the block allows
+    for k in range(r.rows):
+        sets = rows[k]
+        if per_row[k] >= 2 or len(sets) > 1:
+            cuts += max(1, per_row[k] - 1)  # never held whole: boundaries inside it
+            live = None
+            continue
+        if not sets:
+            continue  # no declared page: left unconstrained (it only weakens the bound)
+        a, b = sets[0]
+        o, e = k * R, (k + 1) * R
+        # first byte on page a; last byte on page b - 1 (or in the tail past the last page)
+        here = [(max(a * P - o, (b - 1) * P - e + 1),
+                 min((a + 1) * P - o - 1, (PB if b >= n else b * P) - e))
+                for P, PB in shapes]
+        if live is not None:
+            here = [(max(lo, lo2), min(hi, hi2)) for (lo, hi), (lo2, hi2) in zip(live, here)]
+        if any(-(-lo // G) * G <= hi for lo, hi in here):
+            live = here
+            continue
+        cuts += 1  # row k joins no block with the rows before it: a boundary inside it
+        live = None
+    return cuts + 1
+
+
 def _exclusive_pages(rows: list[tuple[tuple[int, int], ...]], counts: dict[int, int]) -> list[int]:
     """Per row, how many of its pages are in no other row's conflict set."""
     memo: dict[tuple[tuple[int, int], ...], int] = {}
@@ -575,8 +629,8 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
         tail_cross = sum(G // r.row_bytes + 1 for t in tails if t > 0)
         crossable = page_cross + min(others, tail_cross)
         incid = sum(per_row)
-        regions.append(RegionBound(r.name, incid, crossable, max(1, incid - crossable),
-                                   tuple(per_row)))
+        pieces = max(1, incid - crossable, _chain_pieces(g, r, rows, per_row))
+        regions.append(RegionBound(r.name, incid, crossable, pieces, tuple(per_row)))
     aliased = sum(rb.pieces for rb in regions)
     free_pages = g.pages - len(counts)
     # region bytes past the last row belong to no row, so free pages may back them

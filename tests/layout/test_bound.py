@@ -73,6 +73,32 @@ _TAIL_PIECE_COUNTEREXAMPLE = {
     "topology": {"ranks": 1}}
 
 
+# (E): four one-byte rows whose pages drift (G = 1, 2 bytes per page, chunks at plane
+# bytes 0, 1, 3, 5): every neighbouring pair of rows can be crossed, so (B) gives one
+# piece, but rows 0-2 lie at plane shift 0 and row 3 only at shift 1 or 2
+_DRIFTING_ROWS = {
+    "name": "drift", "granularity": 1, "pages": 3, "page_tokens": 1,
+    "planes": [{"name": "p0", "bytes_per_page": 2}],
+    "regions": [{"name": "r", "rows": 4, "row_bytes": 1}],
+    "aliases": [{"region": "r", "offset": k, "plane": "p0", "plane_offset": po, "length": 1}
+                for k, po in enumerate((0, 1, 3, 5))],
+    "topology": {"ranks": 1}}
+
+
+def test_rows_whose_pages_drift_apart_need_a_piece_per_chain():
+    g = parse_geometry(_DRIFTING_ROWS)
+    lb = allocation_lower_bound(g)
+    (region,) = lb.regions
+    assert region.incidences - region.crossable == 1  # what (B) alone says
+    assert region.pieces == 2 and lb.total == 3 == brute_min(g)
+
+
+def test_the_chain_bound_is_left_out_past_its_cap(monkeypatch):
+    monkeypatch.setattr(bound, "MAX_CHAIN_WORK", 3)  # 4 rows x 1 plane shape
+    lb = allocation_lower_bound(parse_geometry(_DRIFTING_ROWS))
+    assert lb.regions[0].pieces == 1 and lb.total == 2
+
+
 def test_all_is_pinned():
     assert bound.__all__ == sorted(["LowerBound", "RegionBound", "allocation_lower_bound",
                                     "handle_lower_bound", "lagrangian_bound"])
