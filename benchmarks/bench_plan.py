@@ -6,7 +6,7 @@ possible, and "plans in under 2 s of CPU" is a speed goal, so it lives here (a
 benchmark that prints figures), not in a timed test. Per layout it prints the
 allocations per rank of the naive plan, the reference rule, the heuristic packer
 (``packer.pack``) and the exact planner (HiGHS, from the planner's warm start: the
-reference rule, or the contiguous plan when it needs fewer allocations), the solver's
+reference rule, or the contiguous or chain plan when it needs fewer allocations), the solver's
 proven bound and verdict ("optimal" or the gap), the combinatorial lower bound
 (``bound.allocation_lower_bound``, an independent cross-check), and CPU seconds of
 the packed planning that ``kvgrant plan`` and ``allocate()`` do (reference rule +
@@ -51,7 +51,7 @@ from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import exact_plan
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.packer import pack
-from kvgrant.layout.planner import warm_start
+from kvgrant.layout.planner import BOUND_FIRST_STARTS, warm_start
 from kvgrant.layout.rules import naive_plan, reference_plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -83,11 +83,11 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
     if heuristic:
         h, h_s = _cpu(lambda: pack(g))
         row["heuristic"], row["heuristic_s"] = len(h.allocations), round(h_s, 2)
-    if start_name == "contiguous":  # plan_packed checks it against the bound first
+    if start_name in BOUND_FIRST_STARTS:  # plan_packed checks it against the bound first
         lb, lb_s = _cpu(lambda: allocation_lower_bound(g))
         if len(start.allocations) <= lb.total:
             n = len(start.allocations)
-            row.update(exact=n, solver_bound=n, verdict="optimal", exact_source="contiguous",
+            row.update(exact=n, solver_bound=n, verdict="optimal", exact_source=start_name,
                        exact_contract=len(check_contract(g, start)), bound=lb.total,
                        bound_s=round(lb_s, 2), solver=None,
                        exact_only_cpu_s=round(ref_s + lb_s, 2),

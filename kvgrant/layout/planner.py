@@ -8,8 +8,9 @@ from optimal it may be. A model over the size limit of one solve is solved windo
 by window (:mod:`kvgrant.layout.windows`), and the heuristic only runs when that
 finds no plan. The solver's warm start is the reference rule's plan, or the
 contiguous plan (:mod:`kvgrant.layout.contiguous`: each region in one run of one plane)
-when that needs fewer allocations, so the packed plan never needs more allocations
-than the reference rule.
+or the chain plan (:mod:`kvgrant.layout.chains`: each region in a few runs, one shift
+each) when that needs fewer allocations, so the packed plan never needs more
+allocations than the reference rule.
 
 Planning is a pure function of the geometry: every limit on the way (solver nodes,
 solves, model size, the packer's exchange tries) is a count, never a clock, because
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from kvgrant.errors import ArgumentError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.bound import LowerBound, allocation_lower_bound
+from kvgrant.layout.chains import chain_plan
 from kvgrant.layout.contiguous import contiguous_plan
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import (DEFAULT_MAX_CHECKS, DEFAULT_MAX_NONZEROS, DEFAULT_MAX_SOLVES,
@@ -221,15 +223,23 @@ def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None
     return None
 
 
+#: Warm starts whose plan is checked against the combinatorial bound before any solve:
+#: they are built from the same facts as its parts (one shift per region, or the
+#: chains of bound (E)), so they meet it often, and a solve of their layouts is slow.
+BOUND_FIRST_STARTS = frozenset({"contiguous", "chains"})
+
+
 def warm_start(g: Geometry) -> tuple[PhysicalPlan, str]:
     """The solver's start and its name: the reference rule's plan, or the contiguous
     plan (each region in one run of one plane; better on a few chunks over large
-    planes) when that needs fewer allocations. ``bench_plan.py`` starts from the same."""
-    ref = reference_plan(g)
-    contiguous = contiguous_plan(g)
-    if contiguous is not None and len(contiguous.allocations) < len(ref.allocations):
-        return contiguous, "contiguous"
-    return ref, "reference"
+    planes), or the chain plan (each region in a few runs at one shift each; better
+    where rows drift against their declared pages), whichever needs the fewest
+    allocations (the earlier on a tie). ``bench_plan.py`` starts from the same."""
+    best, name = reference_plan(g), "reference"
+    for other, other_name in ((contiguous_plan(g), "contiguous"), (chain_plan(g), "chains")):
+        if other is not None and len(other.allocations) < len(best.allocations):
+            best, name = other, other_name
+    return best, name
 
 
 @gc_paused()
@@ -250,14 +260,15 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
             memo.append(allocation_lower_bound(g))
         return memo[0]
 
-    if start_name == "contiguous" and len(start.allocations) <= lower_bound().total:
-        # a few regions that each fit one run: the bound is cheap here and often proves
-        # the start (odd-36: 42 allocations, which the solver proved in 24 s)
+    if start_name in BOUND_FIRST_STARTS and len(start.allocations) <= lower_bound().total:
+        # a few regions that each fit one run, or a few chains: the bound is cheap here
+        # and often proves the start (odd-36: 42 allocations, which the solver proved
+        # in 24 s)
         plan = PhysicalPlan("packed", g, start.allocations,
-                            ("contiguous plan: optimal "
+                            (f"{start_name} plan: optimal "
                              f"({len(start.allocations):,} allocations, the combinatorial "
                              "lower bound; the model was not solved)",))
-        return PackedResult(plan, len(start.allocations), True, "contiguous",
+        return PackedResult(plan, len(start.allocations), True, start_name,
                             time.perf_counter() - t0, None, "combinatorial", memo[0])
     try:
         exact = exact_plan(g, start=start, label="packed", progress=progress,
