@@ -9,6 +9,7 @@ Python model equal to the spec on small configs.
 
 from __future__ import annotations
 
+from kvgrant.errors import ArgumentError
 from kvgrant.conformance.model import Action, Constants, ModelState
 from kvgrant.conformance.mutants import Mutant, make_header, mutants, reference_trace
 from kvgrant.conformance.replay import Verdict, replay, replay_file
@@ -40,10 +41,12 @@ def check_trace(trace: "Trace | str", engine: str = "python") -> list[Verdict]:
     """Run one or both engines (``python``, ``tlc``, ``both``) on a trace.
 
     Returns one Verdict per engine, Python first. Raises TraceError for a malformed
-    trace and ToolError when TLC cannot run.
+    trace, ToolError when TLC cannot run and ArgumentError for an engine not named.
     """
-    if engine not in ("python", "tlc", "both"):
-        raise ValueError(f"engine = {engine!r}: must be 'python', 'tlc' or 'both'")
+    if not isinstance(engine, str) or engine not in ("python", "tlc", "both"):
+        # an ArgumentError (a ValueError too); was a bare ValueError, outside the tree
+        raise ArgumentError(f"check_trace: engine = {engine!r}: must be 'python', 'tlc' or "
+                            "'both'", argument="engine", value=engine)
     t = trace if isinstance(trace, Trace) else load_trace(trace)
     out: list[Verdict] = []
     if engine in ("python", "both"):

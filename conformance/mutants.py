@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from kvgrant.conformance.model import Action, Constants, apply, initial_state
 from kvgrant.conformance.trace_io import RANK_ACTIONS, Header, Trace, header_to_json, \
-    parse_trace_lines
+    parse_trace_lines, require_trace
 from kvgrant.conformance.trace_plan import Layout, PlanAlloc, derive_importers
 
 __all__ = [
@@ -558,6 +558,7 @@ OBJECT_MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
 def mutants(trace: Trace, names: Iterable[str] | None = None) -> list[Mutant]:
     """Every applicable mutant of ``trace`` (a mutation with no place is skipped);
     object mutations apply to version-2 traces only."""
+    require_trace(trace, "mutants")
     every = {**MUTATIONS, **OBJECT_MUTATIONS}
     if names is None:
         names = list(MUTATIONS) + (list(OBJECT_MUTATIONS) if trace.header.layout else [])

@@ -24,7 +24,7 @@ from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, Action, Cons
                                        ModelState, apply, enabled, guard, initial_state,
                                        step_guard)
 from kvgrant.conformance.objects import ObjectChecker, RowObjects, objects_before
-from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace
+from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace, require_trace
 from kvgrant.gc_pause import gc_paused
 from kvgrant.traceformat import ROW, state_template
 
@@ -255,7 +255,9 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
 
 
 def replay(trace: Trace, *, engine: str = "python") -> Verdict:
-    """Replay ``trace`` through the Python model; never raises on a rejected trace."""
+    """Replay ``trace`` through the Python model; never raises on a rejected trace
+    (an :class:`~kvgrant.errors.ArgumentError` when ``trace`` is not a Trace)."""
+    require_trace(trace, "replay")
     t0 = time.perf_counter()
     c = Constants.from_header(trace.header)
     s = initial_state(c)

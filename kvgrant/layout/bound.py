@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvgrant.errors import ArgumentError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
@@ -833,6 +834,11 @@ def handle_lower_bound(g: Geometry, lb: LowerBound, *, declared: bool = False) -
     (D) weighted by handles (each allocation costs its plane mapping's devices summed
     over ranks, plus its alias mapping's when aliased).
     """
+    require_geometry(g, "handle_lower_bound")
+    if not isinstance(lb, LowerBound):  # was: AttributeError (no regions)
+        raise ArgumentError(f"handle_lower_bound: lb = {repr(lb)[:80]}: must be the "
+                            "LowerBound of allocation_lower_bound(g)", argument="lb",
+                            value=lb)
     total = 0
     devices = 0
     per_region = {rb.region: 0 for rb in lb.regions}

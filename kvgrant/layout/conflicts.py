@@ -76,6 +76,9 @@ def conflict_ranges(g: "Geometry", chunks: Iterable[Any]) -> dict[RowKey, PageRa
     Chunks whose ``region`` is ``None`` (unaliased allocations) are skipped, so a
     plan's whole allocation list can be passed.
     """
+    from kvgrant.layout.geometry import require_geometry
+
+    require_geometry(g, "conflict_ranges")  # was: AttributeError (no region_by_name)
     if isinstance(chunks, (str, bytes)) or not isinstance(chunks, Iterable):
         raise ArgumentError(f"chunks = {type(chunks).__name__}: must be an iterable of "
                             "aliases or allocations (each with region, plane, "
@@ -295,6 +298,9 @@ def conflict_sets(g: "Geometry", chunks: Iterable[Any]) -> dict[RowKey, frozense
     ``region_offset``, ``plane``, ``plane_offset`` and ``length`` (declared
     ``Alias`` entries or aliased ``Allocation`` entries). Every row of ``g`` is a key.
     """
+    from kvgrant.layout.geometry import require_geometry
+
+    require_geometry(g, "conflict_sets")
     return {k: ranges_to_set(v) for k, v in conflict_ranges(g, chunks).items()}
 
 
@@ -307,6 +313,9 @@ def declared_conflict_ranges(g: "Geometry") -> Mapping[RowKey, PageRanges]:
 
 def declared_conflict_sets(g: "Geometry") -> dict[RowKey, frozenset[int]]:
     """Conflict sets of the declared layout (the ones every plan must keep)."""
+    from kvgrant.layout.geometry import require_geometry
+
+    require_geometry(g, "declared_conflict_sets")  # was: AttributeError (_declared_ranges)
     return {k: ranges_to_set(v) for k, v in declared_conflict_ranges(g).items()}
 
 

@@ -48,6 +48,9 @@ POINTS: dict[int, str] = {
 }
 """The five points of the layout contract, as DESIGN.md states them."""
 
+#: What an allocation has (a bare list given to check_contract may hold anything).
+_ALLOCATION_FIELDS = ("plane", "plane_offset", "length", "region", "region_offset")
+
 _MAX_LISTED = 10  # violations named in a ContractError message (all are attached)
 
 
@@ -114,8 +117,14 @@ def _check_allocation(g: "Geometry", i: int, a: Any) -> tuple[list[Violation], b
     G = g.granularity
     out: list[Violation] = []
     where = f"allocation {i}"
+    missing = next((f for f in _ALLOCATION_FIELDS if not hasattr(a, f)), None)
+    if missing is not None:
+        # was: AttributeError: 'str' object has no attribute 'plane' ("never raises")
+        return [Violation(3, f"{where}: {repr(a)[:80]} ({type(a).__name__}) is not an "
+                             f"Allocation (it has no {missing})",
+                          {"alloc": i, "field": missing, "value": repr(a)[:200]})], False, False
     plane_ok = alias_ok = True
-    if a.plane not in g.plane_by_name:
+    if not isinstance(a.plane, str) or a.plane not in g.plane_by_name:
         out.append(Violation(3, f"{where}: plane {a.plane!r} is not a plane of the geometry",
                              {"alloc": i, "plane": a.plane}))
         plane_ok = False
@@ -128,7 +137,7 @@ def _check_allocation(g: "Geometry", i: int, a: Any) -> tuple[list[Violation], b
                               "region_offset": a.region_offset}))
         alias_ok = False
     aliased = has_region and has_offset
-    if has_region and a.region not in g.region_by_name:
+    if has_region and (not isinstance(a.region, str) or a.region not in g.region_by_name):
         out.append(Violation(3, f"{where}: region {a.region!r} is not a region of the geometry",
                              {"alloc": i, "region": a.region}))
         alias_ok = False
@@ -216,7 +225,7 @@ def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[
     for i, a in enumerate(allocs):
         found, plane_ok, alias_ok = _check_allocation(g, i, a)
         out += found
-        if isinstance(a.length, int) and a.length > 0:
+        if isinstance(getattr(a, "length", None), int) and a.length > 0:
             total += a.length
         if plane_ok:
             by_plane[a.plane].append((a.plane_offset, a.plane_offset + a.length, i))

@@ -399,6 +399,7 @@ def on_ranks(g: Geometry, ranks: int) -> Geometry:
     Why: a published-scale layout declared for 16 ranks can then run on the GPUs a
     test host really has (e.g. 2), with the same per-rank plan and one import group.
     """
+    require_geometry(g, "on_ranks")  # was: AttributeError: ... no attribute 'model_dump'
     if type(ranks) is not int or not 1 <= ranks <= MAX_ALL_TO_ALL_RANKS:
         raise GeometryError(f"ranks = {ranks!r}: must be an integer in 1..{MAX_ALL_TO_ALL_RANKS} "
                             "(every rank imports every other)", field="ranks", value=ranks)

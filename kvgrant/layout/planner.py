@@ -46,7 +46,7 @@ from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planfile import geometry_hash
 from kvgrant.layout.rules import reference_plan
 
-__all__ = ["PackedResult", "geometry_hash", "plan_packed", "warm_start"]
+__all__ = ["BOUND_FIRST_STARTS", "PackedResult", "geometry_hash", "plan_packed", "warm_start"]
 
 Progress = Callable[[str], None]
 

@@ -435,14 +435,14 @@ def test_public_names_are_pinned() -> None:
     from kvgrant.commands import verify
     from kvgrant.conformance import spec_mutants
     assert tlc.__all__ == sorted(tlc.__all__) == [
-        "EXIT_STATUS", "TLA2TOOLS_SHA256", "TLCResult", "TLCState", "ToolError",
-        "discover_models", "exit_on_signals", "find_jar", "find_java", "kill_running",
+        "EXIT_STATUS", "MAX_WORKERS", "TLA2TOOLS_SHA256", "TLCResult", "TLCState", "ToolError",
+        "check_workers", "discover_models", "exit_on_signals", "find_jar", "find_java", "kill_running",
         "parse_tool_output", "parse_value", "reporting_progress", "run_tlc", "tlc_command"]
     assert spec_mutants.__all__ == sorted(spec_mutants.__all__) == [
         "ACTION_PROPERTIES", "BASE_SPEC", "GROUP_ACTION_PROPERTIES",
         "GROUP_LIVENESS_PROPERTIES", "GROUP_LIVE_CONFIG", "GROUP_MUTANTS",
         "GROUP_MUTANT_CONFIG", "GROUP_MUTANT_CONFIG_3", "GROUP_MUTANT_CONFIG_PLAIN",
-        "GROUP_SAFETY_INVARIANTS", "GROUP_SPEC", "LIVENESS_PROPERTIES", "LIVE_CONFIG",
+        "GROUP_MUTANT_CONFIG_TWO_FAULTS", "GROUP_SAFETY_INVARIANTS", "GROUP_SPEC", "LIVENESS_PROPERTIES", "LIVE_CONFIG",
         "MUTANTS", "MUTANT_CONFIG", "MUTANT_CONFIG_PLAIN", "Mutant", "SAFETY_INVARIANTS",
         "apply_mutant", "caught", "find_guards", "live_config", "mutate", "property_kind",
         "run_group_mutant", "run_group_unmutated", "run_mutant", "run_unmutated"]
