@@ -25,7 +25,8 @@ only when it keeps the contract.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.contiguous import Ranges, _first_free, _intersect
@@ -37,13 +38,31 @@ from kvgrant.layout.rules import finish_plan
 
 __all__ = ["MAX_CHAIN_PLAN_WORK", "chain_plan"]
 
-MAX_CHAIN_PLAN_WORK = 4_000_000
-"""Most range steps (intersections over granules, rows and planes tried) before the
-search gives up (None): a count of the geometry, never a clock."""
+MAX_CHAIN_PLAN_WORK = 500_000
+"""Most steps (ranges intersected over granules, rows held whole and plane shapes
+tried, places looked for) before the search gives up (None): a count of the geometry,
+never a clock, about a second of Python on the 2-core machine at most. Measured: the
+plans found on odd seeds 0-39 and the benchmark layouts took at most 425,725 steps
+(exporter-1004, 0.11 s) and small.json at 131,072 rows 262,201; published-dcp8 at
+2^20 rows, which has none, gave up after 2,000,000 steps and 4 s when this was the
+limit (25 s with no limit)."""
 
 
 class _OverWork(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The declared pages of one region's rows, looked up when a run reaches them (a
+    list of 2^20 rows cost half a second to build for runs that end long before)."""
+
+    conflicts: Mapping[tuple[str, int], tuple[tuple[int, int], ...]]
+    region: str
+    count: int
+
+    def pages(self, k: int) -> tuple[tuple[int, int], ...]:
+        return self.conflicts[(self.region, k)]
 
 
 def _row_shifts(g: Geometry, bpp: int, size: int, row_bytes: int, k: int,
@@ -78,13 +97,13 @@ def _rest_shifts(g: Geometry, bpp: int, start: int, end: int, missing: tuple[int
 
 
 def _reach(g: Geometry, j0: int, n: int, label_of: list[int], table: list[Ranges],
-           units: int, rows: list[tuple[int, tuple[tuple[int, int], ...]]],
+           units: int, rows: "Rows",
            bpp: int, size: int, row_bytes: int, budget: list[int],
            split: tuple[int, tuple[int, int]] | None = None
            ) -> list[tuple[int, Ranges]]:
     """How far one run from region granule ``j0`` can reach: (end granule, allowed
     shifts) each time the allowed shifts narrow, the furthest last (empty when not one
-    granule fits); ``rows`` lists (row, pages) in row order. ``split`` is (row, pages)
+    granule fits); ``rows`` gives each row's declared pages. ``split`` is (row, pages)
     for a row that the run before ended inside, with the pages its part there did not
     touch: the rest of that row, in this run, must touch them."""
     G = g.granularity
@@ -105,8 +124,9 @@ def _reach(g: Geometry, j0: int, n: int, label_of: list[int], table: list[Ranges
             raise _OverWork
         here = _intersect(allowed, [(s - j, e - j) for s, e in rng])
         # rows whose last byte lies in granule j are now held whole
-        while here and r < len(rows) and ((rows[r][0] + 1) * row_bytes - 1) // G <= j:
-            k, pages = rows[r]
+        while here and r < rows.count and ((r + 1) * row_bytes - 1) // G <= j:
+            k, pages = r, rows.pages(r)
+            budget[0] -= 1 + len(here)
             shifts = _row_shifts(g, bpp, size, row_bytes, k, pages)
             if shifts is not None:
                 here = _intersect(here, shifts)
@@ -160,17 +180,22 @@ def _longest_free(history: list[tuple[int, Ranges]],
 
 def _best_run(g: Geometry, j0: int, n: int, label_of: list[int],
               tables: dict[str, tuple[int, list[Ranges]]],
-              rows: list[tuple[int, tuple[tuple[int, int], ...]]], R: int,
+              rows: "Rows", R: int,
               budget: list[int], split: tuple[int, tuple[int, int]] | None,
               used: dict[str, Ranges]) -> tuple[int, str, int] | None:
     """The run from region granule ``j0`` that reaches furthest, over the planes, with
     a free place: (end granule, plane, first plane granule), or None. A shorter run
     allows more shifts, so the longest run with a free place is found by bisection."""
     best: tuple[int, str, int] | None = None
+    reached: dict[tuple[int, int], list[tuple[int, Ranges]]] = {}
     for plane in g.planes:
         units, table = tables[plane.name]
-        history = _reach(g, j0, n, label_of, table, units, rows, plane.bytes_per_page,
-                         g.plane_bytes(plane.name), R, budget, split)
+        shape = (plane.bytes_per_page, g.plane_bytes(plane.name))
+        history = reached.get(shape)  # planes of one shape allow the same shifts
+        if history is None:
+            history = reached[shape] = _reach(g, j0, n, label_of, table, units, rows,
+                                              plane.bytes_per_page, shape[1], R, budget,
+                                              split)
 
         def place(allowed: Ranges, j1: int) -> int | None:
             budget[0] -= len(allowed) + len(used[plane.name])
@@ -187,7 +212,8 @@ def _best_run(g: Geometry, j0: int, n: int, label_of: list[int],
 
 
 def _split_rest(g: Geometry, plane: str, shift: int, j0: int, j1: int, R: int,
-                rows: int, conflicts: dict, region: str,
+                rows: int, conflicts: Mapping[tuple[str, int], tuple[tuple[int, int], ...]],
+                region: str,
                 before: tuple[int, tuple[int, int]] | None
                 ) -> tuple[int, tuple[int, int]] | None:
     """When the run just placed (region granules ``j0 .. j1-1`` at ``shift``) ends
@@ -237,7 +263,7 @@ def chain_plan(g: Geometry, label: str = "chains") -> PhysicalPlan | None:
                         label_of[j] = l_
             if -1 in label_of:
                 return None
-            rows = [(k, conflicts[(region.name, k)]) for k in range(region.rows)]
+            rows = Rows(conflicts, region.name, region.rows)
             R = region.row_bytes
             j0 = 0
             split: tuple[int, tuple[int, int]] | None = None
