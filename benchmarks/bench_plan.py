@@ -50,8 +50,9 @@ from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import exact_plan
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
+from kvgrant.layout.granules import eligible_pairs
 from kvgrant.layout.packer import pack
-from kvgrant.layout.planner import BOUND_FIRST_STARTS, warm_start
+from kvgrant.layout.planner import BOUND_FIRST_STARTS, MAX_HEURISTIC_PAIRS, warm_start
 from kvgrant.layout.rules import naive_plan, reference_plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -102,12 +103,18 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
     row["exact_source"] = ex.source
     packed_s = ref_s + ex_s
     row["exact_only_cpu_s"] = round(packed_s, 2)
-    if heuristic and not ex.optimal and ex.source != "windows":
-        packed_s += h_s  # plan_packed runs the packer only then
     if bound:
         lb, lb_s = _cpu(lambda: allocation_lower_bound(g))
         row["bound"] = lb.total
         row["bound_s"] = round(lb_s, 2)
+    if heuristic:
+        # plan_packed runs the packer only without a proof, after no windows, while the
+        # plan is above the combinatorial bound and the layout is under the packer's cap
+        row["heuristic_run"] = (not ex.optimal and ex.source != "windows"
+                                and (not bound or ex.cost > lb.total)
+                                and eligible_pairs(g) <= MAX_HEURISTIC_PAIRS)
+        if row["heuristic_run"]:
+            packed_s += h_s
     row["exact_cpu_s"] = round(packed_s, 2)
     return planner_view(row)
 
@@ -166,8 +173,10 @@ def planner_view(row: dict[str, Any]) -> dict[str, Any]:
     """
     row = dict(row)
     opt = row["verdict"] == "optimal"
-    # a windowed plan is kept as it is: plan_packed does not run the heuristic then
-    keep_exact = opt or row.get("exact_source") == "windows"
+    # a windowed plan is kept as it is: plan_packed does not run the heuristic then,
+    # nor past its cap (rows of older runs lack "heuristic_run")
+    keep_exact = opt or row.get("exact_source") == "windows" or \
+        row.get("heuristic_run") is False
     if "exact_cpu_s" not in row:  # an older run: packed_cpu_s was what exact_cpu_s is
         row["exact_cpu_s"] = row["packed_cpu_s"]
         row["exact_only_cpu_s"] = round(row["exact_cpu_s"] - (

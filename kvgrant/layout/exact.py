@@ -169,6 +169,8 @@ class _Model:
     rows: list[list[tuple[int, float]]] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)  # per row, see _Model.row
     offset: float = 0.0
+    nonzeros: int = 0  # entries of the rows so far
+    budget: int | None = None  # past this many nonzeros, row() raises _OverBudget
 
     def col(self, lo: float, hi: float, cost: float = 0.0) -> int:
         self.lower.append(lo)
@@ -184,6 +186,19 @@ class _Model:
         self.rows.append(entries)
         self.rows_lo.append(lo)
         self.rows_hi.append(hi)
+        self.nonzeros += len(entries)
+        if self.budget is not None and self.nonzeros > self.budget:
+            raise _OverBudget(self.nonzeros)
+
+
+class _OverBudget(Exception):
+    """A model being built passed its nonzero budget: it would be refused anyway, so
+    building stops (odd-4's pass-through cuts alone have 103 million nonzeros and
+    took over a minute to build before the size limit refused them)."""
+
+    def __init__(self, nonzeros: int) -> None:
+        super().__init__(nonzeros)
+        self.nonzeros = nonzeros
 
 
 def _classes(g: Geometry) -> list[tuple[int, int, list[int]]]:
@@ -205,16 +220,18 @@ def _least_nonzeros(g: Geometry) -> int:
 
 
 def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
-           cover: bool = True) -> tuple[_Model, Labels]:
+           cover: bool = True, budget: int | None = None) -> tuple[_Model, Labels]:
     """The whole model; with ``cover`` False, every row but the coverage rows (which
     come last: :func:`_add_cover_rows` appends them, the same rows in the same order).
 
     Why the split: a tall region's coverage rows are one per (row, page of its
     conflict set), a million at 2^20 rows, and a model that large is refused; their
-    count (:func:`_cover_count`) decides that without building them."""
+    count (:func:`_cover_count`) decides that without building them. With a
+    ``budget``, building raises :class:`_OverBudget` once the rows hold more nonzeros
+    than that (a model no limit would let be solved)."""
     lab = labels(g)
     nl = len(lab.need)
-    m = _Model(_classes(g))
+    m = _Model(_classes(g), budget=budget)
     succ = lab.succ
     lcost = [free_cost + region_cost.get(lab.region[l_], 0.0) for l_ in range(nl)]
     by_label: list[list[int]] = [[] for _ in range(nl)]
@@ -1077,18 +1094,17 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     least = _least_nonzeros(g)
     if max_nonzeros is not None and max_windowed_nonzeros is not None \
             and least > max_windowed_nonzeros:
-        limit = max_windowed_nonzeros
-        if start is None:
-            raise PlanError(f"geometry {g.name!r}: the exact model has at least {least:,} "
-                            f"nonzeros (limit {limit:,}) and no start plan was given")
-        if progress:
-            progress(f"exact model: at least {least:,} nonzeros, over the {limit:,} limit "
-                     "even in windows; not built")
-        return _unsolved(g, start, label, plane_cost, rc, t0, f"Not solved (model of at "
-                         f"least {least:,} nonzeros, over {limit:,})", {"nonzeros": least})
+        return _too_large(g, start, label, plane_cost, rc, t0, least,
+                          max_windowed_nonzeros, progress, "not built")
     # the coverage rows are counted first and built only when the model is solved
     # (at once or in windows): a refused model is never built whole
-    m, lab = _build(g, float(plane_cost), rc, cover=False)
+    try:
+        m, lab = _build(g, float(plane_cost), rc, cover=False, budget=(
+            max_windowed_nonzeros if max_nonzeros is not None else None))
+    except _OverBudget as over:
+        return _too_large(g, start, label, plane_cost, rc, t0, over.nonzeros,
+                          max_windowed_nonzeros, progress, "built in part")
+    m.budget = None
     pending = _cover_count(g, m, lab)
     if pending is None or not pending.complete:
         _add_cover_rows(g, m, lab)  # (raises PlanError when coverage is incomplete)
@@ -1240,6 +1256,21 @@ def _windowed(g: Geometry, m: _Model, lab: Labels, label: str, start: PhysicalPl
         return None
     return plan, cost, {"windows": res.windows, "window_merges": res.merges,
                         "largest_window_nonzeros": max(res.sizes, default=0)}
+
+
+def _too_large(g: Geometry, start: PhysicalPlan | None, label: str, plane_cost: int,
+               rc: dict[str, float], t0: float, least: int, limit: int | None,
+               progress: Callable[[str], None] | None, what: str) -> ExactResult:
+    """``start`` for a model of at least ``least`` nonzeros, over ``limit`` even in
+    windows (counted before it was built, or while building it)."""
+    if start is None:
+        raise PlanError(f"geometry {g.name!r}: the exact model has at least {least:,} "
+                        f"nonzeros (limit {limit:,}) and no start plan was given")
+    if progress:
+        progress(f"exact model: at least {least:,} nonzeros, over the {limit:,} limit "
+                 f"even in windows; {what}")
+    return _unsolved(g, start, label, plane_cost, rc, t0, f"Not solved (model of at "
+                     f"least {least:,} nonzeros, over {limit:,})", {"nonzeros": least})
 
 
 def _unsolved(g: Geometry, start: PhysicalPlan, label: str, plane_cost: int,

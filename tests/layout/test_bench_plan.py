@@ -12,6 +12,8 @@ import runpy
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_plan.py"
 
 
@@ -52,6 +54,41 @@ def test_a_windowed_plan_is_kept_as_plan_packed_keeps_it():
                                       verdict="gap 11 (73.33%)", exact_source="windows"))
     assert (r["packed"], r["packed_bound"]) == (15, 9)
     assert r["packed_verdict"] == "gap 6 (40.00%)"
+
+
+def test_a_heuristic_plan_packed_did_not_run_is_not_counted():
+    # past MAX_HEURISTIC_PAIRS, or with the plan at the combinatorial bound, plan_packed
+    # runs no packer: its plan and CPU are the benchmark's column only (odd-11: 2,732
+    # in 80 s against plan_packed's 3,248 in 8 s)
+    view = _bench()["planner_view"]
+    r = view(_row(exact=15, solver_bound=4, verdict="gap 11 (73.33%)", exact_cpu_s=1.25,
+                  heuristic_run=False))
+    assert (r["packed"], r["packed_bound"], r["packed_verdict"]) == (15, 9, "gap 6 (40.00%)")
+    r = view(_row(exact=15, solver_bound=4, verdict="gap 11 (73.33%)", heuristic_run=True))
+    assert r["packed"] == 12
+
+
+@pytest.mark.parametrize("cap", [None, 0])
+def test_measure_counts_the_heuristic_as_plan_packed_runs_it(monkeypatch, cap):
+    from functools import partial
+
+    from kvgrant.layout import planner
+    from kvgrant.layout.geometry import load_geometry
+
+    g = load_geometry(BENCH.parents[1] / "examples" / "published-dcp8.json")
+    measure = _bench()["measure"]
+    env = measure.__globals__  # the benchmark's module namespace
+    # one limit check per solve: no proof, so the packer's turn comes
+    monkeypatch.setitem(env, "exact_plan", partial(env["exact_plan"], max_checks=1))
+    if cap is not None:
+        monkeypatch.setitem(env, "MAX_HEURISTIC_PAIRS", cap)
+        monkeypatch.setattr(planner, "MAX_HEURISTIC_PAIRS", cap)
+    row = measure(g)
+    assert row["verdict"] != "optimal" and row["heuristic"] < row["exact"]
+    assert row["heuristic_run"] is (cap is None)
+    res = planner._solve(g, None, planner.DEFAULT_NODE_LIMIT, planner.DEFAULT_MAX_NONZEROS,
+                         max_checks=1)
+    assert (row["packed"], row["packed_bound"]) == (len(res.plan.allocations), res.bound)
 
 
 def test_from_json_renders_an_earlier_run(tmp_path, capsys):

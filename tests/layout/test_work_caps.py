@@ -47,6 +47,27 @@ def test_a_model_over_every_limit_is_refused_before_it_is_built(monkeypatch: Any
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
+def test_a_model_that_grows_past_every_limit_while_built_stops_there(name: str) -> None:
+    """The label columns are under the limit, the rest of the rows are not (odd-4:
+    103 million nonzeros of pass-through cuts): building stops at the limit."""
+    g = load_geometry(EXAMPLES / name)
+    ref = reference_plan(g)
+    whole, _lab = exact._build(g, 1.0, {}, cover=False)
+    least = 2 * eligible_pairs(g)
+    assert least < whole.nonzeros == sum(len(r) for r in whole.rows)
+    limit = (least + whole.nonzeros) // 2
+    res = exact.exact_plan(g, start=ref, max_nonzeros=1, max_windowed_nonzeros=limit)
+    assert res.source == "start" and res.plan.allocations == ref.allocations
+    assert res.status == (f"Not solved (model of at least {res.model['nonzeros']:,} "
+                          f"nonzeros, over {limit:,})")
+    assert limit < res.model["nonzeros"] < whole.nonzeros
+    # a budget the model stays within changes nothing in it
+    same, _ = exact._build(g, 1.0, {}, cover=False, budget=whole.nonzeros)
+    assert (same.rows, same.cost, same.lower, same.upper) == \
+        (whole.rows, whole.cost, whole.lower, whole.upper)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize("cap", ["MAX_COMPETITION_PAIRS", "MAX_DEAD_UNIT_WORK",
                                  "MAX_LAGRANGIAN_PAIRS"])
 def test_a_capped_bound_part_is_skipped_and_the_bound_stays_below_the_full_one(
