@@ -67,7 +67,7 @@ class LowerBound:
     """Allocations per rank that any contract-keeping plan needs at least.
 
     ``total = max(aliased + unaliased, planes, relaxation)``: ``aliased`` and
-    ``unaliased`` are the combinatorial bounds (A)-(C), ``relaxation`` the
+    ``unaliased`` are the combinatorial bounds (A)-(C) and (E), ``relaxation`` the
     Lagrangian bound (D) on all allocations together.
     """
 
@@ -405,7 +405,8 @@ def _chain_pieces(g: Geometry, r: Region, rows: list[tuple[tuple[int, int], ...]
     plane, and each such row k must touch exactly its pages at that shift: d lies in an
     interval per row and plane. Consecutive rows that one allocation holds whole need a
     common d; a row held by no allocation whole has a run boundary inside it (at least
-    ``per_row[k] - 1`` of them). The greedy walk below counts the fewest such
+    ``per_row[k] - 1`` of them; ``per_row`` must bound each row in every plan, as steps
+    (A).1-4 do and (A).5 does not). The greedy walk below counts the fewest such
     boundaries (docs/layout.md, "Lower bound", (E)); allocations = boundaries + 1.
     Why: rows whose declared pages advance faster or slower than their bytes (chunks
     with gaps) cannot share an allocation for long, which (B) does not see (it asks
@@ -617,11 +618,15 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
             base.append(m)
     base = _with_competition(g, all_rows, needs, base)
     per_row_all = _drop_budget_bound(g, base, _exclusive_pages(all_rows, counts), budget)
+    # (E) needs a bound that holds for each row in every plan: step (A).5 bounds only
+    # the sum (which row keeps its incidence depends on the greedy order), so (E) takes
+    # the per-row values from before it
     regions: list[RegionBound] = []
     at = 0
     for r in g.regions:
         rows = all_rows[at:at + r.rows]
         per_row = per_row_all[at:at + r.rows]
+        own_rows = base[at:at + r.rows]
         at += r.rows
         page_cross = _crossings(g, rows)
         others = r.rows - 1 - page_cross
@@ -630,7 +635,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
         tail_cross = sum(G // r.row_bytes + 1 for t in tails if t > 0)
         crossable = page_cross + min(others, tail_cross)
         incid = sum(per_row)
-        pieces = max(1, incid - crossable, _chain_pieces(g, r, rows, per_row))
+        pieces = max(1, incid - crossable, _chain_pieces(g, r, rows, own_rows))
         regions.append(RegionBound(r.name, incid, crossable, pieces, tuple(per_row)))
     aliased = sum(rb.pieces for rb in regions)
     free_pages = g.pages - len(counts)

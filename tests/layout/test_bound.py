@@ -93,6 +93,29 @@ def test_rows_whose_pages_drift_apart_need_a_piece_per_chain():
     assert region.pieces == 2 and lb.total == 3 == brute_min(g)
 
 
+# helper-24's review: (A).5 leaves row 3 at 2 incidences (it bounds only the sum), but
+# the declared layout, 3 allocations, holds row 3 whole and splits row 0 instead
+_BUDGET_ROW_COUNTEREXAMPLE = {
+    "name": "budget-row", "granularity": 1, "pages": 7, "page_tokens": 1,
+    "planes": [{"name": "p0", "bytes_per_page": 1}, {"name": "p1", "bytes_per_page": 2}],
+    "regions": [{"name": "r", "rows": 4, "row_bytes": 4}],
+    "aliases": [{"region": "r", "offset": 0, "plane": "p0", "plane_offset": 0, "length": 2},
+                {"region": "r", "offset": 2, "plane": "p1", "plane_offset": 0, "length": 14}],
+    "topology": {"ranks": 1}}
+
+
+def test_the_chain_bound_uses_per_row_bounds_not_the_budget_share():
+    g = parse_geometry(_BUDGET_ROW_COUNTEREXAMPLE)
+    from kvgrant.layout.plans import finish_plan
+
+    declared = finish_plan(g, "declared", [
+        Allocation(a.plane, a.plane_offset, a.length, a.region, a.offset) for a in g.aliases])
+    assert check_contract(g, declared) == []
+    lb = allocation_lower_bound(g)
+    assert lb.regions[0].per_row[3] == 2  # the budget's share, which (E) must not use
+    assert lb.total <= len(declared.allocations) == 3
+
+
 def test_the_chain_bound_is_left_out_past_its_cap(monkeypatch):
     monkeypatch.setattr(bound, "MAX_CHAIN_WORK", 3)  # 4 rows x 1 plane shape
     lb = allocation_lower_bound(parse_geometry(_DRIFTING_ROWS))
