@@ -169,7 +169,7 @@ class _Model:
     rows: list[list[tuple[int, float]]] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)  # per row, see _Model.row
     offset: float = 0.0
-    nonzeros: int = 0  # entries of the rows so far
+    nonzeros: int = 0  # entries of all rows (row() and _CoverCount.add_rows count them)
     budget: int | None = None  # past this many nonzeros, row() raises _OverBudget
 
     def col(self, lo: float, hi: float, cost: float = 0.0) -> int:
@@ -416,6 +416,7 @@ class _CoverCount:
         m.kinds.extend(["cover"] * n)
         m.rows_lo.extend([1] * n)
         m.rows_hi.extend([float("inf")] * n)
+        m.nonzeros += at[-1] - at[0]
 
 
 def _cover_count(g: Geometry, m: _Model, lab: Labels) -> _CoverCount | None:
@@ -1110,7 +1111,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         _add_cover_rows(g, m, lab)  # (raises PlanError when coverage is incomplete)
         pending = None
     n = len(m.lower)
-    nnz = sum(len(r) for r in m.rows) + (pending.nonzeros if pending else 0)
+    nnz = m.nonzeros + (pending.nonzeros if pending else 0)
     size = {"columns": n, "rows": len(m.rows) + (pending.rows if pending else 0),
             "nonzeros": nnz, "classes": len(m.classes),
             "labels": len(lab.need), "rounds": 0}

@@ -15,6 +15,7 @@ from kvgrant.layout.conflicts import conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import parse_geometry, round_up
 from kvgrant.layout.plan import Allocation
+from kvgrant.layout.plans import finish_plan
 from kvgrant.layout.plans import finish_plan, packed_plan, reference_plan
 from layout_builders import CHEAP, gen_layout, geometries, geometry_dict
 
@@ -106,8 +107,6 @@ _BUDGET_ROW_COUNTEREXAMPLE = {
 
 def test_the_chain_bound_uses_per_row_bounds_not_the_budget_share():
     g = parse_geometry(_BUDGET_ROW_COUNTEREXAMPLE)
-    from kvgrant.layout.plans import finish_plan
-
     declared = finish_plan(g, "declared", [
         Allocation(a.plane, a.plane_offset, a.length, a.region, a.offset) for a in g.aliases])
     assert check_contract(g, declared) == []

@@ -53,6 +53,7 @@ def _check(g) -> None:
             assert verdict == res.status
     got.add_rows(core)
     assert core.rows == whole.rows and core.kinds == whole.kinds
+    assert core.nonzeros == whole.nonzeros == sum(len(r) for r in whole.rows)
     assert core.rows_lo == whole.rows_lo and core.rows_hi == whole.rows_hi
 
 
