@@ -40,12 +40,14 @@ __all__ = ["MAX_CHAIN_PLAN_WORK", "chain_plan"]
 
 MAX_CHAIN_PLAN_WORK = 500_000
 """Most steps (ranges intersected over granules, rows held whole and plane shapes
-tried, places looked for) before the search gives up (None): a count of the geometry,
-never a clock, about a second of Python on the 2-core machine at most. Measured: the
-plans found on odd seeds 0-39 and the benchmark layouts took at most 425,725 steps
-(exporter-1004, 0.11 s) and small.json at 131,072 rows 262,201; published-dcp8 at
-2^20 rows, which has none, gave up after 2,000,000 steps and 4 s when this was the
-limit (25 s with no limit)."""
+tried, places looked for range by range, split rows' page ranges) before the search
+gives up (None): a count of the geometry, never a clock, about a second of Python on
+the 2-core machine at most. Every loop of the search is charged, so the steps bound
+its work (a place costs a bisection per allowed range and a step per run in the way).
+Measured (2026-12-04, with no cap): the plans found on odd seeds 0-149 and the 35
+benchmark layouts took at most 116,352 steps (odd-49), small.json at 131,072 rows
+262,210; published-dcp8 at 2^20 rows, which has none, gives up after 2,332,627 steps
+(3.2 s) with no cap and after 0.9 s with this one."""
 
 
 class _OverWork(Exception):
@@ -198,10 +200,10 @@ def _best_run(g: Geometry, j0: int, n: int, label_of: list[int],
                                               split)
 
         def place(allowed: Ranges, j1: int) -> int | None:
-            budget[0] -= len(allowed) + len(used[plane.name])
+            budget[0] -= len(allowed)
             # plane granules o + j0 .. o + j1 - 1 must be free
             return _first_free([(lo + j0, hi + j0) for lo, hi in allowed],
-                               used[plane.name], j1 - j0)
+                               used[plane.name], j1 - j0, budget)
 
         found = _longest_free(history, place, best[0] if best is not None else j0, j0)
         if found is not None:
@@ -214,30 +216,38 @@ def _best_run(g: Geometry, j0: int, n: int, label_of: list[int],
 def _split_rest(g: Geometry, plane: str, shift: int, j0: int, j1: int, R: int,
                 rows: int, conflicts: Mapping[tuple[str, int], tuple[tuple[int, int], ...]],
                 region: str,
-                before: tuple[int, tuple[int, int]] | None
+                before: tuple[int, tuple[int, int]] | None, budget: list[int]
                 ) -> tuple[int, tuple[int, int]] | None:
     """When the run just placed (region granules ``j0 .. j1-1`` at ``shift``) ends
     inside a row, that row and the pages the next run must still touch (a span of
     them); None when it ends on a row boundary or touched them all. Pages a run before
-    it touched in the same row (``before``) count as touched."""
+    it touched in the same row (``before``) count as touched. Worked on page ranges,
+    never page sets: a row's set may hold thousands of pages, and this runs per run."""
     G = g.granularity
     cut = j1 * G
     k = cut // R
     if k >= rows or k * R == cut:
         return None
     sets = conflicts[(region, k)]
-    want = {p for a, b in sets for p in range(a, b)}
+    budget[0] -= 1 + len(sets)
     bpp = g.plane_by_name[plane].bytes_per_page
     lo = max(k * R, j0 * G) + shift * G
     hi = cut + shift * G
-    got = set(range(lo // bpp, min((hi - 1) // bpp + 1, g.pages)))
-    if before is not None and before[0] == k:  # this run lies inside row k: add the
-        m1, m2 = before[1]                     # pages the runs before it touched
-        got |= want - set(range(m1, m2 + 1))
-    missing = want - got
-    if not missing:
+    got = (lo // bpp, min((hi - 1) // bpp + 1, g.pages))  # pages this run touched
+    # the pages still to touch: the declared ones, within what the runs before left
+    # untouched when they lie in this row
+    keep = (before[1][0], before[1][1] + 1) if before is not None and before[0] == k \
+        else (0, g.pages)
+    first = last = None
+    for a, b in sets:
+        a, b = max(a, keep[0]), min(b, keep[1])
+        for s0, s1 in ((a, min(b, got[0])), (max(a, got[1]), b)):  # [a, b) less got
+            if s0 < s1:
+                first = s0 if first is None else min(first, s0)
+                last = s1 - 1 if last is None else max(last, s1 - 1)
+    if first is None or last is None:
         return None
-    return k, (min(missing), max(missing))
+    return k, (first, last)
 
 
 def chain_plan(g: Geometry, label: str = "chains") -> PhysicalPlan | None:
@@ -276,10 +286,12 @@ def chain_plan(g: Geometry, label: str = "chains") -> PhysicalPlan | None:
                 if best is None:
                     return None
                 j1, name, at = best
-                used[name] = sorted(used[name] + [(at, at + j1 - j0)])
+                bisect.insort(used[name], (at, at + j1 - j0))
                 pieces.append(Allocation(name, at * G, (j1 - j0) * G, region.name, j0 * G))
                 split = _split_rest(g, name, at - j0, j0, j1, R, region.rows, conflicts,
-                                    region.name, split)
+                                    region.name, split, budget)
+                if budget[0] < 0:
+                    raise _OverWork
                 j0 = j1
     except _OverWork:
         return None

@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from kvgrant.layout import chains, planner
 from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.chains import chain_plan
+from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import load_geometry, parse_geometry
 from kvgrant.layout.rules import reference_plan
@@ -90,3 +92,46 @@ def test_a_chain_plan_keeps_the_contract_and_every_granule(g) -> None:
         assert got[0][0] == 0 and got[-1][1] == g.plane_bytes(p.name)
         assert all(x[1] == y[0] for x, y in zip(got, got[1:]))
     assert len(plan.allocations) >= allocation_lower_bound(g).total
+
+
+def _pages_still_to_touch(g, plane, shift, j0, j1, region, before):
+    """_split_rest by its definition, on page sets."""
+    G, R = g.granularity, g.region_by_name[region].row_bytes
+    cut = j1 * G
+    k = cut // R
+    if k >= g.region_by_name[region].rows or k * R == cut:
+        return None
+    want = {p for a, b in declared_conflict_ranges(g)[(region, k)] for p in range(a, b)}
+    bpp = g.plane_by_name[plane].bytes_per_page
+    lo, hi = max(k * R, j0 * G) + shift * G, cut + shift * G
+    got = set(range(lo // bpp, min((hi - 1) // bpp + 1, g.pages)))
+    if before is not None and before[0] == k:
+        got |= want - set(range(before[1][0], before[1][1] + 1))
+    missing = want - got
+    return (k, (min(missing), max(missing))) if missing else None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(geometries(max_planes=3, max_regions=2, max_ranks=1), st.data())
+def test_the_rest_of_a_split_row_is_the_span_of_its_untouched_pages(g, data) -> None:
+    """The page-range walk of _split_rest against page sets, for any run and any
+    pages a run before it left untouched."""
+    G = g.granularity
+    assume(g.regions)
+    region = data.draw(st.sampled_from(g.regions))
+    plane = data.draw(st.sampled_from(g.planes))
+    n, units = g.region_bytes(region.name) // G, g.plane_bytes(plane.name) // G
+    j0 = data.draw(st.integers(0, n - 1))
+    j1 = data.draw(st.integers(j0 + 1, n))
+    if units < j1 - j0:
+        return
+    shift = data.draw(st.integers(-j0, units - j1))
+    row = j1 * G // region.row_bytes  # the row the run ends in, mostly the one before
+    before = data.draw(st.none() | st.tuples(
+        st.just(row) | st.integers(0, region.rows), st.tuples(st.integers(0, g.pages - 1),
+                                               st.integers(0, g.pages - 1)).map(sorted)))
+    budget = [10**9]
+    got = chains._split_rest(g, plane.name, shift, j0, j1, region.row_bytes, region.rows,
+                             declared_conflict_ranges(g), region.name, before, budget)
+    assert got == _pages_still_to_touch(g, plane.name, shift, j0, j1, region.name, before)
+    assert budget[0] < 10**9 or got is None

@@ -13,6 +13,7 @@ import glob
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from layout_builders import gen_layout, geometries
 
 from kvgrant.layout.contiguous import _first_free, _intersect, contiguous_plan
@@ -32,6 +33,28 @@ def test_range_helpers():
     assert _first_free([(0, 10)], [(0, 3), (5, 6)], 2) == 3
     assert _first_free([(0, 10)], [(0, 3), (4, 6)], 2) == 6
     assert _first_free([(0, 4)], [(0, 3), (4, 6)], 2) is None  # 3 would clash at 4
+    # a jump past one allowed range carries into the next: 10 clashes with (3, 20)
+    assert _first_free([(2, 5), (10, 30)], [(3, 20)], 2) == 20
+
+
+def _disjoint_ranges(top: int) -> st.SearchStrategy[list[tuple[int, int]]]:
+    """Sorted, disjoint half-open ranges in [0, top), touching ones included."""
+    return st.lists(st.integers(0, top), max_size=16, unique=True).map(sorted).map(
+        lambda cuts: [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if a < b])
+
+
+@settings(max_examples=400, deadline=None)
+@given(_disjoint_ranges(60), st.lists(st.integers(0, 60), max_size=16).map(sorted),
+       st.integers(1, 12))
+def test_first_free_is_the_lowest_clear_offset_at_a_bounded_cost(allowed, cuts, length):
+    """Against the definition, offset by offset; and the steps it reports stay within
+    a bisection per allowed range plus one per used range, never a rescan per clash."""
+    used = [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b][::2]  # may touch
+    clear = [o for lo, hi in allowed for o in range(lo, hi)
+             if all(u1 <= o or u0 >= o + length for u0, u1 in used)]
+    work = [0]
+    assert _first_free(allowed, used, length, work) == (clear[0] if clear else None)
+    assert -work[0] <= len(allowed) * (1 + len(used).bit_length()) + len(used)
 
 
 def _one_run_per_region(g: Geometry, plan) -> None:
