@@ -171,6 +171,8 @@ class _Model:
     offset: float = 0.0
     nonzeros: int = 0  # entries of all rows (row() and _CoverCount.add_rows count them)
     budget: int | None = None  # past this many nonzeros, row() raises _OverBudget
+    cut_nonzeros: int = 0  # entries of the pass-through cuts (rows of kind "cut")
+    cuts_left_out: bool = False  # the pass-through cuts alone passed the budget
 
     def col(self, lo: float, hi: float, cost: float = 0.0) -> int:
         self.lower.append(lo)
@@ -279,7 +281,7 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
             for b, ents in into.items():
                 dst = m.z[(c, u + 1)] if b == _FREE else m.x[(c, u + 1, b)]
                 m.row(ents + [(dst, -1.0)], -float("inf"), 0, "join")
-    _pass_through_cuts(m, lab)
+    _add_pass_through_cuts(m, lab)
     for l_ in range(nl):
         if not by_label[l_]:
             raise PlanError(f"label {l_} of region {lab.region[l_]!r}: no plane granule may "
@@ -523,6 +525,38 @@ def _conflict_pages(g: Geometry) -> int:
     if arr is not None:
         return int((arr[2] - arr[1]).sum())
     return sum(b - a for rs in declared_conflict_ranges(g).values() for a, b in rs)
+
+
+def _add_pass_through_cuts(m: _Model, lab: Labels) -> None:
+    """:func:`_pass_through_cuts`, or none of them when they pass the model's budget.
+
+    Why: the cuts are valid for every plan but not needed for one (a lost join is cut
+    off and repaired after the solve), and on some layouts they are most of the model
+    (random-80: 179,266 of 209,818 nonzeros over 2,078 label columns; odd-212: 2.3
+    million over a model of 20,866), so they alone may put a small model over the
+    size limits."""
+    rows, nonzeros = len(m.rows), m.nonzeros
+    try:
+        _pass_through_cuts(m, lab)
+    except _OverBudget:
+        for column in (m.rows, m.kinds, m.rows_lo, m.rows_hi):
+            del column[rows:]
+        m.nonzeros, m.cuts_left_out = nonzeros, True
+    m.cut_nonzeros = m.nonzeros - nonzeros
+
+
+def _drop_pass_through_cuts(m: _Model) -> None:
+    """Leave out the pass-through cuts (the only rows of kind "cut" before a solve):
+    the model then allows the pass-through pattern, which the extraction reports as a
+    lost join (cut off and repaired as after any solve), and its bound stays a bound
+    (a relaxation of a valid model)."""
+    keep = [i for i, k in enumerate(m.kinds) if k != "cut"]
+    m.rows = [m.rows[i] for i in keep]
+    m.kinds = [m.kinds[i] for i in keep]
+    m.rows_lo = [m.rows_lo[i] for i in keep]
+    m.rows_hi = [m.rows_hi[i] for i in keep]
+    m.nonzeros -= m.cut_nonzeros
+    m.cut_nonzeros, m.cuts_left_out = 0, True
 
 
 def _pass_through_cuts(m: _Model, lab: Labels) -> None:
@@ -1112,9 +1146,21 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         pending = None
     n = len(m.lower)
     nnz = m.nonzeros + (pending.nonzeros if pending else 0)
+    if max_nonzeros is not None and nnz > max_nonzeros and m.cut_nonzeros \
+            and nnz - m.cut_nonzeros <= max_nonzeros:
+        # the pass-through cuts put the model over the limit of one solve: solving it
+        # whole without them (a lost join is repaired) beats windows or no solve
+        if progress:
+            progress(f"exact model: {nnz:,} nonzeros, over the {max_nonzeros:,} limit "
+                     f"for one solve; {m.cut_nonzeros:,} of them are pass-through cuts, "
+                     "left out")
+        nnz -= m.cut_nonzeros
+        _drop_pass_through_cuts(m)
     size = {"columns": n, "rows": len(m.rows) + (pending.rows if pending else 0),
             "nonzeros": nnz, "classes": len(m.classes),
             "labels": len(lab.need), "rounds": 0}
+    if m.cuts_left_out:
+        size["pass_through_cuts_left_out"] = 1
     if max_nonzeros is not None and nnz > max_nonzeros:
         if max_windowed_nonzeros is None or nnz <= max_windowed_nonzeros:
             if (lower_bound is not None and start is not None and plane_cost == 1
