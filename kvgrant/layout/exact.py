@@ -172,7 +172,8 @@ class _Model:
     nonzeros: int = 0  # entries of all rows (row() and _CoverCount.add_rows count them)
     budget: int | None = None  # past this many nonzeros, row() raises _OverBudget
     cut_nonzeros: int = 0  # entries of the pass-through cuts (rows of kind "cut")
-    cuts_left_out: bool = False  # the pass-through cuts alone passed the budget
+    cuts_left_out: bool = False  # the pass-through cuts are not in the rows
+    budget_passed_at: int = 0  # nonzeros when the cuts passed the budget (0: never)
 
     def col(self, lo: float, hi: float, cost: float = 0.0) -> int:
         self.lower.append(lo)
@@ -538,11 +539,43 @@ def _add_pass_through_cuts(m: _Model, lab: Labels) -> None:
     rows, nonzeros = len(m.rows), m.nonzeros
     try:
         _pass_through_cuts(m, lab)
-    except _OverBudget:
+    except _OverBudget as over:
         for column in (m.rows, m.kinds, m.rows_lo, m.rows_hi):
             del column[rows:]
-        m.nonzeros, m.cuts_left_out = nonzeros, True
+        m.nonzeros, m.cuts_left_out, m.budget_passed_at = nonzeros, True, over.nonzeros
     m.cut_nonzeros = m.nonzeros - nonzeros
+
+
+MAX_CUT_FREE_LP_ITERATIONS = 25_000
+"""Most simplex iterations the LP relaxation of a model without its pass-through cuts
+may take for that model to be solved whole (a count, so the choice is deterministic).
+Why: HiGHS checks no limit inside a MIP's root LP, and some such models keep it busy
+for minutes (odd-174: 57,150 iterations, 23 s for the LP alone; odd-338: 30,487),
+where the model with its cuts was refused in seconds. Measured (2026-12-04): the
+cut-free models solved whole on unseen seeds took 5,989-19,209 iterations (random-80
+8,193; random-56 19,209; exporter-2029 15,860)."""
+
+
+def _lp_ends_within(m: _Model, pending: "_CoverCount | None", iterations: int) -> bool:
+    """Whether the LP relaxation of ``m`` without its pass-through cuts (and with the
+    ``pending`` coverage rows) reaches its optimum within ``iterations``."""
+    import highspy
+    import numpy as np
+
+    rows = [e for e, k in zip(m.rows, m.kinds) if k != "cut"]
+    lo = [x for x, k in zip(m.rows_lo, m.kinds) if k != "cut"]
+    hi = [x for x, k in zip(m.rows_hi, m.kinds) if k != "cut"]
+    if pending is not None:
+        extra = _Model(m.classes)
+        pending.add_rows(extra)
+        rows, lo, hi = rows + extra.rows, lo + extra.rows_lo, hi + extra.rows_hi
+    h = _mip(m.cost, m.lower, m.upper, lo, hi, *_csr(rows), None)
+    n = len(m.cost)
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                            np.full(n, highspy.HighsVarType.kContinuous))
+    h.setOptionValue("simplex_iteration_limit", int(iterations))
+    h.run()
+    return h.getModelStatus() == highspy.HighsModelStatus.kOptimal
 
 
 def _drop_pass_through_cuts(m: _Model) -> None:
@@ -1146,16 +1179,29 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         pending = None
     n = len(m.lower)
     nnz = m.nonzeros + (pending.nonzeros if pending else 0)
-    if max_nonzeros is not None and nnz > max_nonzeros and m.cut_nonzeros \
-            and nnz - m.cut_nonzeros <= max_nonzeros:
-        # the pass-through cuts put the model over the limit of one solve: solving it
-        # whole without them (a lost join is repaired) beats windows or no solve
+    if m.cuts_left_out or (max_nonzeros is not None and nnz > max_nonzeros
+                           and m.cut_nonzeros and nnz - m.cut_nonzeros <= max_nonzeros):
+        # the pass-through cuts put the model over a limit (the budget it was built
+        # under, or one solve's): solved whole without them (a lost join is
+        # repaired) when that fits one solve and its LP relaxation is quick, else
+        # left as it was (refused when the cuts passed the budget; else its windows)
+        free = nnz - m.cut_nonzeros
         if progress:
-            progress(f"exact model: {nnz:,} nonzeros, over the {max_nonzeros:,} limit "
-                     f"for one solve; {m.cut_nonzeros:,} of them are pass-through cuts, "
-                     "left out")
-        nnz -= m.cut_nonzeros
-        _drop_pass_through_cuts(m)
+            progress("exact model: over a size limit with its pass-through cuts, "
+                     f"{free:,} nonzeros without them")
+        quick = (max_nonzeros is None or free <= max_nonzeros) and \
+            _lp_ends_within(m, pending, MAX_CUT_FREE_LP_ITERATIONS)
+        if quick:
+            if progress:
+                progress("exact model: solved whole without its pass-through cuts")
+            nnz = free
+            _drop_pass_through_cuts(m)
+        elif m.cuts_left_out:
+            return _too_large(g, start, label, plane_cost, rc, t0, m.budget_passed_at,
+                              max_windowed_nonzeros, progress, "built in part")
+        elif progress:
+            progress(f"exact model: without its cuts, its LP relaxation needs over "
+                     f"{MAX_CUT_FREE_LP_ITERATIONS:,} simplex iterations; kept whole")
     size = {"columns": n, "rows": len(m.rows) + (pending.rows if pending else 0),
             "nonzeros": nnz, "classes": len(m.classes),
             "labels": len(lab.need), "rounds": 0}

@@ -75,3 +75,20 @@ def test_without_the_cuts_the_optimum_and_bound_still_match_brute_force(g):
         assert res.bound <= best <= res.cost
         if res.optimal:
             assert res.cost == best
+
+
+def test_a_cut_free_model_whose_lp_runs_long_is_left_as_it_was(monkeypatch):
+    """The LP relaxation's iteration count decides (deterministic): past it, the model
+    keeps its cuts and goes to its windows, or is refused when the cuts passed the
+    budget it was built under, as before the cuts could be left out."""
+    g = load_geometry(ROOT / "examples" / "published-dcp8.json")
+    nnz, cut = _sizes(g)
+    monkeypatch.setattr(exact, "MAX_CUT_FREE_LP_ITERATIONS", 1)
+    res = exact_plan(g, start=reference_plan(g), max_nonzeros=nnz - 1)
+    assert "pass_through_cuts_left_out" not in res.model and res.source == "windows"
+    assert check_contract(g, res.plan) == []
+    ref = reference_plan(g)
+    refused = exact_plan(g, start=ref, max_nonzeros=nnz - cut,
+                         max_windowed_nonzeros=nnz - cut)
+    assert refused.source == "start" and refused.status.startswith("Not solved")
+    assert refused.plan.allocations == ref.allocations
