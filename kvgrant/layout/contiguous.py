@@ -26,6 +26,7 @@ returned only when it keeps the contract.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
@@ -75,7 +76,7 @@ def _first_free(allowed: Ranges, used: Ranges, length: int,
         # every offset below o is blocked (each jump below skips only offsets that
         # clash with the range jumped over), and so are those the ranges before i block
         o = max(lo, o)
-        i = bisect.bisect_right(used, o, lo=i, key=_end)  # the first range ending past o
+        i = bisect.bisect_right(used, o, lo=i, key=itemgetter(1))  # the first range ending past o
         steps += 1 + len(used).bit_length()
         while i < len(used) and used[i][0] < o + length:
             o = used[i][1]  # past the range in the way
@@ -87,10 +88,6 @@ def _first_free(allowed: Ranges, used: Ranges, length: int,
     if work is not None:
         work[0] -= steps
     return at
-
-
-def _end(r: tuple[int, int]) -> int:
-    return r[1]
 
 
 def contiguous_plan(g: Geometry, label: str = "contiguous") -> PhysicalPlan | None:

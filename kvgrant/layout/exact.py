@@ -171,7 +171,8 @@ class _Model:
     offset: float = 0.0
     nonzeros: int = 0  # entries of all rows (row() and _CoverCount.add_rows count them)
     budget: int | None = None  # past this many nonzeros, row() raises _OverBudget
-    cut_nonzeros: int = 0  # entries of the pass-through cuts (rows of kind "cut")
+    cut_rows: tuple[int, int] = (0, 0)  # the pass-through cuts: rows [a, b), one block
+    cut_nonzeros: int = 0  # their entries
     cuts_left_out: bool = False  # the pass-through cuts are not in the rows
     budget_passed_at: int = 0  # nonzeros when the cuts passed the budget (0: never)
 
@@ -192,6 +193,14 @@ class _Model:
         self.nonzeros += len(entries)
         if self.budget is not None and self.nonzeros > self.budget:
             raise _OverBudget(self.nonzeros)
+
+    def extend(self, other: "_Model") -> None:
+        """Append ``other``'s rows (over this model's columns)."""
+        self.rows.extend(other.rows)
+        self.kinds.extend(other.kinds)
+        self.rows_lo.extend(other.rows_lo)
+        self.rows_hi.extend(other.rows_hi)
+        self.nonzeros += other.nonzeros
 
 
 class _OverBudget(Exception):
@@ -543,7 +552,7 @@ def _add_pass_through_cuts(m: _Model, lab: Labels) -> None:
         for column in (m.rows, m.kinds, m.rows_lo, m.rows_hi):
             del column[rows:]
         m.nonzeros, m.cuts_left_out, m.budget_passed_at = nonzeros, True, over.nonzeros
-    m.cut_nonzeros = m.nonzeros - nonzeros
+    m.cut_rows, m.cut_nonzeros = (rows, len(m.rows)), m.nonzeros - nonzeros
 
 
 MAX_CUT_FREE_LP_ITERATIONS = 25_000
@@ -556,19 +565,18 @@ cut-free models solved whole on unseen seeds took 5,989-19,209 iterations (rando
 8,193; random-56 19,209; exporter-2029 15,860)."""
 
 
-def _lp_ends_within(m: _Model, pending: "_CoverCount | None", iterations: int) -> bool:
+def _lp_ends_within(m: _Model, cover: _Model | None, iterations: int) -> bool:
     """Whether the LP relaxation of ``m`` without its pass-through cuts (and with the
-    ``pending`` coverage rows) reaches its optimum within ``iterations``."""
+    coverage rows of ``cover``, when they are not in ``m`` yet) reaches its optimum
+    within ``iterations``."""
     import highspy
     import numpy as np
 
-    rows = [e for e, k in zip(m.rows, m.kinds) if k != "cut"]
-    lo = [x for x, k in zip(m.rows_lo, m.kinds) if k != "cut"]
-    hi = [x for x, k in zip(m.rows_hi, m.kinds) if k != "cut"]
-    if pending is not None:
-        extra = _Model(m.classes)
-        pending.add_rows(extra)
-        rows, lo, hi = rows + extra.rows, lo + extra.rows_lo, hi + extra.rows_hi
+    a, b = m.cut_rows
+    rows, lo, hi = m.rows[:a] + m.rows[b:], m.rows_lo[:a] + m.rows_lo[b:], \
+        m.rows_hi[:a] + m.rows_hi[b:]
+    if cover is not None:
+        rows, lo, hi = rows + cover.rows, lo + cover.rows_lo, hi + cover.rows_hi
     h = _mip(m.cost, m.lower, m.upper, lo, hi, *_csr(rows), None)
     n = len(m.cost)
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
@@ -579,17 +587,14 @@ def _lp_ends_within(m: _Model, pending: "_CoverCount | None", iterations: int) -
 
 
 def _drop_pass_through_cuts(m: _Model) -> None:
-    """Leave out the pass-through cuts (the only rows of kind "cut" before a solve):
-    the model then allows the pass-through pattern, which the extraction reports as a
-    lost join (cut off and repaired as after any solve), and its bound stays a bound
-    (a relaxation of a valid model)."""
-    keep = [i for i, k in enumerate(m.kinds) if k != "cut"]
-    m.rows = [m.rows[i] for i in keep]
-    m.kinds = [m.kinds[i] for i in keep]
-    m.rows_lo = [m.rows_lo[i] for i in keep]
-    m.rows_hi = [m.rows_hi[i] for i in keep]
+    """Leave out the pass-through cuts: the model then allows the pass-through
+    pattern, which the extraction reports as a lost join (cut off and repaired as
+    after any solve), and its bound stays a bound (a relaxation of a valid model)."""
+    a, b = m.cut_rows
+    for column in (m.rows, m.kinds, m.rows_lo, m.rows_hi):
+        del column[a:b]
     m.nonzeros -= m.cut_nonzeros
-    m.cut_nonzeros, m.cuts_left_out = 0, True
+    m.cut_rows, m.cut_nonzeros, m.cuts_left_out = (a, a), 0, True
 
 
 def _pass_through_cuts(m: _Model, lab: Labels) -> None:
@@ -1189,13 +1194,20 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         if progress:
             progress("exact model: over a size limit with its pass-through cuts, "
                      f"{free:,} nonzeros without them")
+        cover = None
+        if pending is not None and (max_nonzeros is None or free <= max_nonzeros):
+            cover = _Model(m.classes)  # built once: for the LP, then for the solve
+            pending.add_rows(cover)
         quick = (max_nonzeros is None or free <= max_nonzeros) and \
-            _lp_ends_within(m, pending, MAX_CUT_FREE_LP_ITERATIONS)
+            _lp_ends_within(m, cover, MAX_CUT_FREE_LP_ITERATIONS)
         if quick:
             if progress:
                 progress("exact model: solved whole without its pass-through cuts")
             nnz = free
             _drop_pass_through_cuts(m)
+            if cover is not None:
+                m.extend(cover)
+                pending = None
         elif m.cuts_left_out:
             return _too_large(g, start, label, plane_cost, rc, t0, m.budget_passed_at,
                               max_windowed_nonzeros, progress, "built in part")

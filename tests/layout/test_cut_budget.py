@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _sizes(g):
     m, _ = exact._build(g, 1.0, {})
     cut = sum(len(e) for e, k in zip(m.rows, m.kinds) if k == "cut")
+    a, b = m.cut_rows  # the cuts are one block of rows
+    assert m.kinds[a:b] == ["cut"] * (b - a) and "cut" not in m.kinds[:a] + m.kinds[b:]
     assert cut == m.cut_nonzeros and not m.cuts_left_out
     return m.nonzeros, cut
 
@@ -51,6 +53,7 @@ def test_cuts_past_the_build_budget_are_left_out_and_the_rest_is_built():
     nnz, cut = _sizes(g)
     m, _ = exact._build(g, 1.0, {}, budget=nnz - cut)
     assert m.cuts_left_out and "cut" not in m.kinds and m.cut_nonzeros == 0
+    assert m.cut_rows[0] == m.cut_rows[1]
     assert m.nonzeros == nnz - cut == sum(len(e) for e in m.rows)
     res = exact_plan(g, start=reference_plan(g), max_nonzeros=nnz - cut,
                      max_windowed_nonzeros=nnz - cut)
