@@ -18,10 +18,16 @@ Printed per family: layouts, finished, over the limit, proven optimal, gap under
 gap of 1% or more, over 2 s of CPU, median and largest CPU seconds (``process_time``
 of ``plan_packed`` in its own process; many jobs on one host raise it).
 
+``--planner NAME=VALUE`` (repeatable) plans with other work limits of ``plan_packed``
+(``max_checks=100``, ``node_limit=none``), to measure what a limit buys on seeds nobody
+tuned it on; each row then carries the limits, and every row its model's size and the
+solver's limit checks (``nonzeros``, ``checks``; absent when no model was built).
+
 Usage::
 
     .venv/bin/python benchmarks/fuzz_plan.py --seeds exporter:2000-2039,random:10-49 \\
         --jobs 15 --limit 60 --out rows.jsonl
+    .venv/bin/python benchmarks/fuzz_plan.py --seeds random:10-89 --planner max_checks=100
 """
 
 from __future__ import annotations
@@ -35,12 +41,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAMILIES = ("exporter", "random", "odd")
+LIMITS = ("node_limit", "max_nonzeros", "max_solves", "max_checks", "max_windowed_nonzeros")
+"""The work limits of ``plan_packed`` that ``--planner`` may set."""
 
 
 def _gen() -> Any:
@@ -71,6 +79,29 @@ def parse_seeds(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def parse_limits(items: list[str]) -> dict[str, int | None]:
+    """``NAME=VALUE`` items as ``plan_packed`` keyword arguments (``none``: no limit;
+    ``max_solves`` needs a number)."""
+    out: dict[str, int | None] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if name not in LIMITS or not eq:
+            raise SystemExit(f"--planner: {item!r} is not NAME=VALUE with NAME one of "
+                             f"{', '.join(LIMITS)}")
+        if text == "none" and name != "max_solves":
+            out[name] = None
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            raise SystemExit(f"--planner: {item!r}: the value must be an integer"
+                             f"{'' if name == 'max_solves' else ' or none'}") from None
+        if value < 1:
+            raise SystemExit(f"--planner: {item!r}: the value must be at least 1")
+        out[name] = value
+    return out
+
+
 def findings(g: Any, result: Any) -> dict[str, Any]:
     """Figures of one planned layout and what it broke (``bad``), from ``plan_packed``'s
     result: the promises listed in the module docstring."""
@@ -91,21 +122,27 @@ def findings(g: Any, result: Any) -> dict[str, Any]:
                    f"{result.bound}, plan {n})")
     if result.optimal != (result.bound == n):
         bad.append(f"optimal={result.optimal} with bound {result.bound} and plan {n}")
+    model = result.exact.model if result.exact is not None else {}
     return {"packed": n, "bound": result.bound, "optimal": result.optimal,
             "source": result.source, "reference": reference, "comb_bound": floor,
+            **{k: model[k] for k in ("nonzeros", "checks") if k in model},
             "bad": bad}
 
 
-def plan_one(family: str, seed: int) -> dict[str, Any]:
-    """Plan one layout here (the child's work) and check it."""
+def plan_one(family: str, seed: int,
+             limits: dict[str, int | None] | None = None) -> dict[str, Any]:
+    """Plan one layout here (the child's work), with ``limits`` (``plan_packed``'s
+    keyword arguments) instead of its defaults, and check it."""
     from kvgrant.layout.geometry import parse_geometry
     from kvgrant.layout.planner import plan_packed
 
     g = parse_geometry(getattr(_gen(), f"{family}_layout")(seed))
     row: dict[str, Any] = {"name": f"{family}-{seed}", "chunks": len(g.aliases)}
+    if limits:
+        row["limits"] = limits
     try:
         t = time.process_time()
-        result = plan_packed(g)
+        result = plan_packed(g, **(limits or {}))
         row["cpu_s"] = round(time.process_time() - t, 2)
         row.update(findings(g, result))
     except Exception as exc:  # noqa: BLE001 - reported as the layout's finding
@@ -113,13 +150,15 @@ def plan_one(family: str, seed: int) -> dict[str, Any]:
     return row
 
 
-def _child(family: str, seed: int, limit: float) -> dict[str, Any]:
-    """One layout in a child process, killed (and reaped) past ``limit`` wall seconds."""
+def _child(family: str, seed: int, limit: float, planner: Sequence[str]) -> dict[str, Any]:
+    """One layout in a child process, killed (and reaped) past ``limit`` wall seconds;
+    ``planner`` are the ``--planner`` items, passed on."""
     name = f"{family}-{seed}"
     env = dict(os.environ)
     env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the CLI: no spinning BLAS threads
     try:
-        done = subprocess.run([sys.executable, __file__, "--one", f"{family}:{seed}"],
+        done = subprocess.run([sys.executable, __file__, "--one", f"{family}:{seed}",
+                               *(f"--planner={item}" for item in planner)],
                               capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired:
         return {"name": name, "over_s": limit}
@@ -129,10 +168,12 @@ def _child(family: str, seed: int, limit: float) -> dict[str, Any]:
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
-def run(seeds: list[tuple[str, int]], jobs: int, limit: float) -> Iterator[dict[str, Any]]:
-    """The rows, in seed order, planned ``jobs`` at a time."""
+def run(seeds: list[tuple[str, int]], jobs: int, limit: float,
+        planner: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
+    """The rows, in seed order, planned ``jobs`` at a time (``planner``: the
+    ``--planner`` items)."""
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        yield from pool.map(lambda fs: _child(fs[0], fs[1], limit), seeds)
+        yield from pool.map(lambda fs: _child(fs[0], fs[1], limit, planner), seeds)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -170,11 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=60.0,
                     help="wall seconds per layout before it is stopped (default 60)")
     ap.add_argument("--out", help="write one JSON line per layout here")
+    ap.add_argument("--planner", action="append", default=[], metavar="NAME=VALUE",
+                    help="a work limit of plan_packed instead of its default "
+                    f"({', '.join(LIMITS)}; VALUE an integer or none); repeatable")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # the child's entry point
     args = ap.parse_args(argv)
+    limits = parse_limits(args.planner)
     if args.one:
         family, seed = parse_seeds(args.one)[0]
-        print(json.dumps(plan_one(family, seed)), flush=True)
+        print(json.dumps(plan_one(family, seed, limits)), flush=True)
         return 0
     if not args.seeds:
         ap.error("--seeds is required")
@@ -183,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     out = open(args.out, "w") if args.out else None
     try:
-        for row in run(parse_seeds(args.seeds), args.jobs, args.limit):
+        for row in run(parse_seeds(args.seeds), args.jobs, args.limit, args.planner):
             rows.append(row)
             if out:
                 out.write(json.dumps(row) + "\n")

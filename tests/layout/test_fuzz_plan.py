@@ -8,6 +8,7 @@ plan and its children must end with it; nothing here is timed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import runpy
 from pathlib import Path
 from typing import Any
@@ -61,3 +62,29 @@ def test_layouts_plan_in_children_and_those_past_the_limit_are_stopped(tmp_path,
     # a child cannot start in a millisecond: it is stopped, reaped, and counted
     assert main(["--seeds", "random:2", "--jobs", "1", "--limit", "0.001"]) == 0
     assert '"over_limit": 1' in capsys.readouterr().out
+
+
+def test_planner_limits_parse_and_refuse_what_plan_packed_would_not_take():
+    parse = _fuzz()["parse_limits"]
+    assert parse([]) == {}
+    assert parse(["max_checks=100", "node_limit=none", "max_solves=2"]) == {
+        "max_checks": 100, "node_limit": None, "max_solves": 2}
+    for bad, says in (("checks=3", "NAME=VALUE"), ("max_checks", "NAME=VALUE"),
+                      ("max_checks=x", "integer or none"), ("max_solves=none", "integer"),
+                      ("node_limit=0", "at least 1")):
+        with pytest.raises(SystemExit, match=says):
+            parse([bad])
+
+
+def test_planner_limits_reach_the_child_and_its_row(tmp_path):
+    main = _fuzz()["main"]
+    rows = {}
+    for name, extra in (("default", []), ("cut", ["--planner", "max_checks=2"])):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["--seeds", "random:1", "--jobs", "1", "--limit", "300",
+                     "--out", str(out), *extra]) == 0
+        rows[name] = json.loads(out.read_text())
+    # random-1 proves its optimum after more than 2 checks; stopped after 2 it may not
+    assert "limits" not in rows["default"] and rows["default"]["checks"] > 3
+    assert rows["cut"]["limits"] == {"max_checks": 2} and rows["cut"]["checks"] <= 3
+    assert rows["cut"]["nonzeros"] == rows["default"]["nonzeros"]
