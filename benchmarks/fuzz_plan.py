@@ -20,8 +20,9 @@ of ``plan_packed`` in its own process; many jobs on one host raise it).
 
 ``--planner NAME=VALUE`` (repeatable) plans with other work limits of ``plan_packed``
 (``max_checks=100``, ``node_limit=none``), to measure what a limit buys on seeds nobody
-tuned it on; each row then carries the limits, and every row its model's size and the
-solver's limit checks (``nonzeros``, ``checks``; absent when no model was built).
+tuned it on; each row then carries the limits. Every row carries its model's size, the
+solver's limit checks and its repairs (``nonzeros``, ``checks``, ``repairs``; absent
+when no model was built or nothing was repaired).
 
 Usage::
 
@@ -125,7 +126,7 @@ def findings(g: Any, result: Any) -> dict[str, Any]:
     model = result.exact.model if result.exact is not None else {}
     return {"packed": n, "bound": result.bound, "optimal": result.optimal,
             "source": result.source, "reference": reference, "comb_bound": floor,
-            **{k: model[k] for k in ("nonzeros", "checks") if k in model},
+            **{k: model[k] for k in ("nonzeros", "checks", "repairs") if k in model},
             "bad": bad}
 
 

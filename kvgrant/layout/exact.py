@@ -679,9 +679,11 @@ def _count_checks(h: "highspy.Highs", limit: int | None,
 
     def on_check(kind: int, message: str, out: object, into: object, user: object) -> None:
         count[0] += 1
-        if limit is not None and count[0] > limit:
-            into.user_interrupt = True  # type: ignore[attr-defined]
-        elif progress is not None and count[1] and count[0] % 10 == 0:
+        # set both ways: HiGHS keeps the flag from the last run of ``h``, so a solve
+        # after an interrupted one (its repair) stopped at its first check
+        stop = limit is not None and count[0] > limit
+        into.user_interrupt = stop  # type: ignore[attr-defined]
+        if not stop and progress is not None and count[1] and count[0] % 10 == 0:
             best = getattr(out, "mip_primal_bound", float("inf"))
             try:  # an exception here would abort the solve (HiGHS sees a failed callback)
                 progress(f"solver: {count[0]}{'' if limit is None else f' of {limit:,}'} "
@@ -982,6 +984,10 @@ _REPAIR_REACH = 2
 _REPAIR_NODES = 50
 """Branch-and-bound nodes of one repair solve (a count: the plan stays a function of
 the geometry)."""
+REPAIR_ROUNDS = 4
+"""Repairs after one solve at most. A repaired plan may lose joins of its own (a model
+without its pass-through cuts allows the pattern anywhere): they are cut off and
+repaired in turn, while each repair lowers the best plan."""
 
 
 def _repair(h: "highspy.Highs", m: _Model, lab: Labels, vals: Sequence[float],
@@ -1109,8 +1115,10 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         Solves of the whole model in all: after a solve whose plan lost a join, the
         pattern is cut off (by valid cuts where there are any, else forbidden), the
         neighbourhood of the lost join is re-solved (a *repair*: at most 50 nodes,
-        or ``node_limit`` when smaller, and ``max_checks``; counted in the result's
-        ``model["repairs"]``, not here) and, when the plan still misses the bound,
+        or ``node_limit`` when smaller, and ``max_checks``; again for the repaired
+        plan's own lost joins while each repair lowers the plan, up to
+        :data:`REPAIR_ROUNDS`; counted in the result's ``model["repairs"]``, not
+        here) and, when the plan still misses the bound,
         the model is solved again, up to this many times.
     max_checks
         HiGHS limit checks per solve (None: no limit), see :data:`DEFAULT_MAX_CHECKS`:
@@ -1313,15 +1321,21 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         # a run joined at both ends of a row that has more runs: cut that pattern off,
         # then look for the lost join near it (a small solve of its own limits, also
         # after the last or an interrupted solve) before solving the whole model again
-        bound_valid = _cut_lost(h, m, lab, lost) and bound_valid
-        repaired = _repair(h, m, lab, vals, lost, checks, node_limit, deadline)
-        size["repairs"] = size.get("repairs", 0) + 1
-        size["repair_checks"] = size.get("repair_checks", 0) + checks[0]
-        if repaired is not None:
-            cand, _ = _extract(g, m, lab, repaired, label)
+        for _ in range(REPAIR_ROUNDS):
+            bound_valid = _cut_lost(h, m, lab, lost) and bound_valid
+            repaired = _repair(h, m, lab, vals, lost, checks, node_limit, deadline)
+            size["repairs"] = size.get("repairs", 0) + 1
+            size["repair_checks"] = size.get("repair_checks", 0) + checks[0]
+            if repaired is None:
+                break
+            cand, lost = _extract(g, m, lab, repaired, label)
             c = _cost(cand, plane_cost, rc)
-            if c < best_cost and not check_contract(g, cand):
-                best, best_cost, source = cand, c, "solver"
+            if c >= best_cost or check_contract(g, cand):
+                break
+            best, best_cost, source = cand, c, "solver"
+            if not lost or best_cost <= _ceil(dual):
+                break
+            vals = repaired  # its own lost joins: cut off and repaired in turn
         if best_cost <= _ceil(dual) or rounds >= max_solves or interrupted:
             break  # (an interrupted solve is not repeated: its check limit is spent)
         if best is not None:

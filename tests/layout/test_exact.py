@@ -224,3 +224,36 @@ def test_a_repair_restores_the_model_and_changes_only_the_neighbourhood():
     fixed, again = exact._extract(g, m, lab, repaired, "exact")
     assert again == [] and check_contract(g, fixed) == []
     assert len(fixed.allocations) == len(plan.allocations) - 1
+
+
+def test_a_solve_after_an_interrupted_one_gets_its_own_checks():
+    # HiGHS keeps the callback's interrupt flag from the last run of an instance: the
+    # repair after a solve stopped by its check limit was itself stopped at its first
+    # check, so it never searched (random-58: 83 allocations where the repair finds 81)
+    g = parse_geometry(gen_layout().random_layout(1))
+    m, lab = exact._build(g, 1.0, {})
+    h = exact._mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, *exact._csr(m.rows),
+                   exact.DEFAULT_NODE_LIMIT)
+    checks = exact._count_checks(h, 2)
+    h.run()
+    assert checks[0] == 3 and h.modelStatusToString(h.getModelStatus()) == "Interrupted by user"
+    checks[0] = 0
+    h.run()
+    assert checks[0] == 3  # stopped past its own limit, not at its first check
+
+
+def test_after_an_interrupted_solve_the_repairs_lower_the_plan(monkeypatch):
+    # random-58: the solve stops at its check limit with a solution whose plan loses
+    # joins; the repairs (each with its own checks) find a cheaper plan near them
+    g = parse_geometry(gen_layout().random_layout(58))
+    repaired = exact_plan(g, start=reference_plan(g))
+    assert repaired.model["checks"] > exact.DEFAULT_MAX_CHECKS  # interrupted
+    assert repaired.model["repairs"] >= 1
+    assert repaired.model["repair_checks"] > repaired.model["repairs"]  # they searched
+    monkeypatch.setattr(exact, "REPAIR_ROUNDS", 0)
+    plain = exact_plan(g, start=reference_plan(g))
+    assert "repairs" not in plain.model
+    for res in (repaired, plain):
+        assert check_contract(g, res.plan) == []
+        assert res.cost == len(res.plan.allocations) >= res.bound
+    assert repaired.bound == plain.bound and repaired.cost < plain.cost
