@@ -202,6 +202,12 @@ class _Model:
         self.rows_hi.extend(other.rows_hi)
         self.nonzeros += other.nonzeros
 
+    def drop_rows(self, a: int, b: int) -> None:
+        """Remove rows ``[a, b)`` and their entries from the count."""
+        self.nonzeros -= sum(map(len, self.rows[a:b]))
+        for column in (self.rows, self.kinds, self.rows_lo, self.rows_hi):
+            del column[a:b]
+
 
 class _OverBudget(Exception):
     """A model being built passed its nonzero budget: it would be refused anyway, so
@@ -549,9 +555,8 @@ def _add_pass_through_cuts(m: _Model, lab: Labels) -> None:
     try:
         _pass_through_cuts(m, lab)
     except _OverBudget as over:
-        for column in (m.rows, m.kinds, m.rows_lo, m.rows_hi):
-            del column[rows:]
-        m.nonzeros, m.cuts_left_out, m.budget_passed_at = nonzeros, True, over.nonzeros
+        m.drop_rows(rows, len(m.rows))
+        m.cuts_left_out, m.budget_passed_at = True, over.nonzeros
     m.cut_rows, m.cut_nonzeros = (rows, len(m.rows)), m.nonzeros - nonzeros
 
 
@@ -591,9 +596,7 @@ def _drop_pass_through_cuts(m: _Model) -> None:
     pattern, which the extraction reports as a lost join (cut off and repaired as
     after any solve), and its bound stays a bound (a relaxation of a valid model)."""
     a, b = m.cut_rows
-    for column in (m.rows, m.kinds, m.rows_lo, m.rows_hi):
-        del column[a:b]
-    m.nonzeros -= m.cut_nonzeros
+    m.drop_rows(a, b)
     m.cut_rows, m.cut_nonzeros, m.cuts_left_out = (a, a), 0, True
 
 
