@@ -49,7 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_plan import _gen  # noqa: E402
+from bench_plan import gen_layout  # noqa: E402  (tools/gen_layout.py)
 
 from kvgrant.layout import exact  # noqa: E402
 from kvgrant.layout.contract import check_contract  # noqa: E402
@@ -66,7 +66,7 @@ def geometry(name: str) -> Geometry:
     if name.startswith("published"):
         return load_geometry(ROOT / "examples" / f"{name}.json")
     kind, _, seed = name.rpartition("-")
-    gen = _gen()
+    gen = gen_layout
     doc = gen.exporter_layout(int(seed)) if kind == "exporter" else gen.random_layout(int(seed))
     return parse_geometry(doc)
 

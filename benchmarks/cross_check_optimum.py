@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import importlib.util
 import json
 import math
 import os
@@ -109,6 +108,8 @@ from kvgrant.layout.exact import _highs as silent_highs  # noqa: E402  (no model
 from kvgrant.layout.rules import finish_plan, naive_plan, reference_plan  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))  # tools/ is not a package
+import gen_layout  # noqa: E402  (tools/gen_layout.py: the seeded layout families)
 
 __all__ = ["IndependentModel", "cross_check", "mini_exporter", "small_random", "solve"]
 
@@ -649,15 +650,6 @@ def cross_check(g: Geometry, *, time_limit: float = 120.0, max_y: int = 400_000,
 
 # --------------------------------------------------------------------------- layouts
 
-def _gen() -> Any:
-    if "gen_layout" in sys.modules:
-        return sys.modules["gen_layout"]
-    spec = importlib.util.spec_from_file_location("gen_layout", ROOT / "tools" / "gen_layout.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_layout"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def small_random(seed: int) -> dict[str, Any]:
     """A small random valid geometry: G in 2..64, odd row sizes (rarely G-multiples),
@@ -740,7 +732,7 @@ def mini_exporter(seed: int) -> dict[str, Any]:
     G = 256 bytes and the real page sizes scaled by 256 / 2 MiB (so bytes per page
     relative to G are as on H200: 144 = LATENT_8, 72 = LATENT_4, 18 = LATENT_1, ...),
     1-5 planes, 1-2 regions of 1-10 rows, claim or inward rounding, any interleave."""
-    gen = _gen()
+    gen = gen_layout
     rng = random.Random(f"xcheck-mini-{seed}")
     sizes = [144, 90, 72, 18, 126, 288, 80]
     mix = rng.choice(["same", "mixed", "two"])
@@ -781,7 +773,6 @@ def _span(text: str) -> list[int]:
 
 def layouts(spec: str, n_random: int) -> list[tuple[str, Any]]:
     """(name, thunk returning a Geometry) for ``--seeds`` and ``--random``."""
-    gen = None
     out: list[tuple[str, Any]] = []
     items = [s for s in spec.split(",") if s] if spec else []
     if n_random:
@@ -791,13 +782,12 @@ def layouts(spec: str, n_random: int) -> list[tuple[str, Any]]:
         if kind in ("random", "exporter", "odd", "mini", "own") and rng:
             for s in _span(rng):
                 if kind == "random":
-                    gen = gen or _gen()
-                    out.append((f"random-{s}", lambda s=s: parse_geometry(_gen().random_layout(s))))
+                    out.append((f"random-{s}", lambda s=s: parse_geometry(gen_layout.random_layout(s))))
                 elif kind == "exporter":
                     out.append((f"exporter-{s}",
-                                lambda s=s: parse_geometry(_gen().exporter_layout(s))))
+                                lambda s=s: parse_geometry(gen_layout.exporter_layout(s))))
                 elif kind == "odd":
-                    out.append((f"odd-{s}", lambda s=s: parse_geometry(_gen().odd_layout(s))))
+                    out.append((f"odd-{s}", lambda s=s: parse_geometry(gen_layout.odd_layout(s))))
                 elif kind == "mini":
                     out.append((f"mini-{s}", lambda s=s: parse_geometry(mini_exporter(s))))
                 else:

@@ -34,7 +34,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
@@ -47,18 +46,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))  # tools/ is not a package
+import gen_layout  # noqa: E402  (tools/gen_layout.py: the seeded layout families)
+
 FAMILIES = ("exporter", "random", "odd")
 LIMITS = ("node_limit", "max_nonzeros", "max_solves", "max_checks", "max_windowed_nonzeros")
 """The work limits of ``plan_packed`` that ``--planner`` may set."""
-
-
-def _gen() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_layout", ROOT / "tools" / "gen_layout.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_layout"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def parse_seeds(text: str) -> list[tuple[str, int]]:
@@ -137,7 +130,7 @@ def plan_one(family: str, seed: int,
     from kvgrant.layout.geometry import parse_geometry
     from kvgrant.layout.planner import plan_packed
 
-    g = parse_geometry(getattr(_gen(), f"{family}_layout")(seed))
+    g = parse_geometry(getattr(gen_layout, f"{family}_layout")(seed))
     row: dict[str, Any] = {"name": f"{family}-{seed}", "chunks": len(g.aliases)}
     if limits:
         row["limits"] = limits

@@ -214,18 +214,16 @@ def simple_plan(g: Geometry, label: str = "simple") -> PhysicalPlan:
 
 
 def gen_layout():
-    """tools/gen_layout.py as a module (tools/ is not a package), loaded once."""
-    import importlib.util
+    """tools/gen_layout.py as a module (tools/ is not a package; the benchmarks import it
+    the same way, by name from tools/)."""
     import pathlib
     import sys
 
-    if "gen_layout" in sys.modules:
-        return sys.modules["gen_layout"]
-    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "gen_layout.py"
-    spec = importlib.util.spec_from_file_location("gen_layout", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_layout"] = mod
-    spec.loader.exec_module(mod)
+    tools = str(pathlib.Path(__file__).resolve().parents[2] / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import gen_layout as mod
+
     return mod
 
 
