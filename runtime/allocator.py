@@ -117,6 +117,9 @@ def allocate(geometry: "Geometry | str | Path", *,
     ContractError, HandleBudgetError, PlanError
         Before any driver object exists (HandleBudgetError from the ledger names the
         other holders).
+    GeometryError
+        The geometry breaks a rule, or one that only allocation has (a granularity
+        that is not a power of two), before any driver call.
     LedgerError
         The ledger file cannot be used (garbage, newer version, stuck lock).
     TraceError
@@ -183,11 +186,12 @@ def _release_for_trace_error(pub: Published) -> None:
     """The trace was lost: release the cache (nothing left) and raise TraceError."""
     cause = pub.trace_error
     where = pub.trace_path if pub.trace_path is not None else "the trace stream"
+    why = str(cause).removeprefix("writing the trace failed: ")  # said once, below
     try:
         pub.release()
     except DriverError as err:
-        raise TraceError(f"writing the trace to {where} failed ({cause}); releasing the cache "
+        raise TraceError(f"writing the trace to {where} failed ({why}); releasing the cache "
                          f"then failed too: {err}", line=None) from err
-    raise TraceError(f"writing the trace to {where} failed: {cause}; the cache was released "
+    raise TraceError(f"writing the trace to {where} failed: {why}; the cache was released "
                      "and nothing is left (pass trace=TraceOptions(..., errors='continue') to "
                      "keep a cache without its trace)", line=None) from cause

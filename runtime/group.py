@@ -57,7 +57,8 @@ from kvgrant.runtime.engine import traced_shutdown, va_layout
 from kvgrant.runtime.interrupts import DeferredInterrupt
 from kvgrant.runtime.options import (Backend, HandleBudget, RankShorthands, TraceOptions,
                                      group_options)
-from kvgrant.runtime.prepare import host_ledger, require_plan_for, resolve_plan
+from kvgrant.runtime.prepare import (host_ledger, require_allocatable_granularity,
+                                     require_plan_for, resolve_plan)
 from kvgrant.runtime.published import Capacity, Counts, Published
 from kvgrant.runtime.trace import TraceWriter, open_trace
 from kvgrant.runtime.transaction import Teardown, Transaction, attach_cleanup_errors
@@ -1038,6 +1039,7 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
     name = getattr(opts.backend, "name", "?")
 
     def checked(gg: Geometry) -> PhysicalPlan:
+        require_allocatable_granularity(gg)
         p = resolve_plan(gg, plan)
         if isinstance(plan, PhysicalPlan):
             require_plan_for(p, gg)

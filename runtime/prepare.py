@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Sequence
 
-from kvgrant.errors import AllocationError, ArgumentError, DriverError, PlanError
+from kvgrant.errors import (AllocationError, ArgumentError, DriverError, GeometryError,
+                            PlanError)
 from kvgrant.layout.geometry import Geometry, load_geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_plan_object
@@ -86,12 +87,7 @@ def prepare(geometry: "Geometry | str | Path", *,
         raise ArgumentError(f"devices = {devs}: need {nranks} distinct CUDA ordinals, one per "
                             f"rank of topology.ranks = {nranks}", argument="devices",
                             value=devs)
-    if g.granularity & (g.granularity - 1):
-        # was: cuMemAddressReserve failed on the alignment (exit 1 after the driver
-        # opened); a planning-only layout may have any granularity, memory may not
-        raise PlanError(f"granularity = {g.granularity}: must be a power of two to allocate "
-                        "(the VA reservation's alignment; the driver's granularities are "
-                        "powers of two)")
+    require_allocatable_granularity(g)
     fixed_plan = plan if isinstance(plan, PhysicalPlan) else None
     if fixed_plan is not None:
         require_plan_for(fixed_plan, g)
@@ -242,6 +238,27 @@ def _where(rank: int | None, device: int | None) -> str:
     if rank is None:
         return f"device {device} (no rank of this allocation)"
     return f"rank {rank} (device {device})"
+
+
+def require_allocatable_granularity(g: Geometry) -> None:
+    """Refuse, before any driver call, a granularity memory cannot have.
+
+    Why: a planning-only layout may have any granularity (``kvgrant plan`` takes one of
+    3 bytes), but the VA reservation is aligned to it and the driver's granularities
+    are powers of two; allocating one reached cuMemAddressReserve (an allocation
+    failure, exit 1), then was a PlanError naming no field. It is the geometry's field
+    that breaks the rule (exit 2), for ``allocate()`` and every rank of a group alike.
+
+    Raises
+    ------
+    GeometryError
+        ``granularity`` is not a power of two (``field`` and ``value`` say so).
+    """
+    if g.granularity & (g.granularity - 1):
+        raise GeometryError(f"granularity = {g.granularity}: must be a power of two to "
+                            "allocate (the VA reservation's alignment; the driver's "
+                            "granularities are powers of two)", field="granularity",
+                            value=g.granularity)
 
 
 def require_plan_for(plan: PhysicalPlan, g: Geometry) -> None:

@@ -128,7 +128,13 @@ class Published:
     @property
     def trace_error(self) -> BaseException | None:
         """Why the trace is incomplete (a write failed), or None. Tracing never
-        aborts the allocation it records; the caller decides what to do."""
+        aborts the allocation it records; the caller decides what to do.
+
+        Waits first until every line traced so far is on file: a trace file is written
+        by a renderer process behind the allocation, which reports a failed write (a
+        full disk) only when asked, so without the wait a lost trace showed up here
+        only after release (and ``allocate(errors="raise")`` returned the cache)."""
+        self._engine.trace.flush()  # (a no-op once the writer is closed or off)
         return self._engine.trace.error
 
     def _live(self, what: str) -> None:

@@ -288,6 +288,20 @@ def test_a_trace_target_whose_first_line_names_kind_twice_is_not_overwritten(
     assert target.read_text() == content
 
 
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux's /proc")
+def test_a_trace_target_that_reports_no_bytes_but_holds_some_is_read_not_sized(
+        tmp_path: Path) -> None:
+    # was: judged empty by its size (0 for a /proc file), allocated, then failed to write
+    res = cli(["alloc", str(SMALL), *SIM, "--trace", "/proc/version"])
+    assert res.rc == 2 and "'/proc/version': exists and is not a kvgrant trace" in res.err, \
+        res.err
+    empty = tmp_path / "empty.ndjson"
+    empty.write_text("")
+    res = cli(["alloc", str(SMALL), *SIM, "--trace", str(empty)])  # truly empty: written
+    assert res.rc == 0, res.err
+    assert json.loads(empty.read_text().splitlines()[0])["kind"] == "header"
+
+
 def test_a_kvgrant_trace_path_that_is_not_a_trace_is_refused_naming_the_variable(
         tmp_path: Path, monkeypatch: Any) -> None:
     # was: "--trace = ...", an option the user never gave

@@ -145,10 +145,11 @@ def test_sim_only_options_with_the_cuda_backend_are_refused(option: str, value: 
 
 
 def test_a_granularity_that_is_no_power_of_two_is_refused_before_the_driver(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Planning takes any granularity; allocating one of 3 x 2 MiB reached
-    cuMemAddressReserve, which refused the alignment (an allocation failure)."""
-    from kvgrant.errors import PlanError
+    cuMemAddressReserve, which refused the alignment (an allocation failure), then was
+    a PlanError naming no field: the geometry's field breaks the rule (exit 2)."""
+    from kvgrant.errors import GeometryError
 
     G = 3 << 21
     g = {"name": "g6m", "granularity": G, "pages": 2, "page_tokens": 16,
@@ -160,6 +161,12 @@ def test_a_granularity_that_is_no_power_of_two_is_refused_before_the_driver(
     path = tmp_path / "g6m.json"
     path.write_text(json.dumps(g))
     drv = SimDriver(devices=2)
-    with pytest.raises(PlanError, match="granularity = 6291456: must be a power of two"):
+    with pytest.raises(GeometryError, match="granularity = 6291456: must be a power of two") \
+            as err:
         allocate(path, backend=drv)
+    assert (err.value.field, err.value.value) == ("granularity", G)
     assert sum(drv.calls.values()) == 0
+    capsys.readouterr()
+    assert main(["alloc", str(path), "--backend", "sim", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["kind"], doc["field"], doc["value"]) == ("GeometryError", "granularity", G)

@@ -314,14 +314,21 @@ def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
         raise ArgumentError(f"{field} = {trace!r}: is the geometry file {geometry!r}; the "
                             "trace would overwrite it", argument=field.lstrip("-"),
                             value=trace)
-    if force or not os.path.isfile(trace) or os.path.getsize(trace) == 0:
+    if force or not os.path.isfile(trace):
         return
     try:
         with open(trace, "rb") as fh:
             first = fh.readline(1 << 16)
+    except OSError:  # unreadable: judged by its size
+        first = None if os.path.getsize(trace) else b""
+    if first == b"":
+        # empty: read, not judged by its size (a /proc file reports 0 bytes and is not
+        # empty; --trace /proc/version was opened and failed to write, after allocating)
+        return
+    try:
         # strictly: a first line naming "kind" twice is not a header (the last would win)
-        is_trace = strict_json_loads(first).get("kind") == "header"
-    except (OSError, ValueError, AttributeError, RecursionError):
+        is_trace = first is not None and strict_json_loads(first).get("kind") == "header"
+    except (ValueError, AttributeError, RecursionError):
         is_trace = False
     if not is_trace:
         raise ArgumentError(f"{field} = {trace!r}: exists and is not a kvgrant trace; "
@@ -501,7 +508,7 @@ def _check_group_fail_at(args: argparse.Namespace, g: Any, plan: Any,
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
     from kvgrant.runtime.interrupts import DeferredInterrupt
-    from kvgrant.runtime.options import Backend
+    from kvgrant.runtime.options import Backend, TraceOptions
 
     devices = args.devices
     if args.procs is not None:
@@ -537,7 +544,10 @@ def run(args: argparse.Namespace) -> int:
         pub = allocate(geometry, plan=plan,
                        backend=Backend(args.backend, _driver_options(args)),
                        devices=devices, memory_limit=args.memory_limit,
-                       budget=_budget(args), trace=args.trace)
+                       budget=_budget(args),
+                       # the command goes on to its release and reports a lost trace
+                       # after it (exit 1), with the summary and what is left live
+                       trace=TraceOptions(args.trace, errors="continue"))
     except KVGrantError as err:
         return _error(args, err)
     hold = DeferredInterrupt()
@@ -566,8 +576,9 @@ def run(args: argparse.Namespace) -> int:
     trace_error = pub.trace_error
     problem: tuple[str, str] | None = None  # (error kind, message)
     if trace_error is not None:
+        why = str(trace_error).removeprefix("writing the trace failed: ")  # said once
         problem = (TraceError.__name__, f"the trace {trace} is incomplete: writing it "
-                                        f"failed: {trace_error}")
+                                        f"failed: {why}")
     # the fault never fired: had it, the start-up or the release would have failed (the
     # count checked up front was the plan's; this is the net should the run differ)
     unfired = args.fail_at is not None

@@ -172,6 +172,8 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
             "rows": sum(r.rows for r in g.regions), "declared_chunks": len(g.aliases),
             "declared_bytes": sum(g.plane_bytes(p.name) for p in g.planes),
             "hash": geometry_hash(g),
+            # a planning-only layout may have any granularity; memory needs a power of two
+            "allocatable": not g.granularity & (g.granularity - 1),
         },
         "largest_conflict_set": largest,
         "lower_bound": _lower_bound_json(lower_bound),
@@ -284,4 +286,8 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
     for f in figures:
         status = "kept" if not f.contract else f"BROKEN ({len(f.contract)}): {f.contract[0]}"
         lines.append(f"layout contract, {f.label} plan: {status}")
+    if not geo["allocatable"]:
+        lines.append(f"note: granularity = {g.granularity} is not a power of two: these plans "
+                     "can be checked, but allocating them is refused (the driver's "
+                     "granularities are powers of two)")
     return "\n".join(lines)

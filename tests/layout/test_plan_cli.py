@@ -112,6 +112,29 @@ def test_no_bound_skips_the_bounds(small_file: Path, capsys: Any) -> None:
     assert rep["packed_solver"]["optimal"] is True
 
 
+def test_a_granularity_memory_cannot_have_is_planned_with_a_note(
+        small_file: Path, tmp_path: Path, capsys: Any) -> None:
+    """Planning takes any granularity, allocating refuses one that is not a power of
+    two: the report said "fits" and "kept" and nothing of that (the plan file it wrote
+    could never be allocated)."""
+    G3 = {"name": "G3", "granularity": 3, "pages": 4, "page_tokens": 16,
+          "planes": [{"name": "p", "bytes_per_page": 3}],
+          "regions": [{"name": "r", "rows": 1, "row_bytes": 6}],
+          "aliases": [{"region": "r", "offset": 0, "plane": "p", "plane_offset": 0,
+                       "length": 6}],
+          "topology": {"ranks": 2, "import_groups": [[0, 1]]}}
+    path = tmp_path / "g3.json"
+    path.write_text(json.dumps(G3))
+    assert run_plan([str(path)]) == 0
+    assert "note: granularity = 3 is not a power of two" in capsys.readouterr().out
+    assert run_plan([str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["geometry"]["allocatable"] is False
+    assert run_plan([str(small_file), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["geometry"]["allocatable"] is True
+    assert run_plan([str(small_file)]) == 0
+    assert "note: granularity" not in capsys.readouterr().out
+
+
 def test_json_plan_can_be_checked_independently(small_file: Path, capsys: Any) -> None:
     assert run_plan([str(small_file), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

@@ -408,6 +408,32 @@ def test_cli_trace_write_failure_still_releases_everything(
     assert drv.live().is_empty()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_trace_file_that_cannot_be_written_is_known_before_allocate_returns(
+        small_file: Path) -> None:
+    """A trace file is written by a renderer process behind the allocation, which
+    reports a failed write only when asked: allocate(errors="raise") returned the
+    cache, and trace_error said nothing until release (the full-disk case)."""
+    from kvgrant.errors import TraceError
+    from kvgrant.runtime.options import TraceOptions
+    from kvgrant.runtime.sim import SimDriver
+
+    drv = SimDriver(devices=3)
+    with pytest.raises(TraceError, match="/dev/full failed: .*No space left") as err:
+        allocate(load_geometry(small_file), driver=drv, trace=TraceOptions("/dev/full"))
+    assert "the cache was released and nothing is left" in str(err.value)
+    assert drv.live().is_empty()
+    drv = SimDriver(devices=3)
+    pub = allocate(load_geometry(small_file), driver=drv,
+                   trace=TraceOptions("/dev/full", errors="continue"))
+    try:
+        assert not drv.live().is_empty()
+        assert "No space left" in str(pub.trace_error)  # before release
+    finally:
+        pub.release()
+    assert drv.live().is_empty()
+
+
 def test_cli_rejects_a_bad_memory_limit(small_file: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):

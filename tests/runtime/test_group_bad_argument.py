@@ -88,3 +88,32 @@ def test_a_rank_out_of_the_layout_is_a_bad_argument(rank: Any) -> None:
     """Was a GroupError (as if the group had refused); it is the caller's argument."""
     with pytest.raises(ArgumentError, match=r"rank = .*: must be an integer rank 0\.\.1"):
         allocate_rank(tiny(), rank, store=DictStore(), backend=SimDriver(devices=2))
+
+
+def test_a_granularity_that_is_no_power_of_two_is_refused_by_every_rank_before_the_driver(
+        ) -> None:
+    """6 MiB is a multiple of the sim's 2 MiB granularity, so the group's device check
+    let it through to the VA reservation (aligned to G); allocate() refused it up front.
+    Every rank now refuses it alike in the hello (as a plan that breaks the contract),
+    naming the geometry's field, with no driver object."""
+    from kvgrant.layout.geometry import parse_geometry
+
+    G = 3 << 21
+    g = parse_geometry({
+        "name": "g6m", "granularity": G, "pages": 2, "page_tokens": 16,
+        "planes": [{"name": "p", "bytes_per_page": G}],
+        "regions": [{"name": "r", "rows": 1, "row_bytes": G}],
+        "aliases": [{"region": "r", "offset": 0, "plane": "p", "plane_offset": 0,
+                     "length": G}],
+        "topology": {"ranks": 2, "import_groups": [[0, 1]]}})
+    drivers = [_CountingSim(devices=2), _CountingSim(devices=2)]
+    outs = run_threads(g, drivers, timeout_s=PATIENT_S)
+    for out in outs:
+        assert isinstance(out, GroupError) and "nothing was created" in str(out), out
+        assert sorted(out.failed) == [0, 1], out.failed
+        for why in out.failed.values():
+            assert why.startswith("GeometryError: granularity = 6291456: must be a power "
+                                  "of two"), why
+    assert [drv.made for drv in drivers] == [0, 0]
+    for drv in drivers:
+        assert drv.live().as_dict() == EMPTY
