@@ -33,7 +33,7 @@ from kvgrant.conformance.trace_io import (PHASES, _parse_lifecycle_header, null_
 from kvgrant.conformance.trace_plan import Layout, rank_key_error
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.strict_json import unique_keys_loads
+from kvgrant.strict_json import show_value, unique_keys_loads
 from kvgrant.traceformat import (GROUP_FAST_ARGS, GROUP_FAST_EVENT, GROUP_SHAPES,
                                  GROUP_STATE_KEYS, GROUP_VERSION)
 
@@ -449,8 +449,9 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
             raise _fail(source, ln, "every line after the header must be an event object "
                                     "(kind = 'event')")
         if obj.get("seq") != k or type(obj.get("seq")) is not int:
-            raise _fail(source, ln, f"seq = {obj.get('seq')!r}: expected {k} (seq counts "
-                                    "from 0 without gaps)")
+            kind = "" if type(obj.get("seq")) is int else "the integer "
+            raise _fail(source, ln, f"seq = {show_value(obj.get('seq'))}: expected {kind}{k} "
+                                    "(seq counts from 0 without gaps)")
         if obj.get("rank") != h.rank:
             raise _fail(source, ln, f"rank = {obj.get('rank')!r}: every event of this file "
                                     f"has the header's rank {h.rank}")

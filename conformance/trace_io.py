@@ -22,7 +22,7 @@ from kvgrant.conformance.trace_plan import (Layout, derive_importers, parse_layo
                                              rank_key_error)
 from kvgrant.errors import ArgumentError, TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.strict_json import DuplicateKeyError, unique_keys_loads
+from kvgrant.strict_json import DuplicateKeyError, show_value, unique_keys_loads
 from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, FAST_EVENT, GROUP_ACTIONS,
                                  LIFECYCLE_VERSION, PHASES, RANK_ACTIONS, RANK_COUNTERS, ROW,
                                  ROW_FIELDS, SETUP_CALLS, TRACE_BACKENDS)
@@ -561,8 +561,10 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
                                     "must be an event (kind = 'event')")
     seq = get("seq")
     if type(seq) is not int or seq != index:
-        raise _fail(source, lineno, f"seq = {seq!r}: expected {index} (seq counts from 0 "
-                                    "without gaps)")
+        # the value as written (was: "seq = '2': expected 2", a Python repr of a string)
+        kind = "" if type(seq) is int else "the integer "
+        raise _fail(source, lineno, f"seq = {show_value(seq)}: expected {kind}{index} (seq "
+                                    "counts from 0 without gaps)")
     action = get("action")
     if type(action) is not str or action not in EVENT_ACTIONS:
         raise _fail(source, lineno, f"action = {action!r}: not a lifecycle action "
@@ -572,7 +574,8 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
         if rank is not None:
             raise _fail(source, lineno, f"rank = {rank!r}: must be null for group action {action}")
     elif type(rank) is not int or not 0 <= rank < h.ranks:
-        raise _fail(source, lineno, f"rank = {rank!r}: {action} needs a rank in 0..{h.ranks - 1}")
+        raise _fail(source, lineno, f"rank = {show_value(rank)}: {action} needs an integer "
+                                    f"rank in 0..{h.ranks - 1}")
     args = get("args")
     if args is None:
         args = {}

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 __all__ = ["DuplicateKeyError", "HugeIntegerError", "NonFiniteNumberError", "field_path",
-           "strict_json_loads", "unique_keys_loads"]
+           "show_value", "strict_json_loads", "unique_keys_loads"]
 
 
 class DuplicateKeyError(ValueError):
@@ -43,21 +43,33 @@ class NonFiniteNumberError(ValueError):
     whole document is ``<root>``); ``value`` is the literal as written (``"NaN"``), a
     string, so an error document stays JSON."""
 
-    def __init__(self, field: str, value: str) -> None:
-        super().__init__(f"{field} = {value}: must be a finite number: {value} is not a "
-                         "JSON number (JSON has no NaN, Infinity or -Infinity)")
+    def __init__(self, field: str, value: str, why: str | None = None) -> None:
+        why = why or (f"{value} is not a JSON number (JSON has no NaN, Infinity or "
+                      "-Infinity)")
+        super().__init__(f"{field} = {value}: must be a finite number: {why}")
         self.field = field
         self.value = value
 
 
 class _NonFinite:
-    """What parse_constant gives for NaN / Infinity: a marker found after the parse
-    (json.loads calls parse_constant without saying where the value is)."""
+    """What parse_constant gives for NaN / Infinity, and parse_float for a literal past
+    the largest double (``1e309``, which float() reads as inf): a marker found after the
+    parse (json.loads calls them without saying where the value is)."""
 
-    __slots__ = ("literal",)
+    __slots__ = ("literal", "why")
 
-    def __init__(self, literal: str) -> None:
+    def __init__(self, literal: str, why: str | None = None) -> None:
         self.literal = literal
+        self.why = why
+
+
+def _finite_float(literal: str) -> "float | _NonFinite":
+    """parse_float: the number, or a marker when it overflows to inf (was: read as inf,
+    and the geometry said "pages = inf: Input should be a valid integer")."""
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        return _NonFinite(literal, f"{literal} is past the largest number a double holds")
+    return value
 
 
 class HugeIntegerError(ValueError):
@@ -88,7 +100,7 @@ class _HugeInt:
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_]+\Z")
-_KEY_LIMIT = 80  # a key is cut as kvgrant.layout.validate.show_value cuts a string
+_KEY_LIMIT = 80  # a key is cut as show_value (below) cuts a string
 
 
 def field_path(parts: list[str | int]) -> str:
@@ -137,9 +149,10 @@ def strict_json_loads(text: str) -> Any:
     DuplicateKeyError
         A key named twice in one object (``key`` names it).
     NonFiniteNumberError
-        NaN, Infinity or -Infinity (``field`` is where, ``value`` the literal). Was: a
-        ValueError naming no field (the geometry error said only "unreadable JSON
-        value: NaN is not a JSON number" and the file).
+        NaN, Infinity or -Infinity, or a number past the largest double (``1e309``)
+        (``field`` is where, ``value`` the literal). Was: a ValueError naming no field
+        (the geometry error said only "unreadable JSON value: NaN is not a JSON number"
+        and the file).
     json.JSONDecodeError, RecursionError, ValueError
         As json.loads.
     """
@@ -149,8 +162,15 @@ def strict_json_loads(text: str) -> Any:
         found.append(True)
         return _NonFinite(literal)
 
+    def number(literal: str) -> "float | _NonFinite":
+        value = _finite_float(literal)
+        if value.__class__ is _NonFinite:
+            found.append(True)
+        return value
+
     try:
-        doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=constant)
+        doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=constant,
+                         parse_float=number)
     except (json.JSONDecodeError, DuplicateKeyError):
         raise
     except ValueError:
@@ -161,7 +181,7 @@ def strict_json_loads(text: str) -> Any:
     if found:
         where = _first_marker(doc, _NonFinite)
         if where is not None:  # always, unless a hook dropped it
-            raise NonFiniteNumberError(where[0], where[1].literal)
+            raise NonFiniteNumberError(where[0], where[1].literal, where[1].why)
     return doc
 
 
@@ -191,3 +211,60 @@ def unique_keys_loads(text: str) -> Any:
     """json.loads refusing a key named twice in one object only: NaN and Infinity pass,
     so the reader's own check names the field (a trace's ``t = nan: must be ...``)."""
     return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+_SHOW_LIMIT = 80
+_SHOW_CONTAINER_LIMIT = 120  # an allocation of a plan file, in full
+
+
+def show_value(value: Any) -> str:
+    """A short, always-printable rendering of a user value for error messages.
+
+    Never raises: huge integers (past Python's int-to-str limit) are described by
+    their size, long strings are cut, a container is shown as compact JSON when that is
+    short and by its size when not. Here, not in the layout package, so the trace
+    readers use it without importing pydantic.
+    """
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        if value.bit_length() > 128:
+            return f"<{'negative ' if value < 0 else ''}integer of {value.bit_length()} bits>"
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        text = json.dumps(value)
+        return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT - 4] + '..."'
+    if isinstance(value, (dict, list, tuple)):  # the value itself when it is short
+        text = _brief(value, _SHOW_CONTAINER_LIMIT)
+        if text is not None:
+            return text
+        kind = "object" if isinstance(value, dict) else "list"
+        n = len(value)  # (was: the type name, "dict")
+        return f"<{kind} of {n:,} {'entry' if n == 1 else 'entries'}>"
+    return type(value).__name__
+
+
+def _brief(value: Any, room: int) -> str | None:
+    """Compact JSON of ``value`` if it takes at most ``room`` characters, else None;
+    stops as soon as the room is spent (a huge list costs no more than a short one)."""
+    if isinstance(value, (dict, list, tuple)):
+        if room < 2:
+            return None
+        opened, closed = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        parts: list[str] = []
+        left = room - 2
+        items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        for key, v in items:
+            head = "" if key is None else (_brief(str(key), left) or "") + ": "
+            if key is not None and head == ": ":
+                return None
+            body = _brief(v, left - len(head) - (2 if parts else 0))
+            if body is None:
+                return None
+            parts.append(head + body)
+            left -= len(head) + len(body) + (2 if len(parts) > 1 else 0)
+        return opened + ", ".join(parts) + closed
+    text = show_value(value)
+    return text if len(text) <= room and not text.endswith('..."') else None

@@ -128,6 +128,12 @@ def check_ledger(argument: str, value: Any) -> None:
         if not isinstance(value, HostLedger) and not _is_path(value):
             raise fail(argument, value, "must be None, True, False, a HostLedger or the "
                                         "path of a ledger file")
+        if _is_path(value):  # as the trace's path (an empty one became ".", a folder)
+            if not os.fspath(value).strip():
+                raise fail(argument, value, "must be the path of a ledger file, not an "
+                                            "empty string")
+            if "\0" in os.fspath(value):
+                raise fail(argument, value, "a file path must not contain a NUL character")
 
 
 def check_trace_target(argument: str, trace: Any) -> None:

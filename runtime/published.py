@@ -180,7 +180,7 @@ class Published:
         rank, plane = self._rank(rank), self._plane(plane)
         nbytes = self.capacity.pages * self.geometry.plane_by_name[plane].bytes_per_page
         return DeviceBuffer(self.plane_va[rank][plane], nbytes, self._view_device(rank),
-                            getattr(self.driver, "name", "cuda"))
+                            getattr(self.driver, "name", "cuda"), owner=self)
 
     def page(self, rank: int, plane: str, page: int) -> DeviceBuffer:
         """KV page ``page`` of ``plane`` on ``rank``."""
@@ -197,7 +197,8 @@ class Published:
         self._live("row")
         reg = self.geometry.region_by_name[self._region(region)]
         return DeviceBuffer(self.row_va(rank, region, row), reg.row_bytes,
-                            self._view_device(rank), getattr(self.driver, "name", "cuda"))
+                            self._view_device(rank), getattr(self.driver, "name", "cuda"),
+                            owner=self)
 
     def _view_device(self, rank: int) -> int:
         """The CUDA ordinal through which ``rank``'s memory is viewed: its own device

@@ -10,10 +10,10 @@ dereference a fake address by accident); ``ptr`` is still there for bookkeeping.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from kvgrant.errors import BackendUnavailable
+from kvgrant.errors import BackendUnavailable, ReleasedError
 
 __all__ = ["DeviceBuffer", "as_tensor"]
 
@@ -26,26 +26,38 @@ class DeviceBuffer:
     nbytes: int
     device: int
     backend: str = "cuda"
+    #: the cache whose memory this is (its ``released`` says whether the memory is still
+    #: mapped), or None for a buffer made by hand
+    owner: Any = field(default=None, repr=False, compare=False)
 
     def __int__(self) -> int:
         return self.ptr
+
+    def _live(self, what: str) -> None:
+        """A buffer taken before its cache's release would view unmapped memory: refuse
+        (was: still sliced, and viewed, after ``release()``)."""
+        if self.owner is not None and self.owner.released:
+            raise ReleasedError(f"DeviceBuffer.{what}: the cache was released; the memory "
+                                f"at {self.ptr:#x} is unmapped (allocate a new cache)")
 
     def slice(self, offset: int, nbytes: int) -> "DeviceBuffer":
         """A sub-range; ``offset`` and ``nbytes`` must be integers that stay inside this
         buffer (a float offset once gave a fractional pointer)."""
         from kvgrant.runtime.arguments import fail
 
+        self._live("slice")
         for name, value in (("offset", offset), ("nbytes", nbytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise fail(name, value, "must be an integer number of bytes >= 0")
         if offset + nbytes > self.nbytes:
             raise fail("nbytes", nbytes, f"slice [{offset}, {offset + nbytes}) is outside "
                        f"the buffer of {self.nbytes} bytes")
-        return DeviceBuffer(self.ptr + offset, nbytes, self.device, self.backend)
+        return DeviceBuffer(self.ptr + offset, nbytes, self.device, self.backend, self.owner)
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """CUDA Array Interface v3: a 1-D uint8 array, no stream synchronisation."""
+        self._live("__cuda_array_interface__")
         if self.backend != "cuda":
             raise AttributeError(f"a {self.backend} buffer has no real device pointer, so no "
                                  "__cuda_array_interface__")
@@ -67,6 +79,7 @@ def as_tensor(buf: DeviceBuffer) -> Any:
     ModuleNotFoundError
         torch is not installed (``pip install 'kvgrant[torch]'``).
     """
+    buf._live("as_tensor")
     if buf.backend != "cuda":
         raise BackendUnavailable(
             f"CUDA_ERROR_NOT_SUPPORTED: {buf.backend} memory at {buf.ptr:#x} cannot be viewed "

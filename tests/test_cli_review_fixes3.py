@@ -110,6 +110,22 @@ def test_nan_in_a_geometry_file_names_the_field_value_and_rule(
     assert f"{field} = {literal}: " in doc["message"], doc
 
 
+@pytest.mark.parametrize("old, new, field, literal", [
+    ('"pages": 24', '"pages": 1e309', "pages", "1e309"),
+    ('"row_bytes": 8384512', '"row_bytes": -2.5e400', "regions[0].row_bytes", "-2.5e400"),
+])
+def test_a_number_past_the_largest_double_is_named_as_not_finite(
+        tmp_path: Path, old: str, new: str, field: str, literal: str) -> None:
+    # was: read as inf: "pages = inf: Input should be a valid integer"
+    path = _geometry_with(tmp_path, old, new)
+    res = cli(["plan", str(path), "--json"])
+    assert res.rc == 2, res.err
+    doc = res.doc()
+    assert (doc["kind"], doc["field"], doc["value"]) == ("GeometryError", field, literal), doc
+    assert f"{field} = {literal}: must be a finite number: {literal} is past the largest " \
+           "number a double holds" in doc["message"], doc
+
+
 LONG_NAME = "x" * 120 + ".json"
 
 

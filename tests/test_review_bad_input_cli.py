@@ -170,3 +170,50 @@ def test_a_granularity_that_is_no_power_of_two_is_refused_before_the_driver(
     assert main(["alloc", str(path), "--backend", "sim", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert (doc["kind"], doc["field"], doc["value"]) == ("GeometryError", "granularity", G)
+
+
+# --- review 2026-12-05 (a bad-input sweep): each message states the rule broken ------
+@pytest.mark.parametrize("argv, says", [
+    # the option's own limit (was "must be > 0 and below 10,000,000 s", 1e309 as "inf")
+    (["plan", str(SMALL), "--time-limit", "1e309"], "'1e309': must be at most 86,400 s"),
+    (["plan", str(SMALL), "--time-limit", "10000000"], "'10000000': must be at most 86,400 s"),
+    (["plan", str(SMALL), "--time-limit", "-1"], "'-1': must be > 0 seconds"),
+    # a decimal only (float() also read "inf", "nan" and "1_0")
+    (["plan", str(SMALL), "--time-limit", "inf"], "'inf': not a number of seconds"),
+    (["plan", str(SMALL), "--time-limit", "1_0"], "'1_0': not a number of seconds"),
+    (["alloc", str(SMALL), "--backend", "sim", "--procs", "2", "--timeout", "1_0"],
+     "'1_0': not a number of seconds"),
+    # a negative count breaks ">= 0" (was "'-1': not an integer")
+    (["alloc", str(SMALL), "--backend", "sim", "--handle-budget", "-1"], "'-1': must be >= 0"),
+    (["alloc", str(SMALL), "--backend", "sim", "--fail-at", "-3"], "'-3': must be >= 0"),
+    # an ordinal of 8 digits is out of range like one of 7 (was the generic message)
+    (["alloc", str(SMALL), "--backend", "sim", "--devices", "99999999,0,1"],
+     "99999999: a CUDA ordinal must be in 0..1023"),
+])
+def test_a_bad_option_value_is_told_the_rule_it_breaks(argv: list[str], says: str,
+                                                       capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 30.0), ("2.5", 2.5), (".5", 0.5),
+                                           ("1e3", 1000.0), (" 30 ", 30.0), ("86400", 86400.0)])
+def test_a_decimal_number_of_seconds_is_read(text: str, seconds: float) -> None:
+    from kvgrant.commands.plan import _time_limit
+
+    assert _time_limit(text) == seconds
+
+
+@pytest.mark.parametrize("ledger, says", [("", "not an empty string"),
+                                          ("a\0b", "must not contain a NUL")])
+def test_an_empty_ledger_path_is_refused_when_the_budget_is_made(ledger: str,
+                                                                 says: str) -> None:
+    """Was accepted, then allocate() failed with "ledger .: ... Is a directory" (the
+    message the CLI's own empty-path check had removed)."""
+    from kvgrant.runtime.options import HandleBudget
+
+    with pytest.raises(ArgumentError, match=f"HandleBudget.ledger = .*: .*{says}") as err:
+        HandleBudget(ledger=ledger)
+    assert err.value.argument == "HandleBudget.ledger"

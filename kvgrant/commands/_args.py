@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 
@@ -23,6 +22,9 @@ _COUNT = re.compile(r"[0-9]+|[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{1,3}(?:_[0-9]{3})+",
 def count(text: str) -> int:
     """A non-negative integer; thousands separators allowed (``523_880``, ``523,880``)."""
     if not _COUNT.fullmatch(text.strip()):
+        if text.strip().startswith("-") and _COUNT.fullmatch(text.strip()[1:]):
+            # the rule it breaks (was: "'-1': not an integer")
+            raise argparse.ArgumentTypeError(f"{text.strip()[:40]!r}: must be >= 0")
         raise argparse.ArgumentTypeError(
             f"{text[:40]!r}: not an integer (ASCII digits; '_' or ',' only between groups "
             "of three digits, e.g. 523,880)")
@@ -48,14 +50,15 @@ def device_list(text: str) -> list[int]:
     from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL
 
     parts = text.split(",")
-    if any(not re.fullmatch(r"[0-9]{1,7}", p, re.ASCII) for p in parts):
+    if any(not re.fullmatch(r"[0-9]+", p, re.ASCII) for p in parts):
         raise argparse.ArgumentTypeError(
             f"{text[:60]!r}: must be comma-separated CUDA ordinals, one per rank (e.g. 0,1)")
-    values = [int(p) for p in parts]
-    big = [v for v in values if v > MAX_DEVICE_ORDINAL]
+    # a long number is out of range whatever its value (read no more of it than that)
+    big = [p for p in parts if len(p.lstrip("0")) > 7 or int(p) > MAX_DEVICE_ORDINAL]
     if big:
-        raise argparse.ArgumentTypeError(f"{big[0]}: a CUDA ordinal must be in "
-                                         f"0..{MAX_DEVICE_ORDINAL}")
+        raise argparse.ArgumentTypeError(f"{big[0][:20]}{'...' if len(big[0]) > 20 else ''}: "
+                                         f"a CUDA ordinal must be in 0..{MAX_DEVICE_ORDINAL}")
+    values = [int(p) for p in parts]
     if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"{text[:60]!r}: two ranks on one device")
     return values
@@ -78,16 +81,26 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_seconds(text: str) -> float:
-    """A number of seconds > 0."""
-    try:
-        value = float(text) if text.isascii() else math.nan
-    except ValueError:
-        value = math.nan
-    if math.isnan(value):
-        raise argparse.ArgumentTypeError(f"{text[:40]!r}: not a number of seconds") from None
-    if not 0 < value < 10**7:
-        raise argparse.ArgumentTypeError(f"{value}: must be > 0 and below 10,000,000 s")
+#: A decimal number of seconds: digits, one point, an exponent (``30``, ``2.5``, ``1e3``);
+#: not ``inf``, ``nan``, ``1_0`` or full-width digits, which ``float()`` also reads.
+_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
+
+
+def positive_seconds(text: str, most: float = 10**7) -> float:
+    """A number of seconds > 0 and at most ``most`` (the option's own limit, named in
+    the error: ``--time-limit=1e7`` was told "below 10,000,000 s" where a day is the
+    most it takes)."""
+    bare = text.strip()
+    if bare.startswith("-") and _SECONDS.fullmatch(bare[1:]):
+        raise argparse.ArgumentTypeError(f"{bare[:40]!r}: must be > 0 seconds")
+    if not _SECONDS.fullmatch(bare):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: not a number of seconds (a "
+                                         "decimal such as 30 or 2.5)")
+    value = float(bare)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{bare[:40]!r}: must be > 0 seconds")
+    if value > most:
+        raise argparse.ArgumentTypeError(f"{bare[:40]!r}: must be at most {most:,.0f} s")
     return value
 
 

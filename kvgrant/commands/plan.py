@@ -58,10 +58,7 @@ def _time_limit(text: str) -> float:
     """``--time-limit``: seconds > 0, at most the planner's limit (a day)."""
     from kvgrant.layout.planner import MAX_TIME_LIMIT
 
-    value = positive_seconds(text)
-    if value > MAX_TIME_LIMIT:
-        raise argparse.ArgumentTypeError(f"{value:g}: must be at most {MAX_TIME_LIMIT:,.0f} s")
-    return value
+    return positive_seconds(text, most=MAX_TIME_LIMIT)
 
 
 HEARTBEAT_S = 30.0

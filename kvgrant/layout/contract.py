@@ -32,6 +32,7 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import (conflict_range_arrays, conflict_ranges,
                                       declared_conflict_arrays, declared_conflict_ranges,
                                       ranges_to_set)
+from kvgrant.layout.validate import show_value
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -125,7 +126,8 @@ def _check_allocation(g: "Geometry", i: int, a: Any) -> tuple[list[Violation], b
                           {"alloc": i, "field": missing, "value": repr(a)[:200]})], False, False
     plane_ok = alias_ok = True
     if not isinstance(a.plane, str) or a.plane not in g.plane_by_name:
-        out.append(Violation(3, f"{where}: plane {a.plane!r} is not a plane of the geometry",
+        out.append(Violation(3, f"{where}: plane {show_value(a.plane)} is not a plane of the "
+                                "geometry",
                              {"alloc": i, "plane": a.plane}))
         plane_ok = False
     has_region, has_offset = a.region is not None, a.region_offset is not None
@@ -138,7 +140,8 @@ def _check_allocation(g: "Geometry", i: int, a: Any) -> tuple[list[Violation], b
         alias_ok = False
     aliased = has_region and has_offset
     if has_region and (not isinstance(a.region, str) or a.region not in g.region_by_name):
-        out.append(Violation(3, f"{where}: region {a.region!r} is not a region of the geometry",
+        out.append(Violation(3, f"{where}: region {show_value(a.region)} is not a region of "
+                                "the geometry",
                              {"alloc": i, "region": a.region}))
         alias_ok = False
     fields = [("length", a.length), ("plane_offset", a.plane_offset)]

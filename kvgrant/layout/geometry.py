@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from kvgrant.errors import ArgumentError, GeometryError
 from kvgrant.strict_json import (DuplicateKeyError, HugeIntegerError, NonFiniteNumberError,
-                                 strict_json_loads)
+                                 field_path, strict_json_loads)
 # validate.py imports nothing from this module at run time (only for type checking),
 # so the two never form an import cycle (issue #15).
 from kvgrant.layout.validate import check_geometry_rules, show_path, show_value
@@ -293,7 +293,7 @@ _DECIMAL = re.compile(r"[0-9]{1,6}")
 def _format_pydantic(err: ValidationError) -> str:
     lines = []
     for e in err.errors(include_url=False):
-        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
+        loc = field_path(list(e["loc"]))  # planes[0].bytes_per_page, as every rule says
         if e["type"] == "missing":
             lines.append(f"{loc}: missing (the field is required)")
         else:
@@ -304,8 +304,7 @@ def _format_pydantic(err: ValidationError) -> str:
 def parse_geometry(data: Any) -> Geometry:
     """Validate a decoded geometry document; raise :class:`GeometryError` on any rule."""
     if not isinstance(data, dict):
-        raise GeometryError(f"geometry must be a JSON object, got {type(data).__name__}",
-                            field="<root>", value=type(data).__name__)
+        raise GeometryError(_not_an_object(data), field="<root>", value=_json_kind(data))
     try:
         return Geometry.model_validate(data)
     except ValidationError as err:
@@ -317,7 +316,7 @@ def parse_geometry(data: Any) -> Geometry:
                 raise ctx_err from None
         first = errors[0]
         raise GeometryError(f"invalid geometry: {_format_pydantic(err)}",
-                            field=".".join(str(x) for x in first["loc"]) or "<root>",
+                            field=field_path(list(first["loc"])),
                             value=first.get("input")) from None
     except RecursionError:
         raise GeometryError("invalid geometry: nested too deeply", field="<root>",
@@ -348,7 +347,30 @@ def load_geometry(path: str | Path) -> Geometry:
                             "geometry file is JSON",
                             field="<file>", value=str(path)) from None
     data = _decode_json(text, show_path(path))
+    if not isinstance(data, dict):  # named with the file (was: "got NoneType", no file)
+        raise GeometryError(f"{show_path(path)}: {_not_an_object(data)}", field="<root>",
+                            value=_json_kind(data))
     return parse_geometry(data)
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's type (not Python's: ``null``, not NoneType)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def _not_an_object(value: Any) -> str:
+    return f"a geometry must be a JSON object ({{\"name\": ..., \"granularity\": ...}}), " \
+           f"got {_json_kind(value)}"
 
 
 def _decode_json(text: str, where: str) -> Any:

@@ -202,6 +202,8 @@ def _allocations(path: Path, allocs: Any, g: Geometry) -> tuple[Allocation, ...]
         raise _fail(path, "allocations", allocs, f"has {len(allocs):,} allocations; a plan "
                     f"of this layout has at most {granules:,} (one per granule of its "
                     "planes)")
+    planes = {p.name for p in g.planes}
+    regions = {r.name for r in g.regions}
     out = []
     for i, a in enumerate(allocs):
         keys = set(a) if isinstance(a, dict) else set()
@@ -213,11 +215,22 @@ def _allocations(path: Path, allocs: Any, g: Geometry) -> tuple[Allocation, ...]
             v = a.get(k, 0)
             if type(v) is not int or v < 0:
                 raise _fail(path, f"allocations[{i}].{k}", v, "must be an integer >= 0")
-        for k in ("plane", "region"):
+        for k, names in (("plane", planes), ("region", regions)):
             if k in a and not isinstance(a[k], str):
                 raise _fail(path, f"allocations[{i}].{k}", a[k], "must be a name")
+            if k in a and a[k] not in names:  # named here, cut (was: echoed in full by
+                # the contract check, a 100,000-character name in a 100 KB line)
+                raise _fail(path, f"allocations[{i}].{k}", a[k],
+                            f"must name a {k} of geometry {g.name!r} ({_listed(names)})")
         out.append(Allocation(**a))
     return tuple(out)
+
+
+def _listed(names: set[str]) -> str:
+    """Up to :data:`_MAX_LISTED` names, sorted and quoted (a layout may have thousands)."""
+    shown = sorted(names)
+    more = f", and {len(shown) - _MAX_LISTED:,} more" if len(shown) > _MAX_LISTED else ""
+    return ", ".join(show_value(n) for n in shown[:_MAX_LISTED]) + more
 
 
 def _check_fits(path: Path, g: Geometry, plan: PhysicalPlan) -> None:

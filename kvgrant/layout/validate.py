@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvgrant.errors import GeometryError
+from kvgrant.strict_json import show_value  # (kept here too: the layout's errors import it)
 
 if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
@@ -22,29 +23,7 @@ MAX_RANK_GRANULES = 1 << 22
 __all__ = ["MAX_RANK_GRANULES", "check_geometry_rules", "show_path", "show_value"]
 
 _VA_LIMIT = 1 << 64
-
-
-_SHOW_LIMIT = 80
-
-
-def show_value(value: Any) -> str:
-    """A short, always-printable rendering of a user value for error messages.
-
-    Never raises: huge integers (past Python's int-to-str limit) are described by
-    their size, long strings are cut, containers are named by type.
-    """
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, int):
-        if value.bit_length() > 128:
-            return f"<{'negative ' if value < 0 else ''}integer of {value.bit_length()} bits>"
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        text = json.dumps(value)
-        return text if len(text) <= _SHOW_LIMIT else text[:_SHOW_LIMIT - 4] + '..."'
-    return type(value).__name__
+_TOKEN_LIMIT = (1 << 63) - 1
 
 
 def show_path(path: object) -> str:
@@ -77,7 +56,9 @@ def _check_names(g: "Geometry") -> None:
 def _check_sizes(g: "Geometry") -> None:
     """The rank's one VA reservation (all planes, then all regions) stays within
     MAX_RANK_GRANULES granules: far above any GPU, and small enough that planning
-    (which works per granule) stays fast and bounded."""
+    (which works per granule) stays fast and bounded. And the KV tokens (pages x
+    page_tokens) fit a signed 64-bit integer, as every reader of the capacity takes it
+    (page_tokens = 2**63 - 1 gave 36,893,488,147,419,103,228 tokens)."""
     limit = min(_VA_LIMIT, MAX_RANK_GRANULES * g.granularity)
     rule = (f"all planes and regions of a rank must fit one reservation of at most "
             f"{MAX_RANK_GRANULES:,} granules ({limit:,} bytes at G = {g.granularity})")
@@ -94,6 +75,10 @@ def _check_sizes(g: "Geometry") -> None:
             _fail(f"regions[{i}].row_bytes", r.row_bytes,
                   f"region '{r.name}' reserves rows ({r.rows}) * row_bytes = "
                   f"{g.region_bytes(r.name)} bytes; {rule}")
+    if g.pages * g.page_tokens > _TOKEN_LIMIT:
+        _fail("page_tokens", g.page_tokens,
+              f"pages ({g.pages}) * page_tokens = {g.pages * g.page_tokens} KV tokens; the "
+              f"KV tokens must be at most {_TOKEN_LIMIT:,} (2**63 - 1)")
 
 
 def _check_aliases(g: "Geometry") -> None:

@@ -236,6 +236,22 @@ def test_cli_malformed_exits_2_without_traceback(tmp_path, capsys) -> None:
     assert doc["error"] == "malformed"
 
 
+@pytest.mark.parametrize("old, new, says", [
+    # the type is what is wrong (was: "seq = '2': expected 2", "rank = True: ... a rank")
+    ('"seq": 2', '"seq": "2"', 'seq = "2": expected the integer 2'),
+    ('"rank": 0', '"rank": true', "rank = true: Map needs an integer rank in 0.."),
+])
+def test_cli_malformed_names_the_json_value_and_the_type_it_needs(
+        tmp_path, capsys, old: str, new: str, says: str) -> None:
+    p = tmp_path / "bad.ndjson"
+    lines = reference_trace(small_header()).to_lines()
+    assert old in lines[3], lines[3]
+    lines[3] = lines[3].replace(old, new, 1)
+    p.write_text("\n".join(lines) + "\n")
+    assert _cli([str(p)]) == 2
+    assert f"{p}:4: {says}" in capsys.readouterr().err
+
+
 def test_cli_engines_disagreeing_exits_2(tmp_path, capsys, monkeypatch) -> None:
     import kvgrant.conformance as conf
 

@@ -179,6 +179,27 @@ def test_views_of_a_released_cache_raise() -> None:
             pass
 
 
+def test_a_buffer_taken_before_the_release_is_refused_after_it() -> None:
+    """Was: a DeviceBuffer (a plane, a row, a page, a slice) taken before release() was
+    still sliced, and on CUDA viewed, after it: a view on unmapped memory."""
+    from kvgrant.runtime import allocate
+    from kvgrant.runtime.views import DeviceBuffer
+
+    pub = allocate(str(SMALL), backend="sim")
+    region, plane = pub.geometry.regions[0].name, pub.geometry.planes[0].name
+    bufs = [pub.plane(0, plane), pub.row(0, region, 0), pub.page(0, plane, 0),
+            pub.plane(0, plane).slice(0, 16)]
+    assert [b.slice(0, 1).nbytes for b in bufs] == [1, 1, 1, 1]  # live: fine
+    pub.release()
+    for buf in bufs:
+        for call in (lambda: buf.slice(0, 1), buf.as_tensor,
+                     lambda: buf.__cuda_array_interface__):
+            with pytest.raises(ReleasedError, match=r"DeviceBuffer\..*: the cache was released"):
+                call()
+    # a buffer made by hand has no cache to ask: sliced as before
+    assert DeviceBuffer(0x1000, 64, 0).slice(8, 8) == DeviceBuffer(0x1008, 8, 0)
+
+
 def test_leaving_the_with_block_releases_the_views() -> None:
     from kvgrant.runtime import allocate
 

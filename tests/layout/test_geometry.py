@@ -140,13 +140,13 @@ def test_each_rule_names_field_value_and_rule(mutate: Any, field: str, value: An
     (("pages",), -3, "pages"),
     (("pages",), 10 ** 5000, "pages"),
     (("planes",), [], "planes"),
-    (("planes", 0, "bytes_per_page"), None, "planes.0.bytes_per_page"),
-    (("regions", 0, "rows"), 0, "regions.0.rows"),
-    (("regions", 0, "access"), "everyone", "regions.0.access"),
-    (("aliases", 0, "offset"), -4, "aliases.0.offset"),
+    (("planes", 0, "bytes_per_page"), None, "planes[0].bytes_per_page"),
+    (("regions", 0, "rows"), 0, "regions[0].rows"),
+    (("regions", 0, "access"), "everyone", "regions[0].access"),
+    (("aliases", 0, "offset"), -4, "aliases[0].offset"),
     (("topology", "ranks"), 0, "topology.ranks"),
     (("topology", "ranks"), True, "topology.ranks"),
-    (("topology", "import_groups"), [["0", "1"]], "topology.import_groups.0.0"),
+    (("topology", "import_groups"), [["0", "1"]], "topology.import_groups[0][0]"),
     (("name",), "", "name"),
     (("extra",), 1, "extra"),
 ], ids=lambda v: v if isinstance(v, str) else type(v).__name__)
@@ -174,7 +174,16 @@ def test_huge_integers_are_described_not_printed() -> None:
     assert "integer of" in str(err) and str(MAX_BYTES) in str(err)
     assert show_value(-(10 ** 5000)).startswith("<negative integer of")
     assert show_value("x" * 500).endswith('..."') and len(show_value("x" * 500)) <= 80
-    assert show_value([1]) == "list"
+    # a short container is shown as it is, a long one by its size, at the same cost
+    assert show_value([1]) == "[1]"
+    assert show_value({"plane": "kv0", "length": 10 ** 5000}) == \
+        '{"plane": "kv0", "length": <integer of 16610 bits>}'
+    assert show_value([[1, [2]], {"a": None}, (True, 1.5)]) == \
+        '[[1, [2]], {"a": null}, [true, 1.5]]'
+    assert show_value(list(range(10 ** 6))) == "<list of 1,000,000 entries>"
+    assert show_value(["x" * 200]) == "<list of 1 entry>"
+    assert show_value({"k" * 200: 1}) == "<object of 1 entry>"
+    assert len(show_value([str(i) for i in range(40)])) <= 120
 
 
 @pytest.mark.parametrize("content, words", [
@@ -289,3 +298,28 @@ def test_a_planned_geometry_pickles_without_its_cached_values() -> None:
     back = pickle.loads(pickle.dumps(g))
     assert back == g and "_declared_ranges" not in back.__dict__
     assert dict(declared_conflict_ranges(back)) == want
+
+
+@pytest.mark.parametrize("text, kind", [("null", "null"), ("[1, 2]", "an array"),
+                                        ('"x"', "a string"), ("5", "a number"),
+                                        ("true", "a boolean")])
+def test_a_file_that_is_not_an_object_is_named_with_its_json_type(
+        tmp_path: Path, text: str, kind: str) -> None:
+    # was: "geometry must be a JSON object, got NoneType", and no file named
+    path = tmp_path / "g.json"
+    path.write_text(text)
+    with pytest.raises(GeometryError) as err:
+        load_geometry(path)
+    assert str(err.value).startswith(f'"{path}": a geometry must be a JSON object')
+    assert str(err.value).endswith(f"got {kind}")
+    assert (err.value.field, err.value.value) == ("<root>", kind)
+
+
+def test_the_kv_tokens_fit_a_signed_64_bit_integer() -> None:
+    # was accepted: page_tokens = 2**63 - 1 gave 36,893,488,147,419,103,228 KV tokens
+    pages = geometry_dict()["pages"]
+    limit = (1 << 63) - 1
+    assert parse_geometry(geometry_dict(page_tokens=limit // pages)).page_tokens == \
+        limit // pages
+    err = rejected(geometry_dict(page_tokens=limit // pages + 1))
+    assert err.field == "page_tokens" and "must be at most 9,223,372,036,854,775,807" in str(err)

@@ -64,7 +64,12 @@ def test_a_plan_file_of_another_layout_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mutate, field", [
     (lambda d: d.update(version=7), "version = 7"),
     (lambda d: d["allocations"][0].update(length=-1), r"allocations\[0\]\.length = -1"),
-    (lambda d: d["allocations"][0].pop("plane"), r"allocations\[0\] = dict"),
+    # the entry itself, short enough to show (was: "allocations[0] = dict")
+    (lambda d: d["allocations"][0].pop("plane"),
+     r"allocations\[0\] = \{\"plane_offset\": 0, .*: must have plane"),
+    # a name that is not the geometry's, cut (was: 100,000 characters echoed in full)
+    (lambda d: d["allocations"][0].update(plane="x" * 100_000),
+     r"allocations\[0\]\.plane = \"x{75}\.\.\.\": must name a plane of geometry "),
     (lambda d: d.update(allocations="x"), 'allocations = "x"'),
 ])
 def test_bad_plan_files_name_the_field(tmp_path: Path, mutate: Any, field: str) -> None:
