@@ -257,14 +257,20 @@ def _brief(value: Any, room: int) -> str | None:
         left = room - 2
         items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
         for key, v in items:
-            head = "" if key is None else (_brief(str(key), left) or "") + ": "
-            if key is not None and head == ": ":
-                return None
+            head = ""
+            if key is not None:
+                shown = _brief(str(key), left)
+                if shown is None:
+                    return None
+                head = shown + ": "
             body = _brief(v, left - len(head) - (2 if parts else 0))
             if body is None:
                 return None
             parts.append(head + body)
             left -= len(head) + len(body) + (2 if len(parts) > 1 else 0)
         return opened + ", ".join(parts) + closed
+    if isinstance(value, str):  # whole, or not at all (a cut string inside is no JSON)
+        text = json.dumps(value)
+        return text if len(text) <= min(room, _SHOW_LIMIT) else None
     text = show_value(value)
-    return text if len(text) <= room and not text.endswith('..."') else None
+    return text if len(text) <= room else None
