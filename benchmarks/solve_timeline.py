@@ -60,7 +60,14 @@ def watch(g: Geometry, **limits: Any) -> tuple[list[dict[str, float]], Any]:
         count = plain(h, limit, progress)
         import highspy
 
+        interrupt = int(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+
         def on_check(kind: int, message: str, out: Any, into: Any, user: Any) -> None:
+            if int(kind) != interrupt:  # the planner's other callbacks, as they were
+                handler = count.handlers.get(int(kind))
+                if handler is not None:
+                    handler(out, into)
+                return
             count[0] += 1
             stop = limit is not None and count[0] > limit
             into.user_interrupt = stop  # as exact._count_checks: set both ways

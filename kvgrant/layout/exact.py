@@ -669,18 +669,35 @@ def _row(terms: Iterable[tuple[int | None, float]]) -> list[tuple[int, float]]:
     return [(col, k) for col, k in coef.items() if k]
 
 
+class _Checks(list):
+    """The check counter of one HiGHS instance (``[checks of this solve, 1 to report
+    progress / 0 in a repair]``, a list for its callers) and the handlers of the other
+    callback kinds: HiGHS keeps one callback per instance, so every kind goes through
+    the one function :func:`_count_checks` installs (``handlers``: kind -> function of
+    the callback's ``out`` and ``into``)."""
+
+    handlers: dict[int, Callable[[object, object], None]]
+
+
 def _count_checks(h: "highspy.Highs", limit: int | None,
-                  progress: Callable[[str], None] | None = None) -> list[int]:
+                  progress: Callable[[str], None] | None = None) -> _Checks:
     """Count HiGHS's limit checks (see :data:`DEFAULT_MAX_CHECKS`) and interrupt the
     solve after ``limit`` of them; returns the counter (a list: the checks, which the
     caller resets before each solve, then 1 to report progress, 0 not to). Every 10th
     check reports the solver's best plan and bound to ``progress`` (a message only: it
-    never changes the solve)."""
+    never changes the solve). Other callback kinds go to the counter's ``handlers``."""
     import highspy
 
-    count = [0, 1]  # checks of this solve; whether to report progress (0 in a repair)
+    count = _Checks([0, 1])  # checks of this solve; whether to report progress (0 in a repair)
+    count.handlers = {}
+    interrupt = int(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
 
     def on_check(kind: int, message: str, out: object, into: object, user: object) -> None:
+        if int(kind) != interrupt:
+            handler = count.handlers.get(int(kind))
+            if handler is not None:
+                handler(out, into)
+            return
         count[0] += 1
         # set both ways: HiGHS keeps the flag from the last run of ``h``, so a solve
         # after an interrupted one (its repair) stopped at its first check
@@ -699,6 +716,96 @@ def _count_checks(h: "highspy.Highs", limit: int | None,
     h.setCallback(on_check, None)
     h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
     return count
+
+
+MAX_POLISHED = 64
+"""Improving solutions of one solver instance that :class:`_Polisher` extracts into
+plans; past it they are left to HiGHS. A count (determinism), and a cap on the
+extraction and contract check per solution on a huge model (both walk every granule)."""
+
+
+class _Polisher:
+    """Every improving solution HiGHS finds is extracted into a plan at once; a plan
+    cheaper than the solution's objective is kept and handed back to HiGHS as its
+    incumbent at its next user-solution call.
+
+    Why: the model counts only the joins its F columns say, and HiGHS leaves many at 0
+    where the extraction realises them. On exporter-2081 HiGHS's incumbent stayed at
+    615 for all 50 checks while its extraction was a plan of 465; on random-5 the
+    extraction of HiGHS's first solution (objective 160) was a plan of 133 at 0.7 s,
+    the optimum, which HiGHS found only at the end of its check limit (as 134) and so
+    never proved. Handed back, such a plan is the solver's incumbent: it prunes
+    against it and its heuristics start from it. A point of a real plan satisfies every
+    valid row of the model, so the dual bound stays a bound; HiGHS checks a handed
+    solution and ignores one it finds infeasible (a row that forbids a lost pattern
+    outright). Everything here is a function of the solve's path (one thread, fixed
+    seed), so planning stays deterministic."""
+
+    def __init__(self, g: Geometry, m: "_Model", lab: Labels, label: str, plane_cost: float,
+                 region_cost: dict[str, float], checks: _Checks, best_cost: float | None) -> None:
+        import highspy
+
+        self.g, self.m, self.lab, self.label = g, m, lab, label
+        self.plane_cost, self.region_cost, self.checks = plane_cost, region_cost, checks
+        self.best: PhysicalPlan | None = None
+        self.best_cost = float("inf") if best_cost is None else float(best_cost)
+        self.pending: list[float] | None = None
+        self.seen = 0
+        self.handed = 0
+        kinds = highspy.cb.HighsCallbackType
+        checks.handlers[int(kinds.kCallbackMipImprovingSolution)] = self._improving
+        checks.handlers[int(kinds.kCallbackMipUserSolution)] = self._user_solution
+
+    def start(self, h: "highspy.Highs") -> None:
+        """Ask ``h`` for the two callback kinds this needs."""
+        import highspy
+
+        kinds = highspy.cb.HighsCallbackType
+        h.startCallback(kinds.kCallbackMipImprovingSolution)
+        h.startCallback(kinds.kCallbackMipUserSolution)
+
+    def better(self, best: PhysicalPlan | None, best_cost: float | None, source: str
+               ) -> tuple[PhysicalPlan | None, float | None, str]:
+        """The caller's best plan, or the best extracted here when that is cheaper;
+        from then on only plans cheaper than the result are kept here."""
+        if self.best is not None and (best_cost is None or self.best_cost < best_cost):
+            best, best_cost, source = self.best, self.best_cost, "solver"
+        if best_cost is not None:
+            self.best_cost = min(self.best_cost, float(best_cost))
+        return best, best_cost, source
+
+    def _improving(self, out: object, into: object) -> None:
+        if self.seen >= MAX_POLISHED:
+            return
+        vals = getattr(out, "mip_solution", None)
+        if vals is None or len(vals) != len(self.m.lower):
+            return
+        self.seen += 1
+        try:  # an exception here would abort the solve (HiGHS sees a failed callback)
+            plan, _lost = _extract(self.g, self.m, self.lab, vals, self.label)
+            cost = _cost(plan, self.plane_cost, self.region_cost)
+            if cost >= self.best_cost or check_contract(self.g, plan):
+                return
+            self.best, self.best_cost = plan, cost
+            objective = float(getattr(out, "objective_function_value", float("inf")))
+            if cost < objective - 0.5:
+                self.pending = _start_values(self.g, self.m, self.lab, plan)
+        except Exception:  # noqa: BLE001 - a plan missed; the solve goes on
+            return
+
+    def _user_solution(self, out: object, into: object) -> None:
+        # only in a solve of the whole model: a repair's columns are fixed around
+        # another point, where the plan would not fit
+        if self.pending is None or not self.checks[1]:
+            return
+        import numpy as np
+
+        vals, self.pending = self.pending, None
+        try:
+            into.setSolution(np.asarray(vals, dtype=np.float64))  # type: ignore[attr-defined]
+            self.handed += 1
+        except Exception:  # noqa: BLE001 - not handed over; the solve goes on
+            return
 
 
 def _one_run_cuts(m: _Model, lab: Labels,
@@ -1289,6 +1396,8 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     start_cost = None
     if start is not None and _set_start(h, g, m, lab, start):
         start_cost = _cost(start, plane_cost, rc)
+    polish = _Polisher(g, m, lab, label, float(plane_cost), rc, checks, start_cost)
+    polish.start(h)
     if progress:
         progress(f"exact model: {n:,} columns, {len(m.rows):,} rows, "
                  f"{len(m.classes)} plane classes; solving with HiGHS")
@@ -1318,6 +1427,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             c = _cost(cand, plane_cost, rc)
             if best_cost is None or c < best_cost:
                 best, best_cost, source = cand, c, "solver"
+        best, best_cost, source = polish.better(best, best_cost, source)
         interrupted = timed_out or (max_checks is not None and checks[0] > max_checks)
         if not lost or best_cost is None or best_cost <= _ceil(dual):
             break
@@ -1339,6 +1449,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
             if not lost or best_cost <= _ceil(dual):
                 break
             vals = repaired  # its own lost joins: cut off and repaired in turn
+        best, best_cost, source = polish.better(best, best_cost, source)
         if best_cost <= _ceil(dual) or rounds >= max_solves or interrupted:
             break  # (an interrupted solve is not repeated: its check limit is spent)
         if best is not None:
@@ -1350,6 +1461,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         best = PhysicalPlan(label, g, best.allocations, best.notes)
     bound = min(_ceil(dual), int(best_cost))
     size["rounds"] = rounds
+    size["polished"], size["handed_back"] = polish.seen, polish.handed
     return ExactResult(best, int(best_cost), bound, int(best_cost) <= bound,
                        time.perf_counter() - t0, status, source, size)
 
