@@ -674,9 +674,11 @@ class _Checks(list):
     progress / 0 in a repair]``, a list for its callers) and the handlers of the other
     callback kinds: HiGHS keeps one callback per instance, so every kind goes through
     the one function :func:`_count_checks` installs (``handlers``: kind -> function of
-    the callback's ``out`` and ``into``)."""
+    the callback's ``out`` and ``into``), and ``proven``: a test of a check's ``out``
+    that stops the solve when True (its plan is proven; None: no such test)."""
 
     handlers: dict[int, Callable[[object, object], None]]
+    proven: Callable[[object], bool] | None
 
 
 def _count_checks(h: "highspy.Highs", limit: int | None,
@@ -689,7 +691,7 @@ def _count_checks(h: "highspy.Highs", limit: int | None,
     import highspy
 
     count = _Checks([0, 1])  # checks of this solve; whether to report progress (0 in a repair)
-    count.handlers = {}
+    count.handlers, count.proven = {}, None
     interrupt = int(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
 
     def on_check(kind: int, message: str, out: object, into: object, user: object) -> None:
@@ -701,7 +703,8 @@ def _count_checks(h: "highspy.Highs", limit: int | None,
         count[0] += 1
         # set both ways: HiGHS keeps the flag from the last run of ``h``, so a solve
         # after an interrupted one (its repair) stopped at its first check
-        stop = limit is not None and count[0] > limit
+        stop = (limit is not None and count[0] > limit) or (
+            count.proven is not None and count.proven(out))
         into.user_interrupt = stop  # type: ignore[attr-defined]
         if not stop and progress is not None and count[1] and count[0] % 10 == 0:
             best = getattr(out, "mip_primal_bound", float("inf"))
@@ -725,21 +728,24 @@ extraction and contract check per solution on a huge model (both walk every gran
 
 
 class _Polisher:
-    """Every improving solution HiGHS finds is extracted into a plan at once; a plan
-    cheaper than the solution's objective is kept and handed back to HiGHS as its
-    incumbent at its next user-solution call.
+    """Every improving solution HiGHS finds is extracted into a plan at once and the
+    cheapest kept; the solve stops at the first limit check where the dual bound
+    (rounded up) reaches the kept plan, which is then proven optimal.
 
     Why: the model counts only the joins its F columns say, and HiGHS leaves many at 0
-    where the extraction realises them. On exporter-2081 HiGHS's incumbent stayed at
-    615 for all 50 checks while its extraction was a plan of 465; on random-5 the
-    extraction of HiGHS's first solution (objective 160) was a plan of 133 at 0.7 s,
-    the optimum, which HiGHS found only at the end of its check limit (as 134) and so
-    never proved. Handed back, such a plan is the solver's incumbent: it prunes
-    against it and its heuristics start from it. A point of a real plan satisfies every
-    valid row of the model, so the dual bound stays a bound; HiGHS checks a handed
-    solution and ignores one it finds infeasible (a row that forbids a lost pattern
-    outright). Everything here is a function of the solve's path (one thread, fixed
-    seed), so planning stays deterministic."""
+    where the extraction realises them. On random-5 the extraction of HiGHS's first
+    solution (objective 160) is a plan of 133, the optimum; HiGHS found only 134 by its
+    check limit (13 s), so the plan stayed unproven, though its bound reached 133 at
+    about 3 s. On exporter-2081 HiGHS's incumbent stayed at 615 for all 50 checks while
+    its extraction was a plan of 465.
+
+    Nothing is handed back to HiGHS: its search is the same as without the polisher up
+    to the stop, so the plan is never worse than before and the bound is the solver's
+    own. (Handing the plan back as HiGHS's incumbent, through its user-solution
+    callback, was measured on 120 layouts: it proved random-5 too, but it moves HiGHS's
+    path, and of three other plans that changed, two got worse.) Everything here is a
+    function of the solve's path (one thread, fixed seed), so planning stays
+    deterministic."""
 
     def __init__(self, g: Geometry, m: "_Model", lab: Labels, label: str, plane_cost: float,
                  region_cost: dict[str, float], checks: _Checks, best_cost: float | None) -> None:
@@ -749,20 +755,17 @@ class _Polisher:
         self.plane_cost, self.region_cost, self.checks = plane_cost, region_cost, checks
         self.best: PhysicalPlan | None = None
         self.best_cost = float("inf") if best_cost is None else float(best_cost)
-        self.pending: list[float] | None = None
         self.seen = 0
-        self.handed = 0
-        kinds = highspy.cb.HighsCallbackType
-        checks.handlers[int(kinds.kCallbackMipImprovingSolution)] = self._improving
-        checks.handlers[int(kinds.kCallbackMipUserSolution)] = self._user_solution
+        self.bound_valid = True  # False once a lost pattern is forbidden outright
+        checks.handlers[int(highspy.cb.HighsCallbackType.kCallbackMipImprovingSolution)] = \
+            self._improving
+        checks.proven = self._proven
 
     def start(self, h: "highspy.Highs") -> None:
-        """Ask ``h`` for the two callback kinds this needs."""
+        """Ask ``h`` for its improving solutions."""
         import highspy
 
-        kinds = highspy.cb.HighsCallbackType
-        h.startCallback(kinds.kCallbackMipImprovingSolution)
-        h.startCallback(kinds.kCallbackMipUserSolution)
+        h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipImprovingSolution)
 
     def better(self, best: PhysicalPlan | None, best_cost: float | None, source: str
                ) -> tuple[PhysicalPlan | None, float | None, str]:
@@ -774,6 +777,13 @@ class _Polisher:
             self.best_cost = min(self.best_cost, float(best_cost))
         return best, best_cost, source
 
+    def _proven(self, out: object) -> bool:
+        # only in a solve of the whole model: a repair's bound (its columns fixed
+        # around one point) bounds only that neighbourhood
+        return (self.best is not None and bool(self.checks[1]) and self.bound_valid
+                and _ceil(float(getattr(out, "mip_dual_bound", -float("inf"))))
+                >= self.best_cost)
+
     def _improving(self, out: object, into: object) -> None:
         if self.seen >= MAX_POLISHED:
             return
@@ -784,27 +794,9 @@ class _Polisher:
         try:  # an exception here would abort the solve (HiGHS sees a failed callback)
             plan, _lost = _extract(self.g, self.m, self.lab, vals, self.label)
             cost = _cost(plan, self.plane_cost, self.region_cost)
-            if cost >= self.best_cost or check_contract(self.g, plan):
-                return
-            self.best, self.best_cost = plan, cost
-            objective = float(getattr(out, "objective_function_value", float("inf")))
-            if cost < objective - 0.5:
-                self.pending = _start_values(self.g, self.m, self.lab, plan)
+            if cost < self.best_cost and not check_contract(self.g, plan):
+                self.best, self.best_cost = plan, cost
         except Exception:  # noqa: BLE001 - a plan missed; the solve goes on
-            return
-
-    def _user_solution(self, out: object, into: object) -> None:
-        # only in a solve of the whole model: a repair's columns are fixed around
-        # another point, where the plan would not fit
-        if self.pending is None or not self.checks[1]:
-            return
-        import numpy as np
-
-        vals, self.pending = self.pending, None
-        try:
-            into.setSolution(np.asarray(vals, dtype=np.float64))  # type: ignore[attr-defined]
-            self.handed += 1
-        except Exception:  # noqa: BLE001 - not handed over; the solve goes on
             return
 
 
@@ -1436,6 +1428,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         # after the last or an interrupted solve) before solving the whole model again
         for _ in range(REPAIR_ROUNDS):
             bound_valid = _cut_lost(h, m, lab, lost) and bound_valid
+            polish.bound_valid = bound_valid
             repaired = _repair(h, m, lab, vals, lost, checks, node_limit, deadline)
             size["repairs"] = size.get("repairs", 0) + 1
             size["repair_checks"] = size.get("repair_checks", 0) + checks[0]
@@ -1461,7 +1454,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
         best = PhysicalPlan(label, g, best.allocations, best.notes)
     bound = min(_ceil(dual), int(best_cost))
     size["rounds"] = rounds
-    size["polished"], size["handed_back"] = polish.seen, polish.handed
+    size["polished"] = polish.seen
     return ExactResult(best, int(best_cost), bound, int(best_cost) <= bound,
                        time.perf_counter() - t0, status, source, size)
 

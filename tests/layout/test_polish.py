@@ -1,6 +1,6 @@
 """The polisher: HiGHS's improving solutions are extracted into plans during the solve,
-a plan cheaper than its solution is kept and handed back as the incumbent, and the
-dual bound stays a bound."""
+the cheapest is kept, and the solve stops once the dual bound reaches it (proven),
+never otherwise changing HiGHS's path."""
 
 from __future__ import annotations
 
@@ -19,16 +19,6 @@ from layout_builders import gen_layout
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KINDS = highspy.cb.HighsCallbackType
-
-
-class _Into:
-    """What HiGHS's callback input offers the polisher: ``setSolution``."""
-
-    def __init__(self) -> None:
-        self.given: list[list[float]] = []
-
-    def setSolution(self, values) -> None:  # noqa: N802 - highspy's name
-        self.given.append(list(values))
 
 
 @pytest.fixture(scope="module")
@@ -55,57 +45,54 @@ def _improving(checks, vals, objective):
     checks.handlers[int(KINDS.kCallbackMipImprovingSolution)](out, None)
 
 
-def _user_solution(checks):
-    into = _Into()
-    checks.handlers[int(KINDS.kCallbackMipUserSolution)](SimpleNamespace(), into)
-    return into.given
-
-
-def test_a_solution_whose_plan_is_cheaper_is_kept_and_handed_back_once(dcp8):
-    g, m, lab, ref, vals = dcp8
+def _counter():
     checks = exact._Checks([0, 1])
-    checks.handlers = {}
+    checks.handlers, checks.proven = {}, None
+    return checks
+
+
+def _check(checks, bound):
+    """Whether the check callback's stop test says stop at a check with ``bound``."""
+    return checks.proven(SimpleNamespace(mip_dual_bound=bound))
+
+
+def test_a_solution_whose_plan_is_cheaper_is_kept_and_stops_the_solve_once_proven(dcp8):
+    g, m, lab, ref, vals = dcp8
+    checks = _counter()
     pol = _polisher(dcp8, checks, len(ref.allocations))
     objective = sum(c * v for c, v in zip(m.cost, vals))
     assert objective > len(ref.allocations)  # no join counted
+    assert not _check(checks, 1e9)  # nothing kept yet: HiGHS's own stop decides
     _improving(checks, vals, objective)
     assert pol.best is not None and check_contract(g, pol.best) == []
     assert pol.best_cost == len(pol.best.allocations) < len(ref.allocations)
-    given = _user_solution(checks)
-    # handed back as the point of the extracted plan: its objective is the plan's count
-    assert len(given) == 1 and sum(c * v for c, v in zip(m.cost, given[0])) == pol.best_cost
-    assert _user_solution(checks) == []  # once
-    assert pol.seen == pol.handed == 1
+    assert pol.seen == 1
+    assert not _check(checks, -float("inf")) and not _check(checks, pol.best_cost - 1.0)
+    assert _check(checks, pol.best_cost - 0.5)  # rounded up, the bound meets the plan
+    checks[1] = 0  # a repair: its bound bounds only a neighbourhood
+    assert not _check(checks, pol.best_cost)
+    checks[1] = 1
+    pol.bound_valid = False  # a lost pattern forbidden outright: not a bound on every plan
+    assert not _check(checks, pol.best_cost)
 
 
 def test_nothing_is_kept_that_is_not_cheaper_than_the_best_plan(dcp8):
     _, m, _, _, vals = dcp8
-    checks = exact._Checks([0, 1])
-    checks.handlers = {}
+    checks = _counter()
     pol = _polisher(dcp8, checks, 1_000)  # better than the extraction's plan
     _improving(checks, vals, sum(c * v for c, v in zip(m.cost, vals)))
-    assert pol.best is None and _user_solution(checks) == []
-    # a plan as cheap as HiGHS's own solution is kept, not handed back
-    pol2 = _polisher(dcp8, checks, None)
-    _improving(checks, vals, 0.0)
-    assert pol2.best is not None and _user_solution(checks) == []
-
-
-def test_nothing_is_handed_back_in_a_repair(dcp8):
-    _, m, _, ref, vals = dcp8
-    checks = exact._Checks([0, 0])  # a repair: its columns are fixed around another point
-    checks.handlers = {}
-    pol = _polisher(dcp8, checks, len(ref.allocations))
-    _improving(checks, vals, sum(c * v for c, v in zip(m.cost, vals)))
-    assert pol.best is not None and _user_solution(checks) == []
-    checks[1] = 1
-    assert len(_user_solution(checks)) == 1
+    assert pol.best is None and pol.seen == 1
+    # the loop's best plan moves the bar: better() keeps the cheaper of the two
+    pol2 = _polisher(dcp8, _counter(), None)
+    _improving(pol2.checks, vals, 0.0)
+    got = pol2.best
+    assert pol2.better(None, None, "start") == (got, pol2.best_cost, "solver")
+    assert pol2.better(got, 10.0, "x") == (got, 10.0, "x") and pol2.best_cost == 10.0
 
 
 def test_a_broken_solution_is_ignored_and_the_cap_holds(dcp8, monkeypatch):
     _, m, _, ref, vals = dcp8
-    checks = exact._Checks([0, 1])
-    checks.handlers = {}
+    checks = _counter()
     pol = _polisher(dcp8, checks, len(ref.allocations))
     _improving(checks, vals[:-1], 1e9)  # not a point of this model
     _improving(checks, [float("nan")] * len(vals), 1e9)  # extraction fails: no crash
@@ -115,13 +102,13 @@ def test_a_broken_solution_is_ignored_and_the_cap_holds(dcp8, monkeypatch):
     assert pol.best is None
 
 
-def test_random5_is_proven_by_the_plan_handed_back():
+def test_random5_is_proven_by_an_extracted_plan():
     # random-5: the extraction of HiGHS's first solution (objective 160) is a plan of
-    # 133, the optimum; before the polisher HiGHS found only 134 within its 50 checks
+    # 133, the optimum; without the polisher HiGHS found only 134 within its 50 checks
     # and the plan stayed unproven (134 against 133)
     g = parse_geometry(gen_layout().random_layout(5))
     res = exact_plan(g, start=reference_plan(g))
     assert res.optimal and res.cost == res.bound == 133
-    assert res.model["handed_back"] >= 1
-    assert res.model["checks"] <= exact.DEFAULT_MAX_CHECKS  # ended by its proof
+    assert res.model["polished"] >= 1
+    assert res.model["checks"] <= exact.DEFAULT_MAX_CHECKS  # stopped by the proof
     assert check_contract(g, res.plan) == []
