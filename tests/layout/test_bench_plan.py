@@ -118,3 +118,15 @@ def test_only_measures_the_named_layouts_with_the_given_options(capsys):
     rows = [r for v in doc["results"].values() for r in v]
     assert [r["name"] for r in rows] == ["small"]
     assert rows[0]["verdict"] == "optimal" and rows[0]["exact_contract"] == 0
+
+
+def test_a_solve_again_from_the_heuristic_plan_counts_when_it_is_better():
+    # plan_packed solves again from the packer's plan when it beat the solver's; the
+    # view takes the best of the three plans and the largest of the bounds
+    view = _bench()["planner_view"]
+    r = view(_row(exact=15, solver_bound=4, verdict="gap 11 (73.33%)", heuristic=12,
+                  heuristic_run=True, resolve=10, resolve_bound=9, bound=5))
+    assert (r["packed"], r["packed_bound"], r["packed_verdict"]) == (10, 9, "gap 1 (10.00%)")
+    r = view(_row(exact=15, solver_bound=4, verdict="gap 11 (73.33%)", heuristic=12,
+                  heuristic_run=True, resolve=12, resolve_bound=12, bound=5))
+    assert (r["packed"], r["packed_bound"], r["packed_verdict"]) == (12, 12, "optimal")

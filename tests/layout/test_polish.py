@@ -112,3 +112,37 @@ def test_random5_is_proven_by_an_extracted_plan():
     assert res.model["polished"] >= 1
     assert res.model["checks"] <= exact.DEFAULT_MAX_CHECKS  # stopped by the proof
     assert check_contract(g, res.plan) == []
+
+
+def test_plan_packed_solves_again_from_a_heuristic_plan_that_beat_the_solver(monkeypatch):
+    # one limit check per solve: the solver stays near the reference rule's plan, the
+    # packer beats it, and the model is solved once more from the packer's plan
+    from kvgrant.layout import planner
+
+    g = load_geometry(ROOT / "examples" / "published-dcp8.json")
+    starts = []
+    plain = planner.exact_plan
+
+    def recording(g_, **kw):
+        starts.append(len(kw["start"].allocations))
+        return plain(g_, **kw)
+
+    monkeypatch.setattr(planner, "exact_plan", recording)
+    heur = planner.pack(g)
+    res = planner._solve(g, None, planner.DEFAULT_NODE_LIMIT, planner.DEFAULT_MAX_NONZEROS,
+                         max_checks=1)
+    assert len(starts) == 2 and starts[1] == len(heur.allocations) < starts[0]
+    assert len(res.plan.allocations) <= len(heur.allocations)
+    assert check_contract(g, res.plan) == [] and res.bound <= len(res.plan.allocations)
+    assert res.source in ("exact", "heuristic")
+
+
+def test_a_windowed_plan_is_returned_without_the_packer_or_a_second_solve(monkeypatch):
+    # the windows path runs no packer; the second solve's test must not trip over it
+    # (odd-33 and odd-39 raised UnboundLocalError while this was written)
+    from kvgrant.layout import planner
+
+    g = load_geometry(ROOT / "examples" / "published-dcp8.json")
+    monkeypatch.setattr(planner, "pack", lambda *a, **k: pytest.fail("packer ran"))
+    res = planner._solve(g, None, planner.DEFAULT_NODE_LIMIT, 1)
+    assert res.source == "windows" and check_contract(g, res.plan) == []
