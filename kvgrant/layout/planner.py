@@ -261,6 +261,16 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
             memo.append(allocation_lower_bound(g))
         return memo[0]
 
+    def solve_from(plan: PhysicalPlan) -> ExactResult:
+        """The exact planner from ``plan``, with this call's limits and time left."""
+        return exact_plan(g, start=plan, label="packed", progress=progress,
+                          node_limit=node_limit, max_nonzeros=max_nonzeros,
+                          max_solves=max_solves, max_checks=max_checks,
+                          max_windowed_nonzeros=max_windowed_nonzeros,
+                          lower_bound=lambda: lower_bound().total,
+                          time_limit=None if deadline is None
+                          else max(1e-3, deadline - time.perf_counter()))
+
     if start_name in BOUND_FIRST_STARTS and len(start.allocations) <= lower_bound().total:
         # a few regions that each fit one run, or a few chains: the bound is cheap here
         # and often proves the start (odd-36: 42 allocations, which the solver proved
@@ -272,13 +282,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
         return PackedResult(plan, len(start.allocations), True, start_name,
                             time.perf_counter() - t0, None, "combinatorial", memo[0])
     try:
-        exact = exact_plan(g, start=start, label="packed", progress=progress,
-                           node_limit=node_limit, max_nonzeros=max_nonzeros,
-                           max_solves=max_solves, max_checks=max_checks,
-                           max_windowed_nonzeros=max_windowed_nonzeros,
-                           lower_bound=lambda: lower_bound().total,
-                           time_limit=None if deadline is None
-                           else max(1e-3, deadline - time.perf_counter()))
+        exact = solve_from(start)
     except ImportError:  # pragma: no cover - highspy is a dependency
         exact = None
     if exact is not None and exact.optimal and memo and exact.source == "start" \
@@ -333,13 +337,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
         if progress:
             progress("the heuristic packer's plan is better than the solver's; solving "
                      "again from it")
-        again = exact_plan(g, start=heur, label="packed", progress=progress,
-                           node_limit=node_limit, max_nonzeros=max_nonzeros,
-                           max_solves=max_solves, max_checks=max_checks,
-                           max_windowed_nonzeros=max_windowed_nonzeros,
-                           lower_bound=lambda: lower_bound().total,
-                           time_limit=None if deadline is None
-                           else max(1e-3, deadline - time.perf_counter()))
+        again = solve_from(heur)
         timed_out = timed_out or bool(again.model.get("timed_out"))
         bound = max(bound, again.bound)
         if again.cost < len(best.allocations):
