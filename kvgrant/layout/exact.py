@@ -748,7 +748,10 @@ class _Polisher:
     deterministic."""
 
     def __init__(self, g: Geometry, m: "_Model", lab: Labels, label: str, plane_cost: float,
-                 region_cost: dict[str, float], checks: _Checks, best_cost: float | None) -> None:
+                 region_cost: dict[str, float], checks: _Checks, best_cost: float | None,
+                 h: "highspy.Highs | None" = None) -> None:
+        """Registers itself with ``checks`` (the counter of ``h``) and asks ``h``, when
+        given, for its improving solutions."""
         import highspy
 
         self.g, self.m, self.lab, self.label = g, m, lab, label
@@ -760,12 +763,8 @@ class _Polisher:
         checks.handlers[int(highspy.cb.HighsCallbackType.kCallbackMipImprovingSolution)] = \
             self._improving
         checks.proven = self._proven
-
-    def start(self, h: "highspy.Highs") -> None:
-        """Ask ``h`` for its improving solutions."""
-        import highspy
-
-        h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipImprovingSolution)
+        if h is not None:
+            h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipImprovingSolution)
 
     def better(self, best: PhysicalPlan | None, best_cost: float | None, source: str
                ) -> tuple[PhysicalPlan | None, float | None, str]:
@@ -1388,8 +1387,7 @@ def exact_plan(g: Geometry, *, start: PhysicalPlan | None = None, plane_cost: in
     start_cost = None
     if start is not None and _set_start(h, g, m, lab, start):
         start_cost = _cost(start, plane_cost, rc)
-    polish = _Polisher(g, m, lab, label, float(plane_cost), rc, checks, start_cost)
-    polish.start(h)
+    polish = _Polisher(g, m, lab, label, float(plane_cost), rc, checks, start_cost, h)
     if progress:
         progress(f"exact model: {n:,} columns, {len(m.rows):,} rows, "
                  f"{len(m.classes)} plane classes; solving with HiGHS")

@@ -5,9 +5,9 @@ published layouts in about a second of CPU, but the solver may stop at its work
 limits on some layout; then the heuristic packer (:mod:`kvgrant.layout.packer`)
 runs too and the better plan is kept, with the solver's dual bound saying how far
 from optimal it may be; when the packer's plan is the better one, the model is solved
-once more from it (the solver's search had started from a worse plan). A model over the size limit of one solve is solved window
-by window (:mod:`kvgrant.layout.windows`), and the heuristic only runs when that
-finds no plan. The solver's warm start is the reference rule's plan, or the
+once more from it (the solver's search had started from a worse plan). A model over
+the size limit of one solve is solved window by window (:mod:`kvgrant.layout.windows`),
+and the heuristic only runs when that finds no plan. The solver's warm start is the reference rule's plan, or the
 contiguous plan (:mod:`kvgrant.layout.contiguous`: each region in one run of one plane)
 or the chain plan (:mod:`kvgrant.layout.chains`: each region in a few runs, one shift
 each) when that needs fewer allocations, so the packed plan never needs more
