@@ -48,7 +48,7 @@ from typing import Any, Callable
 from kvgrant.cli import one_blas_thread
 from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.contract import check_contract
-from kvgrant.layout.exact import exact_plan
+from kvgrant.layout.exact import DEFAULT_MAX_GAP, exact_plan, within_gap
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.granules import eligible_pairs
 from kvgrant.layout.packer import pack
@@ -95,6 +95,7 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
     row["exact_contract"] = len(check_contract(g, ex.plan))
     row["solver"] = ex.to_json()
     row["exact_source"] = ex.source
+    row["max_gap"] = DEFAULT_MAX_GAP  # the solve stopped within it (plan_packed keeps that)
     packed_s = ref_s + ex_s
     row["exact_only_cpu_s"] = round(packed_s, 2)
     if bound:
@@ -105,6 +106,7 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
         # plan_packed runs the packer only without a proof, after no windows, while the
         # plan is above the combinatorial bound and the layout is under the packer's cap
         row["heuristic_run"] = (not ex.optimal and ex.source != "windows"
+                                and not _within_target(row)
                                 and (not bound or ex.cost > lb.total)
                                 and eligible_pairs(g) <= MAX_HEURISTIC_PAIRS)
         if row["heuristic_run"]:
@@ -163,6 +165,13 @@ def _done(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if "over_s" not in r and "error" not in r]
 
 
+def _within_target(row: dict[str, Any]) -> bool:
+    """Whether ``plan_packed`` keeps the solver's plan as within its gap target (rows of
+    runs before the target, without ``max_gap``, had none)."""
+    return row.get("exact_source") in ("solver", "start") and within_gap(
+        row["exact"], row["solver_bound"], row.get("max_gap", 0.0))
+
+
 def planner_view(row: dict[str, Any]) -> dict[str, Any]:
     """Add what ``plan_packed`` returns for this layout, derived from the parts.
 
@@ -175,7 +184,7 @@ def planner_view(row: dict[str, Any]) -> dict[str, Any]:
     versions (without ``exact_cpu_s``) are re-rendered by ``--from-json``.
     """
     row = dict(row)
-    opt = row["verdict"] == "optimal"
+    opt = row["verdict"] == "optimal" or _within_target(row)  # kept as it is
     # a windowed plan is kept as it is: plan_packed does not run the heuristic then,
     # nor past its cap (rows of older runs lack "heuristic_run")
     keep_exact = opt or row.get("exact_source") == "windows" or \

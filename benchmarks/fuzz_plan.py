@@ -50,7 +50,8 @@ sys.path.insert(0, str(ROOT / "tools"))  # tools/ is not a package
 import gen_layout  # noqa: E402  (tools/gen_layout.py: the seeded layout families)
 
 FAMILIES = ("exporter", "random", "odd")
-LIMITS = ("node_limit", "max_nonzeros", "max_solves", "max_checks", "max_windowed_nonzeros")
+LIMITS = ("node_limit", "max_nonzeros", "max_solves", "max_checks", "max_windowed_nonzeros",
+          "max_gap")
 """The work limits of ``plan_packed`` that ``--planner`` may set."""
 
 
@@ -73,15 +74,25 @@ def parse_seeds(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def parse_limits(items: list[str]) -> dict[str, int | None]:
+def parse_limits(items: list[str]) -> dict[str, int | float | None]:
     """``NAME=VALUE`` items as ``plan_packed`` keyword arguments (``none``: no limit;
-    ``max_solves`` needs a number)."""
-    out: dict[str, int | None] = {}
+    ``max_solves`` needs a number; ``max_gap`` is a fraction, 0 for the proof)."""
+    out: dict[str, int | float | None] = {}
     for item in items:
         name, eq, text = item.partition("=")
         if name not in LIMITS or not eq:
             raise SystemExit(f"--planner: {item!r} is not NAME=VALUE with NAME one of "
                              f"{', '.join(LIMITS)}")
+        if name == "max_gap":
+            try:
+                gap = float(text)
+            except ValueError:
+                gap = float("nan")
+            if not 0 <= gap < 1:
+                raise SystemExit(f"--planner: {item!r}: the value must be a fraction >= 0 "
+                                 "and < 1")
+            out[name] = gap
+            continue
         if text == "none" and name != "max_solves":
             out[name] = None
             continue
@@ -207,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write one JSON line per layout here")
     ap.add_argument("--planner", action="append", default=[], metavar="NAME=VALUE",
                     help="a work limit of plan_packed instead of its default "
-                    f"({', '.join(LIMITS)}; VALUE an integer or none); repeatable")
+                    f"({', '.join(LIMITS)}; VALUE an integer or none, max_gap a fraction); repeatable")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # the child's entry point
     args = ap.parse_args(argv)
     limits = parse_limits(args.planner)

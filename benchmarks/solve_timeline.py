@@ -70,7 +70,7 @@ def watch(g: Geometry, **limits: Any) -> tuple[list[dict[str, float]], Any]:
                 return
             count[0] += 1
             stop = (limit is not None and count[0] > limit) or (
-                count.proven is not None and count.proven(out))
+                count.enough is not None and count.enough(out))
             into.user_interrupt = stop  # as exact._count_checks: set both ways
             records.append({"check": count[0], "cpu_s": time.process_time() - t0,
                             "plan": float(getattr(out, "mip_primal_bound", INF)),

@@ -216,5 +216,6 @@ def packed_plan(g: Geometry, *, env: Mapping[str, str] | None = None) -> Physica
 
     limits = {"node_limit": exact.DEFAULT_NODE_LIMIT, "max_nonzeros": exact.DEFAULT_MAX_NONZEROS,
               "max_solves": exact.DEFAULT_MAX_SOLVES, "max_checks": exact.DEFAULT_MAX_CHECKS,
-              "max_windowed_nonzeros": exact.DEFAULT_MAX_WINDOWED_NONZEROS}
+              "max_windowed_nonzeros": exact.DEFAULT_MAX_WINDOWED_NONZEROS,
+              "max_gap": exact.DEFAULT_MAX_GAP}
     return cached_packed_plan(g, plan, limits, env=env)

@@ -51,7 +51,25 @@ def add_parser(subparsers: Any) -> None:
                         "and keep the best plan found, with its gap. Such a plan depends "
                         "on this host's speed: write it with --json and give every rank "
                         "the file (kvgrant alloc --plan FILE). Default: no limit")
+    p.add_argument("--max-gap", type=_max_gap, default=None, metavar="FRACTION",
+                   help="stop the solver once its plan is within this fraction of optimal "
+                        "(0 solves on to the proof; default 0.01, what every rank uses). "
+                        "A plan of another gap is not the one ranks compute for "
+                        "themselves: write it with --json and give every rank the file")
     p.set_defaults(run=run)
+
+
+def _max_gap(text: str) -> float:
+    """``--max-gap``: a fraction >= 0 and < 1 (0.01 is 1%)."""
+    bare = text.strip()
+    try:
+        value = float(bare)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{bare[:40]!r}: must be a fraction >= 0 and < 1 "
+                                         "(0.01 is 1%; 0 asks for the proof)")
+    return value
 
 
 def _time_limit(text: str) -> float:
@@ -151,7 +169,8 @@ def _run(args: argparse.Namespace) -> int:
     # a caller counting this process's threads would see)
     beat = _heartbeat(progress, args.time_limit) if _watched() else contextlib.nullcontext()
     with beat:
-        packed = plan_packed(g, progress=progress, time_limit=args.time_limit)
+        gap = {} if args.max_gap is None else {"max_gap": args.max_gap}
+        packed = plan_packed(g, progress=progress, time_limit=args.time_limit, **gap)
     plans.append(packed.plan)
     progress(f"packed plan: {len(packed.plan.allocations):,} allocations, {packed.verdict()}")
     bound = handles = None

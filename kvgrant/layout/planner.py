@@ -37,9 +37,9 @@ from kvgrant.layout.bound import LowerBound, allocation_lower_bound
 from kvgrant.layout.chains import chain_plan
 from kvgrant.layout.contiguous import contiguous_plan
 from kvgrant.layout.contract import check_contract
-from kvgrant.layout.exact import (DEFAULT_MAX_CHECKS, DEFAULT_MAX_NONZEROS, DEFAULT_MAX_SOLVES,
-                                  DEFAULT_MAX_WINDOWED_NONZEROS, DEFAULT_NODE_LIMIT,
-                                  ExactResult, exact_plan)
+from kvgrant.layout.exact import (DEFAULT_MAX_CHECKS, DEFAULT_MAX_GAP, DEFAULT_MAX_NONZEROS,
+                                  DEFAULT_MAX_SOLVES, DEFAULT_MAX_WINDOWED_NONZEROS,
+                                  DEFAULT_NODE_LIMIT, ExactResult, exact_plan, within_gap)
 from kvgrant.layout.geometry import Geometry, require_geometry, show_value
 from kvgrant.layout.granules import eligible_pairs
 from kvgrant.layout.packer import pack
@@ -110,13 +110,18 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
                 max_solves: int = DEFAULT_MAX_SOLVES,
                 max_checks: int | None = DEFAULT_MAX_CHECKS,
                 max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS,
+                max_gap: float = DEFAULT_MAX_GAP,
                 time_limit: float | None = None) -> PackedResult:
     """The packed plan of ``g`` with its optimality verdict (cached per layout).
 
-    The plan depends on the geometry and the five work limits only (see the module
-    docstring and :func:`kvgrant.layout.exact.exact_plan`); ``progress`` only
-    receives messages. Every rank must use the same limits: the defaults, unless a
-    test wants a cheaper (and equally deterministic) plan.
+    The plan depends on the geometry and the five work limits and ``max_gap`` only (see
+    the module docstring and :func:`kvgrant.layout.exact.exact_plan`); ``progress``
+    only receives messages. Every rank must use the same limits: the defaults, unless
+    a test wants a cheaper (and equally deterministic) plan.
+
+    ``max_gap`` (a fraction in [0, 1), default 1%): the solver stops once its plan is
+    proven within that of optimal, and such a plan is taken as it is (no heuristic
+    packer, no second solve); 0 asks for the proof.
 
     ``time_limit`` (wall seconds, None: none) is for planning once into a plan file
     (``kvgrant plan --time-limit S --json``): when it runs out first, the result is
@@ -128,9 +133,10 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
     _check_plan_args(g, progress, node_limit=node_limit, max_nonzeros=max_nonzeros,
                      max_solves=max_solves, max_checks=max_checks,
                      max_windowed_nonzeros=max_windowed_nonzeros)
+    _check_max_gap(max_gap)
     _check_time_limit(time_limit)
     res = _cached(_Keyed(geometry_hash(g), g, progress), node_limit, max_nonzeros,
-                  max_solves, max_checks, max_windowed_nonzeros, time_limit)
+                  max_solves, max_checks, max_windowed_nonzeros, float(max_gap), time_limit)
     if res.plan.geometry is g:
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
@@ -154,6 +160,16 @@ def _check_time_limit(value: Any) -> None:
         raise ArgumentError(f"plan_packed: time_limit = {show_value(value)}: must be None "
                             f"(no limit) or wall seconds > 0 and <= {MAX_TIME_LIMIT:,.0f}",
                             argument="time_limit", value=value)
+
+
+def _check_max_gap(value: Any) -> None:
+    """An ArgumentError naming ``max_gap`` unless it is a number in [0, 1)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and 0 <= value < 1
+    if not ok:
+        raise ArgumentError(f"plan_packed: max_gap = {show_value(value)}: must be a fraction "
+                            ">= 0 and < 1 of the plan (0: prove optimality; 0.01: stop "
+                            "within 1%)", argument="max_gap", value=value)
 
 
 def _check_plan_args(g: Any, progress: Any, **limits: Any) -> None:
@@ -194,10 +210,11 @@ class _Keyed:
 @functools.lru_cache(maxsize=8)
 def _cached(k: _Keyed, node_limit: int | None, max_nonzeros: int | None,
             max_solves: int, max_checks: int | None,
-            max_windowed_nonzeros: int | None, time_limit: float | None) -> PackedResult:
+            max_windowed_nonzeros: int | None, max_gap: float,
+            time_limit: float | None) -> PackedResult:
     """Memo of :func:`_solve` by geometry hash and limits."""
     return _solve(k.g, k.progress, node_limit, max_nonzeros, max_solves, max_checks,
-                  max_windowed_nonzeros, time_limit)
+                  max_windowed_nonzeros, time_limit, max_gap)
 
 
 def _better_heuristic(g: Geometry, best: PhysicalPlan, progress: Progress | None,
@@ -248,7 +265,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
            max_nonzeros: int | None, max_solves: int = DEFAULT_MAX_SOLVES,
            max_checks: int | None = DEFAULT_MAX_CHECKS,
            max_windowed_nonzeros: int | None = DEFAULT_MAX_WINDOWED_NONZEROS,
-           time_limit: float | None = None) -> PackedResult:
+           time_limit: float | None = None, max_gap: float = DEFAULT_MAX_GAP) -> PackedResult:
     t0 = time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
     start, start_name = warm_start(g)
@@ -266,7 +283,7 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
         return exact_plan(g, start=plan, label="packed", progress=progress,
                           node_limit=node_limit, max_nonzeros=max_nonzeros,
                           max_solves=max_solves, max_checks=max_checks,
-                          max_windowed_nonzeros=max_windowed_nonzeros,
+                          max_windowed_nonzeros=max_windowed_nonzeros, max_gap=max_gap,
                           lower_bound=lambda: lower_bound().total,
                           time_limit=None if deadline is None
                           else max(1e-3, deadline - time.perf_counter()))
@@ -303,6 +320,16 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
                             (f"exact: optimal ({exact.bound:,} allocations proven by "
                              "the solver's dual bound)",))
         return PackedResult(plan, exact.bound, True, "exact", time.perf_counter() - t0, exact)
+    if exact is not None and exact.source in ("solver", "start") \
+            and within_gap(exact.cost, exact.bound, max_gap):
+        # proven within the gap target: neither the packer nor a second solve could
+        # gain more than that (docs/layout.md, "The gap target")
+        what = "exact" if exact.source == "solver" else start_name
+        plan = PhysicalPlan("packed", g, exact.plan.allocations,
+                            (f"{what}: within {exact.gap:,} of optimal ({exact.cost:,} "
+                             f"allocations, the solver's dual bound {exact.bound:,}; the "
+                             f"solve stops under a gap of {max_gap:.2%})",))
+        return PackedResult(plan, exact.bound, False, what, time.perf_counter() - t0, exact)
     best = exact.plan if exact is not None else start
     if progress and not memo:
         progress("combinatorial lower bound, for the gap")

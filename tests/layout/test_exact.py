@@ -24,10 +24,11 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 
 def test_all_is_pinned():
-    assert exact.__all__ == sorted(["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_NONZEROS",
-                                    "DEFAULT_MAX_SOLVES", "DEFAULT_MAX_WINDOWED_NONZEROS",
-                                    "DEFAULT_NODE_LIMIT",
-                                    "SAFETY_SECONDS", "ExactResult", "exact_plan"])
+    assert exact.__all__ == sorted(["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_GAP",
+                                    "DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES",
+                                    "DEFAULT_MAX_WINDOWED_NONZEROS", "DEFAULT_NODE_LIMIT",
+                                    "SAFETY_SECONDS", "ExactResult", "exact_plan",
+                                    "within_gap"])
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -139,11 +140,25 @@ def test_weighted_optimum_matches_brute_force(g):
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_are_solved_to_proven_optimality(path):
     g = load_geometry(path)
-    res = exact_plan(g, start=reference_plan(g))
+    res = exact_plan(g, start=reference_plan(g), max_gap=0)
     assert check_contract(g, res.plan) == []
     assert res.optimal and res.bound == res.cost == len(res.plan.allocations)
     assert allocation_lower_bound(g).total <= res.bound
     assert res.cost <= len(reference_plan(g).allocations) <= len(naive_plan(g).allocations)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_with_the_default_gap_target_the_examples_stop_within_it(path):
+    # the solve stops at the first check where its plan is within 1% of the bound: on
+    # the published examples that is before the proof (1,313 against 1,310 where the
+    # proof is 1,311), so the plan may be a little above the optimum, never 1% above
+    g = load_geometry(path)
+    proven = exact_plan(g, start=reference_plan(g), max_gap=0)
+    res = exact_plan(g, start=reference_plan(g))
+    assert check_contract(g, res.plan) == [] and res.cost == len(res.plan.allocations)
+    assert res.bound <= proven.cost <= res.cost
+    assert exact.within_gap(res.cost, res.bound, exact.DEFAULT_MAX_GAP)
+    assert res.model.get("checks", 0) <= proven.model.get("checks", 0)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -185,7 +200,7 @@ def test_a_lost_join_is_repaired_near_it_instead_of_solving_again():
     # one-run cuts of that window and finds 1,311, proven by the first solve's bound,
     # without a second solve of the whole model (which took 1.1 s)
     g = load_geometry(ROOT / "examples" / "published-dcp8.json")
-    res = exact_plan(g, start=reference_plan(g))
+    res = exact_plan(g, start=reference_plan(g), max_gap=0)
     assert check_contract(g, res.plan) == []
     assert res.optimal and res.cost == res.bound == len(res.plan.allocations) == 1311
     assert res.model["rounds"] == 1 and res.model["repairs"] == 1

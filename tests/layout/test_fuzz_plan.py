@@ -40,7 +40,7 @@ def test_seed_lists_name_family_and_span():
 def test_a_good_plan_has_no_finding_and_each_broken_promise_is_one():
     findings = _fuzz()["findings"]
     g = load_geometry(ROOT / "examples" / "published-dcp8.json")
-    good = plan_packed(g)
+    good = plan_packed(g, max_gap=0)
     row = findings(g, good)
     assert row["bad"] == [] and row["optimal"] and row["packed"] == row["bound"]
     naive = dataclasses.replace(good, plan=naive_plan(g))  # above the reference rule
@@ -67,11 +67,12 @@ def test_layouts_plan_in_children_and_those_past_the_limit_are_stopped(tmp_path,
 def test_planner_limits_parse_and_refuse_what_plan_packed_would_not_take():
     parse = _fuzz()["parse_limits"]
     assert parse([]) == {}
-    assert parse(["max_checks=100", "node_limit=none", "max_solves=2"]) == {
-        "max_checks": 100, "node_limit": None, "max_solves": 2}
+    assert parse(["max_checks=100", "node_limit=none", "max_solves=2", "max_gap=0"]) == {
+        "max_checks": 100, "node_limit": None, "max_solves": 2, "max_gap": 0.0}
     for bad, says in (("checks=3", "NAME=VALUE"), ("max_checks", "NAME=VALUE"),
                       ("max_checks=x", "integer or none"), ("max_solves=none", "integer"),
-                      ("node_limit=0", "at least 1")):
+                      ("node_limit=0", "at least 1"), ("max_gap=1", "fraction"),
+                      ("max_gap=-0.1", "fraction"), ("max_gap=nan", "fraction")):
         with pytest.raises(SystemExit, match=says):
             parse([bad])
 

@@ -29,6 +29,11 @@ G = load_geometry(SMALL)
     ({"max_solves": 0}, "max_solves", "must be an integer >= 1"),
     ({"max_solves": None}, "max_solves", "must be an integer >= 1"),
     ({"progress": 1}, "progress", "must be None or a callable"),
+    ({"max_gap": 1}, "max_gap", "must be a fraction >= 0 and < 1"),
+    ({"max_gap": -0.01}, "max_gap", "must be a fraction >= 0 and < 1"),
+    ({"max_gap": float("nan")}, "max_gap", "must be a fraction >= 0 and < 1"),
+    ({"max_gap": True}, "max_gap", "must be a fraction >= 0 and < 1"),
+    ({"max_gap": "0.01"}, "max_gap", "must be a fraction >= 0 and < 1"),
 ])
 def test_plan_packed_names_a_bad_limit(kw: dict[str, Any], argument: str, rule: str) -> None:
     with pytest.raises(ArgumentError) as err:

@@ -1,6 +1,6 @@
 """The polisher: HiGHS's improving solutions are extracted into plans during the solve,
-the cheapest is kept, and the solve stops once the dual bound reaches it (proven),
-never otherwise changing HiGHS's path."""
+the cheapest is kept, and the solve stops once the dual bound reaches it (proven) or
+comes within the gap target of it, never otherwise changing HiGHS's path."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def dcp8():
     return g, m, lab, ref, vals
 
 
-def _polisher(dcp8, checks, best_cost):
+def _polisher(dcp8, checks, best_cost, max_gap=0.0):
     g, m, lab, _, _ = dcp8
-    return exact._Polisher(g, m, lab, "exact", 1.0, {}, checks, best_cost)
+    return exact._Polisher(g, m, lab, "exact", 1.0, {}, checks, best_cost, max_gap=max_gap)
 
 
 def _improving(checks, vals, objective):
@@ -47,13 +47,13 @@ def _improving(checks, vals, objective):
 
 def _counter():
     checks = exact._Checks([0, 1])
-    checks.handlers, checks.proven = {}, None
+    checks.handlers, checks.enough = {}, None
     return checks
 
 
 def _check(checks, bound):
     """Whether the check callback's stop test says stop at a check with ``bound``."""
-    return checks.proven(SimpleNamespace(mip_dual_bound=bound))
+    return checks.enough(SimpleNamespace(mip_dual_bound=bound))
 
 
 def test_a_solution_whose_plan_is_cheaper_is_kept_and_stops_the_solve_once_proven(dcp8):
@@ -74,6 +74,29 @@ def test_a_solution_whose_plan_is_cheaper_is_kept_and_stops_the_solve_once_prove
     checks[1] = 1
     pol.bound_valid = False  # a lost pattern forbidden outright: not a bound on every plan
     assert not _check(checks, pol.best_cost)
+
+
+def test_with_a_gap_target_the_solve_stops_once_the_kept_plan_is_within_it(dcp8):
+    g, m, lab, ref, vals = dcp8
+    checks = _counter()
+    pol = _polisher(dcp8, checks, len(ref.allocations), max_gap=0.01)
+    _improving(checks, vals, sum(c * v for c, v in zip(m.cost, vals)))
+    cost = pol.best_cost
+    assert cost > 200  # so that 1% of it is over 2 allocations
+    inside = cost - (cost * 0.01 - 1e-9) // 1  # the lowest bound less than 1% below
+    assert not _check(checks, inside - 1.0)  # 1% or more below: solve on
+    assert _check(checks, inside - 0.5)  # rounded up, less than 1% below
+    assert exact.within_gap(cost, inside, 0.01) and not exact.within_gap(cost, inside - 1, 0.01)
+    checks[1] = 0  # never in a repair, as for the proof
+    assert not _check(checks, cost)
+
+
+def test_the_gap_test_is_strict_and_a_gap_of_zero_asks_for_the_proof():
+    assert exact.within_gap(100, 100, 0.0) and exact.within_gap(100, 101, 0.0)
+    assert not exact.within_gap(100, 99, 0.0)
+    assert not exact.within_gap(100, 99, 0.01)  # exactly 1%: not under it
+    assert exact.within_gap(101, 100, 0.01)  # 0.99%
+    assert not exact.within_gap(50, 49, 0.01)  # small plans: only the proof stops
 
 
 def test_nothing_is_kept_that_is_not_cheaper_than_the_best_plan(dcp8):
@@ -107,7 +130,7 @@ def test_random5_is_proven_by_an_extracted_plan():
     # 133, the optimum; without the polisher HiGHS found only 134 within its 50 checks
     # and the plan stayed unproven (134 against 133)
     g = parse_geometry(gen_layout().random_layout(5))
-    res = exact_plan(g, start=reference_plan(g))
+    res = exact_plan(g, start=reference_plan(g), max_gap=0)
     assert res.optimal and res.cost == res.bound == 133
     assert res.model["polished"] >= 1
     assert res.model["checks"] <= exact.DEFAULT_MAX_CHECKS  # stopped by the proof

@@ -31,7 +31,7 @@ def published():
 def test_a_model_over_the_limit_is_solved_in_windows_near_the_optimum(published):
     g = published
     ref = reference_plan(g)
-    proven = exact_plan(g, start=ref)
+    proven = exact_plan(g, start=ref, max_gap=0)
     assert proven.optimal and proven.source == "solver"
     res = exact_plan(g, start=ref, max_nonzeros=1)
     assert res.source == "windows" and not res.optimal
