@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write one JSON line per layout here")
     ap.add_argument("--planner", action="append", default=[], metavar="NAME=VALUE",
                     help="a work limit of plan_packed instead of its default "
-                    f"({', '.join(LIMITS)}; VALUE an integer or none, max_gap a fraction); repeatable")
+                    f"({', '.join(LIMITS)}; VALUE an integer or none, max_gap a "
+                    "fraction); repeatable")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # the child's entry point
     args = ap.parse_args(argv)
     limits = parse_limits(args.planner)

@@ -48,9 +48,9 @@ from kvgrant.layout.granules import (Labels, eligible_pairs, label_units, labels
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
-__all__ = ["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_GAP", "DEFAULT_MAX_NONZEROS", "DEFAULT_MAX_SOLVES",
-           "DEFAULT_MAX_WINDOWED_NONZEROS",
-           "DEFAULT_NODE_LIMIT", "ExactResult", "SAFETY_SECONDS", "exact_plan", "within_gap"]
+__all__ = ["DEFAULT_MAX_CHECKS", "DEFAULT_MAX_GAP", "DEFAULT_MAX_NONZEROS",
+           "DEFAULT_MAX_SOLVES", "DEFAULT_MAX_WINDOWED_NONZEROS", "DEFAULT_NODE_LIMIT",
+           "ExactResult", "SAFETY_SECONDS", "exact_plan", "within_gap"]
 
 DEFAULT_NODE_LIMIT = 300
 """Branch-and-bound nodes per solve: a deterministic work limit (a count, not a clock,
@@ -92,6 +92,8 @@ def within_gap(cost: float, bound: float, max_gap: float) -> bool:
     """Whether a plan of ``cost`` is proven optimal by ``bound`` or less than
     ``max_gap`` (a fraction of ``cost``) above it: the planner's stop test."""
     return cost <= bound or cost - bound < max_gap * cost
+
+
 DEFAULT_MAX_WINDOWED_NONZEROS = 2_000_000
 """Largest model solved window by window when it is over :data:`DEFAULT_MAX_NONZEROS`
 (about 230,000 declared chunks of the published kind). The model is built in memory
