@@ -799,9 +799,11 @@ class _Polisher:
         return best, best_cost, source
 
     def _enough(self, out: object) -> bool:
-        # only in a solve of the whole model: a repair's bound (its columns fixed
+        # ``best_cost`` is the best plan held here or by the caller (the start, or the
+        # loop's best): a start already within the gap target stops the solve too.
+        # Only in a solve of the whole model: a repair's bound (its columns fixed
         # around one point) bounds only that neighbourhood
-        return (self.best is not None and bool(self.checks[1]) and self.bound_valid
+        return (bool(self.checks[1]) and self.bound_valid
                 and within_gap(self.best_cost, _ceil(float(getattr(
                     out, "mip_dual_bound", -float("inf")))), self.max_gap))
 

@@ -62,7 +62,8 @@ def test_a_solution_whose_plan_is_cheaper_is_kept_and_stops_the_solve_once_prove
     pol = _polisher(dcp8, checks, len(ref.allocations))
     objective = sum(c * v for c, v in zip(m.cost, vals))
     assert objective > len(ref.allocations)  # no join counted
-    assert not _check(checks, 1e9)  # nothing kept yet: HiGHS's own stop decides
+    assert not _check(checks, len(ref.allocations) - 1.0)  # the start is not proven
+    assert _check(checks, len(ref.allocations))  # a start that meets the bound stops it
     _improving(checks, vals, objective)
     assert pol.best is not None and check_contract(g, pol.best) == []
     assert pol.best_cost == len(pol.best.allocations) < len(ref.allocations)
@@ -97,6 +98,12 @@ def test_the_gap_test_is_strict_and_a_gap_of_zero_asks_for_the_proof():
     assert not exact.within_gap(100, 99, 0.01)  # exactly 1%: not under it
     assert exact.within_gap(101, 100, 0.01)  # 0.99%
     assert not exact.within_gap(50, 49, 0.01)  # small plans: only the proof stops
+
+
+def test_without_a_start_nothing_stops_the_solve_before_a_plan_is_kept(dcp8):
+    checks = _counter()
+    _polisher(dcp8, checks, None)
+    assert not _check(checks, 1e9)
 
 
 def test_nothing_is_kept_that_is_not_cheaper_than_the_best_plan(dcp8):
