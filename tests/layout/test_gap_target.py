@@ -80,7 +80,7 @@ def test_the_host_cache_key_holds_the_target(monkeypatch):
     assert limits["max_gap"] == exact.DEFAULT_MAX_GAP
 
 
-def test_kvgrant_plan_takes_max_gap_and_refuses_a_bad_one(capsys, tmp_path):
+def test_kvgrant_plan_takes_max_gap_and_refuses_a_bad_one(capsys):
     from kvgrant.cli import main
 
     planner._cached.cache_clear()
