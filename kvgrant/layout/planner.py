@@ -82,6 +82,9 @@ class PackedResult:
     timed_out: bool = False
     """The caller's ``time_limit`` ran out before the work limits did: the plan is the
     best found in that time (it depends on the host's speed)."""
+    gap_target: float | None = None
+    """The ``max_gap`` whose target the plan met short of a proof, so that nothing else
+    was tried (None otherwise): the verdict says so, and how to ask for the proof."""
 
     @property
     def gap(self) -> int:
@@ -94,6 +97,9 @@ class PackedResult:
         late = " (time limit reached)" if self.timed_out else ""
         if self.bound <= 0:
             return f"optimality unknown (no solver bound){late}"
+        if self.gap_target is not None:
+            late += (f" (under the {self.gap_target:.2%} gap target; --max-gap 0 "
+                     "solves on to the proof)")
         return f"within {self.gap:,} of optimal{late}"
 
     def to_json(self) -> dict[str, object]:
@@ -101,6 +107,7 @@ class PackedResult:
                 "optimal": self.optimal, "gap": self.gap, "verdict": self.verdict(),
                 "source": self.source, "bound_source": self.bound_source,
                 "seconds": round(self.seconds, 3), "timed_out": self.timed_out,
+                "gap_target": self.gap_target,
                 "solver": None if self.exact is None else self.exact.to_json()}
 
 
@@ -141,7 +148,7 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
         return res
     plan = PhysicalPlan(res.plan.label, g, res.plan.allocations, res.plan.notes)
     return PackedResult(plan, res.bound, res.optimal, res.source, res.seconds, res.exact,
-                        res.bound_source, res.lower_bound, res.timed_out)
+                        res.bound_source, res.lower_bound, res.timed_out, res.gap_target)
 
 
 MAX_TIME_LIMIT = 86_400.0
@@ -329,7 +336,8 @@ def _solve(g: Geometry, progress: Progress | None, node_limit: int | None,
                             (f"{what}: within {exact.gap:,} of optimal ({exact.cost:,} "
                              f"allocations, the solver's dual bound {exact.bound:,}; the "
                              f"solve stops under a gap of {max_gap:.2%})",))
-        return PackedResult(plan, exact.bound, False, what, time.perf_counter() - t0, exact)
+        return PackedResult(plan, exact.bound, False, what, time.perf_counter() - t0, exact,
+                            timed_out=bool(exact.model.get("timed_out")), gap_target=max_gap)
     best = exact.plan if exact is not None else start
     if progress and not memo:
         progress("combinatorial lower bound, for the gap")

@@ -41,7 +41,10 @@ def test_the_default_stops_within_the_target_without_the_packer_or_the_bound(
     assert check_contract(dcp8, res.plan) == []
     assert res.source == "exact" and res.exact is not None and res.exact.source == "solver"
     assert res.bound == res.exact.bound <= n and (n - res.bound) < 0.01 * n
-    assert not res.optimal and res.verdict() == f"within {n - res.bound:,} of optimal"
+    assert not res.optimal and res.gap_target == exact.DEFAULT_MAX_GAP
+    assert res.verdict() == (f"within {n - res.bound:,} of optimal (under the 1.00% "
+                             "gap target; --max-gap 0 solves on to the proof)")
+    assert res.to_json()["gap_target"] == exact.DEFAULT_MAX_GAP
     assert "within" in res.plan.notes[0] and "1.00%" in res.plan.notes[0]
 
 
@@ -49,6 +52,7 @@ def test_a_gap_of_zero_proves_and_the_target_plan_is_no_better_than_the_proof(dc
     proven = planner.plan_packed(dcp8, max_gap=0)
     near = planner.plan_packed(dcp8)  # another cache entry: the limits differ
     assert proven.optimal and len(proven.plan.allocations) == proven.bound == 1311
+    assert proven.gap_target is None and proven.verdict() == "optimal"
     assert near.bound <= 1311 <= len(near.plan.allocations)
     assert exact.within_gap(len(near.plan.allocations), near.bound, exact.DEFAULT_MAX_GAP)
     assert near.exact.model["checks"] <= proven.exact.model["checks"]
