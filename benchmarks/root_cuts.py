@@ -9,8 +9,8 @@ few cuts carry the bound. This script solves the planner's model as the planner 
 the root is seen to its end) with HiGHS's presolve off, so that its cuts are over the
 model's own columns. It takes the cuts in HiGHS's LP when HiGHS hands over its cut
 pool (``kCallbackMipGetCutPool``, the first time: at the end of the first solve's root
-cut rounds; a solve stopped before then hands over none) and solves the model's LP relaxation
-without and with them. Per layout it prints the plan and bound of that solve, the LP
+cut rounds; a solve stopped before then hands over none) and solves the model's LP
+relaxation without and with them. Per layout it prints the plan and bound of that solve, the LP
 bound, the LP bound with the cuts, how many cuts there are and how many have a nonzero
 dual (those carry the bound), how much of the gap between the LP and the solve's bound
 they close, and the LP's CPU seconds either way.
@@ -115,8 +115,9 @@ def solve_captured(g: Geometry, **limits: Any) -> tuple[Any, Capture]:
         result = exact.exact_plan(g, start=warm_start(g)[0], options=options, **limits)
     finally:
         exact._count_checks = plain
-    if not got:
-        raise RuntimeError("the model was not solved (too large, or the start was optimal)")
+    # a windowed solve's models are the whole model with columns fixed, window by window
+    if "windows" in result.model or not result.model.get("rounds") or not got:
+        raise RuntimeError(f"the whole model was not solved at once: {result.status}")
     return result, got[0]
 
 
@@ -164,7 +165,8 @@ def summary(name: str, result: Any, cap: Capture) -> dict[str, Any]:
     return {"name": name, "plan": result.cost, "bound": result.bound,
             "optimal": result.optimal, "columns": len(cap.cost), "cuts": cuts,
             "binding": binding, "lp": round(lp, 2), "lp_cuts": round(cut, 2),
-            "closed": None if gap <= 1e-9 else round(min(1.0, (cut - lp) / gap), 3),
+            "closed": None if cuts is None or gap <= 1e-9 else round(
+                min(1.0, (cut - lp) / gap), 3),
             "lp_s": round(lp_s, 3), "lp_cuts_s": round(cut_s, 3),
             "bad": [] if cut <= result.cost + 1e-6 else [
                 f"LP with the cuts {cut:.3f} above the plan {result.cost}"]}
@@ -198,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         row = summary(name, result, cap)
         bad = bad or bool(row["bad"])
         rows.append(row)
+        cuts = "no" if row["cuts"] is None else row["cuts"]
         print(json.dumps(row) if args.json else f"{name}: {row['lp']} -> {row['lp_cuts']} "
-              f"with {'no' if row['cuts'] is None else row['cuts']} cuts ({row['binding']} binding); solve {result.cost} / "
+              f"with {cuts} cuts ({row['binding']} binding); solve {result.cost} / "
               f"{result.bound}", file=sys.stdout if args.json else sys.stderr, flush=True)
     if not args.json:
         print(_table(rows))

@@ -17,7 +17,7 @@ import pytest
 from layout_builders import gen_layout
 
 from kvgrant.layout import exact
-from kvgrant.layout.geometry import parse_geometry
+from kvgrant.layout.geometry import load_geometry, parse_geometry
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "root_cuts.py"
 
@@ -76,6 +76,17 @@ def test_cuts_over_other_columns_are_refused(captured):
                            len(cap.cost) - 1)  # as with presolve on: its own columns
     with pytest.raises(RuntimeError, match="columns"):
         mod["lp_bound"](other, with_cuts=True)
+
+
+@pytest.mark.parametrize("example", ["small-inward", "published-dcp8"])
+def test_a_model_not_solved_at_once_is_refused(example):
+    # over the size limit: small-inward is then not solved, published-dcp8 solved in
+    # windows; neither gives one model's root to measure
+    mod = runpy.run_path(str(SCRIPT))
+    g = load_geometry(Path(__file__).resolve().parents[2] / "examples" / f"{example}.json")
+    with pytest.raises(RuntimeError, match="not solved at once"):
+        mod["solve_captured"](g, max_nonzeros=1)
+    assert exact._count_checks.__module__ == "kvgrant.layout.exact"
 
 
 def test_it_needs_a_layout():
