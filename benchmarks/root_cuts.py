@@ -37,6 +37,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # fuzz_plan's --seeds syntax
 from fuzz_plan import gen_layout, parse_seeds  # noqa: E402
+from solve_timeline import markdown_table  # noqa: E402
 
 from kvgrant.cli import one_blas_thread  # noqa: E402
 from kvgrant.layout import exact  # noqa: E402
@@ -173,12 +174,8 @@ def summary(name: str, result: Any, cap: Capture) -> dict[str, Any]:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    keys = ["name", "plan", "bound", "columns", "cuts", "binding", "lp", "lp_cuts", "closed",
-            "lp_s", "lp_cuts_s"]
-    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for r in rows:
-        out.append("| " + " | ".join("-" if r[k] is None else str(r[k]) for k in keys) + " |")
-    return "\n".join(out)
+    return markdown_table(rows, ["name", "plan", "bound", "columns", "cuts", "binding", "lp",
+                                 "lp_cuts", "closed", "lp_s", "lp_cuts_s"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,13 +128,18 @@ def summary(name: str, records: list[dict[str, float]], result: Any) -> dict[str
     }
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    keys = ["name", "plan", "bound", "checks", "repair_checks", "first_check_s", "root_lp_s", "root_lp_bound",
-            "bound_final_s", "plan_final_s", "within_1pct_s", "end_s"]
+def markdown_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    """``rows`` as a Markdown table of ``keys`` (None shown as "-"); root_cuts.py's too."""
     out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for r in rows:
         out.append("| " + " | ".join("-" if r[k] is None else str(r[k]) for k in keys) + " |")
     return "\n".join(out)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    return markdown_table(rows, [
+        "name", "plan", "bound", "checks", "repair_checks", "first_check_s", "root_lp_s",
+        "root_lp_bound", "bound_final_s", "plan_final_s", "within_1pct_s", "end_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
