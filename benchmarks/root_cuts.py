@@ -10,10 +10,11 @@ the root is seen to its end) with HiGHS's presolve off, so that its cuts are ove
 model's own columns. It takes the cuts in HiGHS's LP when HiGHS hands over its cut
 pool (``kCallbackMipGetCutPool``, the first time: at the end of the first solve's root
 cut rounds; a solve stopped before then hands over none) and solves the model's LP
-relaxation without and with them. Per layout it prints the plan and bound of that solve, the LP
-bound, the LP bound with the cuts, how many cuts there are and how many have a nonzero
-dual (those carry the bound), how much of the gap between the LP and the solve's bound
-they close, and the LP's CPU seconds either way.
+relaxation without and with them (``exact._mip`` with every column continuous). Per
+layout it prints the plan and bound of that solve, the LP bound, the LP bound with the
+cuts, how many cuts there are and how many have a nonzero dual (those carry the bound),
+how much of the gap between the LP and the solve's bound they close, and the LP's CPU
+seconds either way.
 
 HiGHS's cuts keep at least one optimal plan (its proofs rest on that), so the LP with
 them is never above the solve's plan; the script exits 1 if it is.
@@ -128,23 +129,19 @@ def lp_bound(cap: Capture, with_cuts: bool) -> tuple[float, float, int]:
     import highspy
     import numpy as np
 
-    inf = highspy.kHighsInf
-    h = exact._highs()
     n = len(cap.cost)
-    h.addCols(n, cap.cost, cap.col_lower, cap.col_upper, 0, np.zeros(n, dtype=np.int32),
-              np.array([], dtype=np.int32), np.array([], dtype=np.float64))
     blocks = [cap.rows] + ([cap.cuts] if with_cuts and cap.cuts is not None else [])
     if len(blocks) > 1 and cap.cut_columns != n:
         raise RuntimeError(f"the cuts are over {cap.cut_columns} columns, the model has {n}")
-    for r in blocks:
-        m = len(r.lower)
-        if m:
-            h.addRows(m, np.where(r.lower <= -1e30, -inf, r.lower),
-                      np.where(r.upper >= 1e30, inf, r.upper), len(r.index),
-                      r.start[:-1].astype(np.int32), r.index.astype(np.int32),
-                      r.value.astype(np.float64))
-    for key, v in (("threads", 1), ("random_seed", 0)):
-        h.setOptionValue(key, v)
+    shift = np.cumsum([0] + [len(r.index) for r in blocks[:-1]])
+    h = exact._mip(cap.cost, cap.col_lower, cap.col_upper,
+                   np.concatenate([r.lower for r in blocks]),
+                   np.concatenate([r.upper for r in blocks]),
+                   np.concatenate([r.start[:-1] + k for r, k in zip(blocks, shift)]),
+                   np.concatenate([r.index for r in blocks]),
+                   np.concatenate([r.value for r in blocks]), None)
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                            np.full(n, highspy.HighsVarType.kContinuous))
     t = time.process_time()
     h.run()
     seconds = time.process_time() - t
