@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable
 
 from kvgrant.cli import one_blas_thread
+from kvgrant.layout import neighbourhood
 from kvgrant.layout.bound import allocation_lower_bound
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.exact import DEFAULT_MAX_GAP, exact_plan, within_gap
@@ -96,6 +97,7 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
     row["solver"] = ex.to_json()
     row["exact_source"] = ex.source
     row["max_gap"] = DEFAULT_MAX_GAP  # the solve stopped within it (plan_packed keeps that)
+    best = ex.plan  # plan_packed's best plan so far
     packed_s = ref_s + ex_s
     row["exact_only_cpu_s"] = round(packed_s, 2)
     if bound:
@@ -111,6 +113,8 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
                                 and eligible_pairs(g) <= MAX_HEURISTIC_PAIRS)
         if row["heuristic_run"]:
             packed_s += h_s
+            if row["heuristic"] < ex.cost and not check_contract(g, h):
+                best = h
             if row["heuristic"] < ex.cost and "checks" in ex.model \
                     and not check_contract(g, h):
                 # plan_packed solves again from the packer's plan when it beat the solver
@@ -118,6 +122,19 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
                 row["resolve"], row["resolve_bound"] = ex2.cost, ex2.bound
                 row["resolve_s"] = round(ex2_s, 2)
                 packed_s += ex2_s
+                if ex2.cost < len(best.allocations):
+                    best = ex2.plan
+    bounds = [ex.bound, row.get("resolve_bound", 0), row.get("bound", 0)]
+    if not ex.optimal and not _within_target(row) and "checks" in ex.model \
+            and not within_gap(len(best.allocations), max(bounds), DEFAULT_MAX_GAP):
+        # plan_packed's neighbourhood search from its best plan so far
+        found, nb_s = _cpu(lambda: neighbourhood.search(
+            g, best, bound=max(bounds), max_gap=DEFAULT_MAX_GAP))
+        row["neighbourhood_s"] = round(nb_s, 2)
+        packed_s += nb_s
+        if found is not None:
+            row["neighbourhood"] = found.cost
+            row["neighbourhood_contract"] = len(check_contract(g, found.plan))
     row["exact_cpu_s"] = round(packed_s, 2)
     return planner_view(row)
 
@@ -195,6 +212,8 @@ def planner_view(row: dict[str, Any]) -> dict[str, Any]:
             0 if opt else row.get("heuristic_s", 0)), 2)
     packed = row["exact"] if keep_exact or "heuristic" not in row else min(
         row["exact"], row["heuristic"], row.get("resolve", row["heuristic"]))
+    if not opt:  # the neighbourhood search, where it ran, starts from the best of those
+        packed = min(packed, row.get("neighbourhood", packed))
     bound = row["solver_bound"] if opt else min(max(row["solver_bound"],
                                                     row.get("resolve_bound", 0),
                                                     row.get("bound", 0)), packed)
@@ -218,6 +237,11 @@ def _failures(r: dict[str, Any]) -> list[str]:
         out.append("exact plan above the reference rule")
     if r.get("bound", 0) > r["exact"] or r["solver_bound"] > r["exact"]:
         out.append("a bound exceeds a valid plan")
+    if r.get("neighbourhood_contract"):
+        out.append("neighbourhood search plan breaks the contract")
+    if "neighbourhood" in r and max(r.get("bound", 0), r["solver_bound"],
+                                    r.get("resolve_bound", 0)) > r["neighbourhood"]:
+        out.append("a bound exceeds the neighbourhood search's plan")
     return out
 
 

@@ -257,9 +257,13 @@ def _least_nonzeros(g: Geometry) -> int:
 
 
 def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
-           cover: bool = True, budget: int | None = None) -> tuple[_Model, Labels]:
+           cover: bool = True, budget: int | None = None,
+           pass_through: bool = True) -> tuple[_Model, Labels]:
     """The whole model; with ``cover`` False, every row but the coverage rows (which
-    come last: :func:`_add_cover_rows` appends them, the same rows in the same order).
+    come last: :func:`_add_cover_rows` appends them, the same rows in the same order);
+    with ``pass_through`` False, without the pass-through cuts (valid rows that only
+    tighten the relaxation: the neighbourhood search, which solves small windows,
+    builds no more than it needs).
 
     Why the split: a tall region's coverage rows are one per (row, page of its
     conflict set), a million at 2^20 rows, and a model that large is refused; their
@@ -316,7 +320,8 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
             for b, ents in into.items():
                 dst = m.z[(c, u + 1)] if b == _FREE else m.x[(c, u + 1, b)]
                 m.row(ents + [(dst, -1.0)], -float("inf"), 0, "join")
-    _add_pass_through_cuts(m, lab)
+    if pass_through:
+        _add_pass_through_cuts(m, lab)
     for l_ in range(nl):
         if not by_label[l_]:
             raise PlanError(f"label {l_} of region {lab.region[l_]!r}: no plane granule may "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import runpy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -68,6 +69,16 @@ def test_a_heuristic_plan_packed_did_not_run_is_not_counted():
     assert r["packed"] == 12
 
 
+def test_the_neighbourhood_search_counts_only_where_plan_packed_runs_it():
+    view = _bench()["planner_view"]
+    r = view(_row(exact=15, solver_bound=4, verdict="gap 11 (73.33%)", neighbourhood=10,
+                  neighbourhood_s=2.0))
+    assert (r["packed"], r["packed_bound"], r["packed_verdict"]) == (10, 9, "gap 1 (10.00%)")
+    # a proven plan is kept as it is (rows never hold a search there; the view ignores it)
+    r = view(_row(neighbourhood=10))
+    assert (r["packed"], r["packed_verdict"]) == (11, "optimal")
+
+
 @pytest.mark.parametrize("cap", [None, 0])
 def test_measure_counts_the_heuristic_as_plan_packed_runs_it(monkeypatch, cap):
     from functools import partial
@@ -78,8 +89,11 @@ def test_measure_counts_the_heuristic_as_plan_packed_runs_it(monkeypatch, cap):
     g = load_geometry(BENCH.parents[1] / "examples" / "published-dcp8.json")
     measure = _bench()["measure"]
     env = measure.__globals__  # the benchmark's module namespace
-    # one limit check per solve: no proof, so the packer's turn comes
+    # one limit check per solve: no proof, so the packer's turn comes (and the
+    # neighbourhood search's, with the same limit, as plan_packed passes it)
     monkeypatch.setitem(env, "exact_plan", partial(env["exact_plan"], max_checks=1))
+    monkeypatch.setitem(env, "neighbourhood", SimpleNamespace(
+        search=partial(env["neighbourhood"].search, max_checks=1)))
     if cap is not None:
         monkeypatch.setitem(env, "MAX_HEURISTIC_PAIRS", cap)
         monkeypatch.setattr(planner, "MAX_HEURISTIC_PAIRS", cap)

@@ -164,7 +164,7 @@ def test_plan_packed_solves_again_from_a_heuristic_plan_that_beat_the_solver(mon
     assert len(starts) == 2 and starts[1] == len(heur.allocations) < starts[0]
     assert len(res.plan.allocations) <= len(heur.allocations)
     assert check_contract(g, res.plan) == [] and res.bound <= len(res.plan.allocations)
-    assert res.source in ("exact", "heuristic")
+    assert res.source in ("exact", "heuristic", "neighbourhood")
 
 
 def test_a_windowed_plan_is_returned_without_the_packer_or_a_second_solve(monkeypatch):
