@@ -329,6 +329,12 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
         m.row([(xc, 1.0) for xc in by_label[l_]], lab.need[l_], lab.need[l_], "need")
         if len(joins_in[l_]) > 1:
             m.row([(fc, 1.0) for fc in joins_in[l_]], 0, 1, "in")
+        elif joins_in[l_]:
+            # one join column into the label: the row would be that column <= 1, so its
+            # bound says it (it was the class's multiplicity: exporter-2246, 12
+            # interchangeable planes and G-aligned rows, let 11 planes join from one
+            # row into the next, and the model's optimum was 725 where plans need 765)
+            m.upper[joins_in[l_][0]] = 1.0
     if cover:
         _add_cover_rows(g, m, lab)
     return m, lab
