@@ -5,7 +5,10 @@ published layouts in about a second of CPU, but the solver may stop at its work
 limits on some layout; then the heuristic packer (:mod:`kvgrant.layout.packer`)
 runs too and the better plan is kept, with the solver's dual bound saying how far
 from optimal it may be; when the packer's plan is the better one, the model is solved
-once more from it (the solver's search had started from a worse plan). A model over
+once more from it (the solver's search had started from a worse plan); a plan still 1%
+or more above the bound after that goes to the neighbourhood search
+(:mod:`kvgrant.layout.neighbourhood`: windows of a few labels solved exactly around
+it, the rest of the plan fixed). A model over
 the size limit of one solve is solved window by window (:mod:`kvgrant.layout.windows`),
 and the heuristic only runs when that finds no plan. The solver's warm start is the reference rule's plan, or the
 contiguous plan (:mod:`kvgrant.layout.contiguous`: each region in one run of one plane)

@@ -102,3 +102,22 @@ def test_the_planner_searches_only_when_its_plan_misses_the_gap_target(monkeypat
                          max_checks=1)
     assert len(calls) == 1 and len(res.plan.allocations) <= calls[0]
     assert check_contract(g, res.plan) == [] and res.bound <= len(res.plan.allocations)
+
+
+def test_a_window_is_not_solved_again_from_the_same_start():
+    import numpy as np
+
+    from kvgrant.layout import exact
+
+    g = parse_geometry(gen_layout().random_layout(6))
+    win = neighbourhood._Windows(g)
+    x = np.asarray(exact._start_values(g, win.m, win.lab, naive_plan(g)), dtype=np.float64)
+    solved: set[bytes] = set()
+    free = win.free_columns(0, neighbourhood.WINDOW_LABELS)
+    first = win.solve(x, free, 50, 20, None, solved)
+    assert win.runs == 1 and first is not None
+    assert win.solve(x, free, 50, 20, None, solved) is None and win.runs == 1
+    # another start is another window model: solved
+    other = win.free_columns(neighbourhood.WINDOW_STEP, neighbourhood.WINDOW_LABELS)
+    win.solve(x, other, 50, 20, None, solved)
+    assert win.runs == 2
