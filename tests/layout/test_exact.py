@@ -54,6 +54,47 @@ def test_exact_optimum_matches_brute_force(g):
         assert allocation_lower_bound(g).total <= best
 
 
+def _model_optimum(g):
+    """The model's optimum solved to the end (None: not within 1,000 nodes)."""
+    m, _ = exact._build(g, 1.0, {})
+    starts, index, values = exact._csr(m.rows)
+    h = exact._mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, starts, index, values,
+                   1_000)
+    h.run()
+    if h.getModelStatus().name != "kOptimal":
+        return None
+    return round(h.getInfo().objective_function_value)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(geometries(max_planes=3, max_regions=2, max_ranks=1))
+def test_the_model_optimum_is_the_brute_force_optimum(g):
+    # the model is exact, not only a relaxation: its optimum (solved to the end, the
+    # planner's limits aside) is the fewest allocations of any plan
+    best = brute_min(g)
+    if best is None:
+        return
+    try:
+        got = _model_optimum(g)
+    except PlanError:
+        return  # no plan keeps the contract
+    assert got is None or got == best
+
+
+def test_two_planes_cannot_both_cross_one_row_boundary():
+    # two planes of one class, two G-aligned rows of 4 granules, each row declared on
+    # 2 pages of each plane: one join position per boundary, so one join column into
+    # the second row. Its bound was the class's multiplicity (2): both planes crossed
+    # the boundary, and the model's optimum was 2 where every plan needs 3
+    g = parse_geometry(geometry_dict(
+        name="two-planes-cross", pages=4, topology={"ranks": 1},
+        planes=[{"name": "a", "bytes_per_page": 4}, {"name": "b", "bytes_per_page": 4}],
+        regions=[{"name": "snap", "rows": 2, "row_bytes": 16}],
+        aliases=[{"region": "snap", "offset": 8 * k, "plane": "ab"[k % 2],
+                  "plane_offset": 8 * (k // 2), "length": 8} for k in range(4)]))
+    assert brute_min(g, limit=200_000) == _model_optimum(g) == 3
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
