@@ -6,9 +6,9 @@ the gap is often the plan's, not only the bound's. On unseen layouts the planner
 returned 407 allocations against a bound of 367 (exporter-2081), 147 / 132
 (random-112) and 273 / 234 (random-119); HiGHS's search over the whole model had not
 found better plans that differ from these only inside a few rows. A window of 6 labels
-is a model of a few hundred columns, which HiGHS solves in milliseconds, and sweeping
-such windows along the region found 375, 142 and 261 (docs/layout.md, "Neighbourhood
-search").
+is a model of a few hundred columns, which HiGHS solves in milliseconds to a second,
+and sweeping such windows along the region found 376, 141 and 262 (docs/layout.md,
+"Neighbourhood search: measured").
 
 How: the model is the exact planner's (:func:`kvgrant.layout.exact._build`, without
 the pass-through cuts, which only tighten its relaxation: a window's plan that loses a
@@ -45,23 +45,25 @@ __all__ = ["MAX_SWEEPS", "MAX_WINDOWS", "Searched", "WINDOW_CHECKS", "WINDOW_LAB
            "WINDOW_NODES", "WINDOW_STEP", "search"]
 
 WINDOW_LABELS = 6
-"""Consecutive labels (region order) whose granules one window frees. 10 labels every
-5 found no better plans on the layouts measured and took longer per window."""
+"""Consecutive labels (region order) whose granules one window frees. In a first
+version (the whole model with its bounds changed per window), 10 labels every 5
+planned 382, 142, 269 and 743 on exporter-2081, random-112, random-119 and
+exporter-2117, against 375, 142, 261 and 744 with 6 every 3, in more time."""
 WINDOW_STEP = 3
 """Labels between the first labels of consecutive windows (windows overlap by half)."""
 WINDOW_NODES = 50
 """Branch-and-bound nodes per window solve (the repair's limit)."""
 WINDOW_CHECKS = 20
 """HiGHS limit checks per window solve (see :data:`kvgrant.layout.exact.DEFAULT_MAX_CHECKS`):
-some windows spend seconds in root cut rounds without one. 8 lost about half of the
-gain on the layouts measured (exporter-2081 395 against 375)."""
+without it some windows spent seconds in root cut rounds. In the first version 8
+checks kept less of the gain (exporter-2081 395 against 375 with 20)."""
 MAX_SWEEPS = 5
 """Sweeps over every window; a sweep that lowers nothing ends the search sooner. A
 window whose start and rows are as when it was last solved is not solved again, so a
 later sweep costs only the windows near the changes."""
 MAX_WINDOWS = 400
-"""Window solves in all, a cap on the search for layouts of many labels (a sweep of the
-layouts measured took 20-60 windows; each costs 0.01-0.7 s)."""
+"""Window solves in all, a cap on the search for layouts of many labels (the first
+sweep of the layouts measured made 27-43 window solves, of 0.01-0.8 s each)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,8 @@ def search(g: Geometry, plan: PhysicalPlan, *, bound: int, max_gap: float,
                     or np.array_equal(got, x):
                 continue
             new, _lost = exact._extract(g, m, lab, got, plan.label)
+            new = PhysicalPlan(plan.label, g, new.allocations, (
+                "neighbourhood search (windows of labels solved by HiGHS)",))
             cost = len(new.allocations)
             if cost >= best_cost or check_contract(g, new):
                 continue
