@@ -47,7 +47,8 @@ def add_parser(subparsers: Any) -> None:
                    help="machine-readable output, including the packed plan as a plan "
                         "document for kvgrant alloc --plan FILE")
     p.add_argument("--time-limit", type=_time_limit, default=None, metavar="S",
-                   help="stop the solver and the heuristic packer after S wall seconds "
+                   help="stop the solver, the heuristic packer and the neighbourhood "
+                        "search after S wall seconds "
                         "and keep the best plan found, with its gap. Such a plan depends "
                         "on this host's speed: write it with --json and give every rank "
                         "the file (kvgrant alloc --plan FILE). Default: no limit")

@@ -139,7 +139,8 @@ def plan_packed(g: Geometry, *, progress: Progress | None = None,
     the best plan found so far with its gap (``timed_out``), which depends on the
     host's speed, so ranks that plan for themselves (``allocate()``) never pass one.
     The reference rule, the combinatorial bound (for the gap) and the report are not
-    limited by it; the solver and the heuristic packer stop at it.
+    limited by it; the solver, the heuristic packer and the neighbourhood search stop
+    at it.
     """
     _check_plan_args(g, progress, node_limit=node_limit, max_nonzeros=max_nonzeros,
                      max_solves=max_solves, max_checks=max_checks,
