@@ -44,6 +44,24 @@ def test_a_model_over_the_limit_is_solved_in_windows_near_the_optimum(published)
     assert again.plan.allocations == res.plan.allocations  # every limit is a count
 
 
+def test_a_windowed_plan_is_bounded_by_the_whole_models_lp(published, monkeypatch):
+    # a windowed plan has no proof of its own; the LP relaxation of the whole (exact)
+    # model bounds every plan, far above the trivial floor
+    g = published
+    ref = reference_plan(g)
+    res = exact_plan(g, start=ref, max_nonzeros=1)
+    lp = res.model["lp_bound"]
+    m, _ = _build(g, 1.0, {})
+    assert lp == exact._lp_bound(m, 10**6)
+    assert exact._floor(g) < res.bound == lp <= 1311 <= res.cost  # 1,311: the optimum
+    assert "LP relaxation" in res.status
+    # past the iteration limit the LP gives no bound (its intermediate values bound
+    # nothing) and the floor stands, as before
+    monkeypatch.setattr(exact, "WINDOWS_LP_ITERATIONS", 1)
+    res = exact_plan(g, start=ref, max_nonzeros=1)
+    assert "lp_bound" not in res.model and res.bound == exact._floor(g)
+
+
 def test_windows_are_not_used_past_their_own_limit(published):
     res = exact_plan(published, start=reference_plan(published), max_nonzeros=1,
                      max_windowed_nonzeros=1)
