@@ -60,6 +60,11 @@ def test_a_windowed_plan_is_bounded_by_the_whole_models_lp(published, monkeypatc
     monkeypatch.setattr(exact, "WINDOWS_LP_ITERATIONS", 1)
     res = exact_plan(g, start=ref, max_nonzeros=1)
     assert "lp_bound" not in res.model and res.bound == exact._floor(g)
+    # nor is it solved for a model over its size limit
+    monkeypatch.setattr(exact, "WINDOWS_LP_ITERATIONS", 10**6)
+    monkeypatch.setattr(exact, "WINDOWS_LP_MAX_NONZEROS", 1)
+    res = exact_plan(g, start=ref, max_nonzeros=1)
+    assert "lp_bound" not in res.model and res.bound == exact._floor(g)
 
 
 def test_windows_are_not_used_past_their_own_limit(published):
