@@ -604,21 +604,32 @@ def _lp_ends_within(m: _Model, cover: _Model | None, iterations: int) -> bool:
     """Whether the LP relaxation of ``m`` without its pass-through cuts (and with the
     coverage rows of ``cover``, when they are not in ``m`` yet) reaches its optimum
     within ``iterations``."""
-    import highspy
-    import numpy as np
-
     a, b = m.cut_rows
     rows, lo, hi = m.rows[:a] + m.rows[b:], m.rows_lo[:a] + m.rows_lo[b:], \
         m.rows_hi[:a] + m.rows_hi[b:]
     if cover is not None:
         rows, lo, hi = rows + cover.rows, lo + cover.rows_lo, hi + cover.rows_hi
-    h = _mip(m.cost, m.lower, m.upper, lo, hi, *_csr(rows), None)
+    return _relaxation(m, rows, lo, hi, iterations) is not None
+
+
+def _relaxation(m: _Model, rows: Sequence[Sequence[tuple[int, float]]],
+                rows_lo: Sequence[float], rows_hi: Sequence[float], iterations: int,
+                deadline: float | None = None) -> float | None:
+    """The optimum of the LP relaxation of ``m``'s columns under ``rows``, or None when
+    the simplex does not reach it within ``iterations`` (a count) or the deadline."""
+    import highspy
+    import numpy as np
+
+    h = _mip(m.cost, m.lower, m.upper, rows_lo, rows_hi, *_csr(rows), None)
     n = len(m.cost)
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
                             np.full(n, highspy.HighsVarType.kContinuous))
     h.setOptionValue("simplex_iteration_limit", int(iterations))
+    arm_clock(h, deadline)
     h.run()
-    return h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value)
 
 
 WINDOWS_LP_ITERATIONS = 100_000
@@ -642,19 +653,8 @@ def _lp_bound(m: _Model, iterations: int, deadline: float | None = None) -> int 
     plan, since the model's optimum is the fewest allocations of any plan; None when
     the simplex does not reach the optimum within ``iterations`` (or the caller's
     deadline), whose intermediate values bound nothing."""
-    import highspy
-    import numpy as np
-
-    h = _mip(m.cost, m.lower, m.upper, m.rows_lo, m.rows_hi, *_csr(m.rows), None)
-    n = len(m.cost)
-    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
-                            np.full(n, highspy.HighsVarType.kContinuous))
-    h.setOptionValue("simplex_iteration_limit", int(iterations))
-    arm_clock(h, deadline)
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return None
-    return _ceil(h.getInfo().objective_function_value)
+    value = _relaxation(m, m.rows, m.rows_lo, m.rows_hi, iterations, deadline)
+    return None if value is None else _ceil(value)
 
 
 def _drop_pass_through_cuts(m: _Model) -> None:
