@@ -114,9 +114,8 @@ def measure(g: Geometry, *, heuristic: bool = True, bound: bool = True,
         if row["heuristic_run"]:
             packed_s += h_s
             if row["heuristic"] < ex.cost and not check_contract(g, h):
-                best = h
-            if row["heuristic"] < ex.cost and "checks" in ex.model \
-                    and not check_contract(g, h):
+                best = h  # the packer beat the solver (one contract check, as plan_packed)
+            if best is h and "checks" in ex.model:
                 # plan_packed solves again from the packer's plan when it beat the solver
                 ex2, ex2_s = _cpu(lambda: exact_plan(g, start=h, options=options))
                 row["resolve"], row["resolve_bound"] = ex2.cost, ex2.bound
