@@ -88,6 +88,35 @@ def test_allocations_and_aliases_agree() -> None:
     assert conflict_sets(g, allocs) == declared_conflict_sets(g)
 
 
+def test_region_offset_is_read_by_chunk_type_whatever_comes_first() -> None:
+    # chunk_region_offset remembers per type which field holds the offset (from
+    # whether the type has ``region_offset``, never from a value): an Alias read
+    # first must not pin ``offset`` on the Allocations after it, nor the reverse
+    conflicts._OFFSET_FIELD.clear()
+    g = parse_geometry(geometry_dict())
+    allocs = [Allocation(a.plane, a.plane_offset, a.length, a.region, a.offset)
+              for a in g.aliases]
+    assert [conflicts.chunk_region_offset(a) for a in g.aliases] == \
+        [a.offset for a in g.aliases]
+    mixed = [Allocation("a", 0, 8)] + allocs
+    assert conflict_sets(g, mixed) == brute_force(g, g.aliases)
+    assert [conflicts.chunk_region_offset(a) for a in allocs] == \
+        [a.region_offset for a in allocs]
+    conflicts._OFFSET_FIELD.clear()
+    assert conflicts.chunk_region_offset(allocs[0]) == allocs[0].region_offset
+    assert conflicts.chunk_region_offset(g.aliases[0]) == g.aliases[0].offset
+
+
+def test_declared_spans_are_shared_and_the_same_as_a_copy_of_the_aliases() -> None:
+    # the declared aliases' spans are computed once per geometry; a plan's chunks
+    # (another list) are walked on their own, and both walks agree
+    g = parse_geometry(geometry_dict())
+    assert conflict_ranges(g, g.aliases) == conflict_ranges(g, list(g.aliases))
+    assert "declared_spans" in g._memo
+    other = [Allocation("a", 0, 4, "snap", 0)]
+    assert conflict_sets(g, other) == brute_force(g, other)
+
+
 def test_ranges_are_merged_and_sorted() -> None:
     g = parse_geometry(geometry_dict())
     r = conflict_ranges(g, g.aliases)
