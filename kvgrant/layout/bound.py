@@ -25,7 +25,8 @@ The proofs are in ``docs/layout.md`` ("Lower bound"); in short:
   starts of label runs (a row's interior, or one straddling granule) that cannot be
   one allocation, and of non-aliased stretches; price the "each label gets exactly its
   granules" constraints, so the planes separate into shortest paths. Any prices give
-  a bound on all allocations together (or on a weighted sum, such as driver handles).
+  a bound on all allocations together (or on a weighted sum, such as driver handles);
+  the best ones come from an LP over those paths, and the bound is the pass at them.
 """
 
 from __future__ import annotations
@@ -663,7 +664,8 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
 
 MAX_LAGRANGIAN_PAIRS = 20_000
 """Most (granule, label) pairs (:func:`kvgrant.layout.granules.eligible_pairs`) the
-Lagrangian bound walks, 300 times; past it the bound (D) is 0, its trivial value (the
+Lagrangian bound walks (300 times, or once after the price LP); past it the bound (D)
+is 0, its trivial value (the
 other parts still count). A count of the geometry, not a clock. Measured (2-core
 machine): the published example at 20 times its scale has 16,663 pairs and its bound
 (D) takes 3.2 s (24,841, the bound it reports); one plane with 100,000 two-page chunks
@@ -686,14 +688,17 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     (only then can they be one allocation), and of each non-aliased stretch: this
     never exceeds the plan's allocations. Relaxing "label l gets exactly need_l
     granules" with prices lambda_l makes the planes independent; a shortest-path pass
-    per plane solves each exactly, and any prices give a bound. Prices are improved by
-    subgradient steps and the best bound is kept.
+    per plane solves each exactly, and any prices give a bound. The prices are the
+    duals of the price LP (:func:`_lp_prices`, the Lagrangian dual's optimum) when it
+    is small enough and ends; else they are improved by subgradient steps and the
+    best bound is kept.
 
     With ``free_cost`` and ``region_cost`` (default 1 each) the bound is on the
     weighted sum: ``free_cost`` per non-aliased allocation and ``region_cost[R]`` per
     allocation aliased into region R (e.g. driver handles: mappings x devices).
-    ``iterations`` and ``patience`` (steps without progress before the step halves)
-    trade time for tightness only; every value gives a valid bound.
+    ``iterations`` and ``patience`` (steps without progress before the step halves,
+    for the subgradient) trade time for tightness only; every value gives a valid
+    bound.
     """
     G = g.granularity
     lab = labels(g)
@@ -717,6 +722,12 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
 
     costs = region_cost or {}
     start = [float(costs.get(parts[i][0][0], 1)) for i in range(nl)]
+    prices = _lp_prices(elig_by_class, need, start, float(free_cost))
+    if prices is not None:
+        # the LP's need-row duals are the best prices (LP duality); the pass below
+        # evaluates L at them exactly, so the bound rests on the pass, not the LP
+        value = _dual_value(elig_by_class, need, prices, start, float(free_cost))
+        return max(0, int(-(-(value - 1e-6) // 1)))
     scale = max(start + [float(free_cost)])
     lam = [0.5 * c for c in start]
     best = 0.0
@@ -744,6 +755,118 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
         step = theta * max(upper - total, scale) / norm
         lam = [lam[i] + step * grad[i] for i in range(nl)]
     return max(0, int(-(-(best - 1e-6) // 1)))
+
+
+MAX_PRICE_LP_COLUMNS = 20_000
+"""Largest price LP (:func:`_lp_prices`, in columns: about 4 per (granule, label) pair)
+solved for the prices of (D); past it, or when the LP does not end, the prices come
+from the subgradient steps as before. A count of the geometry, never a clock. Why:
+the LP took 0.1-0.8 s on the benchmark's layouts (8,402 columns on exporter-5, 13,082
+on exporter-8) and 1.8 s at 5 times the published scale (17,449), but 36 s at 20 times
+(70,104), where the subgradient takes 3.2 s."""
+PRICE_LP_IPM_ITERATIONS = 200
+"""Most interior-point iterations of the price LP (a count; the LPs measured ended in
+fewer). Past it the subgradient prices are used."""
+
+
+def _lp_prices(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
+               start: list[float], free_cost: float) -> list[float] | None:
+    """The best prices for (D): the duals of the need rows of the LP that chooses, per
+    plane class, ``mult`` paths through :func:`_plane_pass`'s states (a flow) with
+    each label getting exactly its need. None when the LP has over
+    :data:`MAX_PRICE_LP_COLUMNS` columns or does not end in
+    :data:`PRICE_LP_IPM_ITERATIONS` iterations.
+
+    Why: the Lagrangian dual of (D) is this LP (each class's labellings are the paths
+    of an acyclic graph, whose flow polytope is integral), so its duals reach the
+    dual's optimum where 300 subgradient steps stop short of it (the published
+    example: 1,295 against 1,274; exporter-0: 1,708, its optimum, against 1,440).
+    The LP's value is never used as the bound: :func:`_dual_value` evaluates L at
+    the prices with the same pass as the subgradient, and any prices give a bound."""
+    import highspy
+    import numpy as np
+
+    from kvgrant.layout.exact import _highs  # a silent instance (no banner on fd 1)
+
+    # the arcs built below: per granule, new runs into each state, each state out to
+    # the next hub, and (after the first granule) the continuing arcs
+    columns = sum(2 * len(labs) + 2 + (u > 0) * (1 + sum(b >= 0 for b in same)
+                                                 + sum(b >= 0 for b in pred))
+                  for _, st in classes
+                  for u, (labs, same, pred) in enumerate(zip(st.labels, st.same, st.pred)))
+    if columns > MAX_PRICE_LP_COLUMNS:
+        return None
+    cost: list[float] = []
+    col_rows: list[int] = []
+    col_vals: list[float] = []
+    starts = [0]
+    lo = [float(n) for n in need]
+    hi = list(lo)
+
+    def row(value: float) -> int:
+        lo.append(value)
+        hi.append(value)
+        return len(lo) - 1
+
+    def arc(c: float, *entries: tuple[int, float]) -> None:
+        cost.append(c)
+        for r, a in entries:
+            col_rows.append(r)
+            col_vals.append(a)
+        starts.append(len(col_rows))
+
+    for mult, st in classes:
+        # rows are (inflow - outflow) per node: a hub per granule boundary (where a new
+        # run may start after any state) and a node per (granule, state)
+        hub = row(-float(mult))  # the source: mult paths leave it
+        prev: list[int] | None = None
+        for labs, same, pred in zip(st.labels, st.same, st.pred):
+            nodes = [row(0.0) for _ in range(len(labs) + 1)]
+            arc(free_cost, (hub, -1.0), (nodes[0], 1.0))
+            for i, s in enumerate(labs):
+                arc(start[s], (hub, -1.0), (nodes[i + 1], 1.0), (s, 1.0))
+            if prev is not None:
+                arc(0.0, (prev[0], -1.0), (nodes[0], 1.0))  # non-aliased after non-aliased
+                for i, s in enumerate(labs):
+                    for back in (same[i], pred[i]):
+                        if back >= 0:
+                            arc(0.0, (prev[back], -1.0), (nodes[i + 1], 1.0), (s, 1.0))
+            hub = row(0.0)
+            for node in nodes:
+                arc(0.0, (node, -1.0), (hub, 1.0))
+            prev = nodes
+        lo[hub] = hi[hub] = float(mult)  # the sink: mult paths end there
+    h = _highs()
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("solver", "ipm")
+    h.setOptionValue("run_crossover", "off")
+    h.setOptionValue("ipm_iteration_limit", PRICE_LP_IPM_ITERATIONS)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(cost), len(lo)
+    lp.col_cost_ = np.array(cost)
+    lp.col_lower_ = np.zeros(len(cost))
+    lp.col_upper_ = np.full(len(cost), highspy.kHighsInf)
+    lp.row_lower_ = np.array(lo)
+    lp.row_upper_ = np.array(hi)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(col_rows, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(col_vals)
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return [float(v) for v in h.getSolution().row_dual[:len(need)]]
+
+
+def _dual_value(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
+                prices: list[float], start: list[float], free_cost: float) -> float:
+    """L(prices) of (D): the prices times the needs plus each class's cheapest
+    labelling (:func:`_plane_pass`) times its planes."""
+    total = sum(p * n for p, n in zip(prices, need))
+    for mult, states in classes:
+        total += mult * _plane_pass(states, prices, start, free_cost)[0]
+    return total
 
 
 def _squeeze_free(per_unit: list[list[int]]) -> list[list[int]]:

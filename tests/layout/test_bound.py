@@ -243,6 +243,58 @@ def test_relaxation_tightens_the_published_bound():
     assert lb.to_json()["relaxation"] == lb.relaxation
 
 
+def _subgradient_only(monkeypatch, g, **weights):
+    """(D) with its prices from the 300 subgradient steps alone (the price LP capped
+    off), as before the LP."""
+    with monkeypatch.context() as m:
+        m.setattr(bound, "MAX_PRICE_LP_COLUMNS", -1)
+        return lagrangian_bound(g, **weights)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(geometries(max_planes=2, max_regions=2, max_ranks=1), st.booleans())
+def test_lp_prices_reach_the_subgradient_and_stay_below_the_best_plan(g, weighted):
+    # the LP's need-row duals are the Lagrangian dual's optimum, so (D) at them is at
+    # least what any prices give, and (evaluated by the same pass) still a bound
+    from _pytest.monkeypatch import MonkeyPatch  # a fixture would not reset per example
+
+    weights = dict(zip(("free_cost", "region_cost"), _weights(g))) if weighted else {}
+    lp = lagrangian_bound(g, **weights)
+    mp = MonkeyPatch()
+    try:
+        steps = _subgradient_only(mp, g, **weights)
+    finally:
+        mp.undo()
+    assert lp >= steps
+    if not weighted:
+        best = brute_min(g)
+        if best is not None:
+            assert lp <= best
+
+
+def test_lp_prices_lift_the_published_and_an_exporter_bound(monkeypatch):
+    # measured (docs/layout.md, "(D)"): the subgradient stops at 1,274 on the
+    # published example (optimum 1,311) and at 1,440 on exporter-0, whose optimum
+    # 1,708 the LP's prices reach, so the combinatorial bound proves that plan
+    pub = parse_geometry(_gen().published_layout(8))
+    exp0 = parse_geometry(_gen().exporter_layout(0))
+    assert _subgradient_only(monkeypatch, pub) == 1274 < lagrangian_bound(pub) <= 1311
+    assert _subgradient_only(monkeypatch, exp0) == 1440 < lagrangian_bound(exp0) == 1708
+
+
+def test_a_price_lp_past_its_caps_falls_back_to_the_subgradient(monkeypatch):
+    g = parse_geometry(_gen().published_layout(8))
+    steps = _subgradient_only(monkeypatch, g)
+    calls = []
+    real = bound._lp_prices
+    monkeypatch.setattr(bound, "_lp_prices", lambda *a: calls.append(real(*a)) or calls[-1])
+    monkeypatch.setattr(bound, "PRICE_LP_IPM_ITERATIONS", 1)  # the LP does not end
+    assert lagrangian_bound(g) == steps and calls == [None]
+    monkeypatch.setattr(bound, "PRICE_LP_IPM_ITERATIONS", 200)
+    monkeypatch.setattr(bound, "MAX_PRICE_LP_COLUMNS", 100)  # the LP is too large
+    assert lagrangian_bound(g) == steps and calls == [None, None]
+
+
 def test_relaxation_counts_a_piece_across_a_row_boundary_once():
     # two rows of 3 granules (1.5 G each, one boundary granule) backed by one plane
     # run: the relaxation must allow 1 aliased piece + the free tail
