@@ -40,6 +40,7 @@ from kvgrant.errors import ArgumentError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
+from kvgrant.layout import price_lp
 from kvgrant.layout.granules import (eligible_pairs, granule_row, label_units, labels,
                                      same_set_spans)
 
@@ -676,7 +677,8 @@ benchmark has at most 2,797."""
 
 @gc_paused()
 def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
-                     region_cost: dict[str, int] | None = None, patience: int = 12) -> int:
+                     region_cost: dict[str, int] | None = None, patience: int = 12,
+                     cover: bool = True) -> int:
     """A lower bound on allocations from a Lagrangian relaxation (proof in
     docs/layout.md, "(D) Lagrangian relaxation").
 
@@ -689,7 +691,8 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     never exceeds the plan's allocations. Relaxing "label l gets exactly need_l
     granules" with prices lambda_l makes the planes independent; a shortest-path pass
     per plane solves each exactly, and any prices give a bound. The prices are the
-    duals of the price LP (:func:`_lp_prices`, the Lagrangian dual's optimum) when it
+    duals of the price LP (:func:`kvgrant.layout.price_lp.lp_prices`, the Lagrangian
+    dual's optimum) when it
     is small enough and ends; else they are improved by subgradient steps and the
     best bound is kept.
 
@@ -697,8 +700,9 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     weighted sum: ``free_cost`` per non-aliased allocation and ``region_cost[R]`` per
     allocation aliased into region R (e.g. driver handles: mappings x devices).
     ``iterations`` and ``patience`` (steps without progress before the step halves,
-    for the subgradient) trade time for tightness only; every value gives a valid
-    bound.
+    for the subgradient) and ``cover`` (the price LP prices the coverage and one-join
+    rows too: tighter, and about twice the LP's time) trade time for tightness only;
+    every value gives a valid bound.
     """
     G = g.granularity
     lab = labels(g)
@@ -712,22 +716,30 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
         key = (p.bytes_per_page, g.plane_bytes(p.name) // G)
         classes[key] = classes.get(key, 0) + 1
     elig_by_class = []
+    positions = []  # per class: bytes per page, the granule of each kept position
     for (bpp, units), mult in classes.items():
         per_unit: list[list[int]] = [[] for _ in range(units)]
-        for lab, rng in enumerate(label_units(g, bpp, units)):
+        for s, rng in enumerate(label_units(g, bpp, units)):
             for lo, hi in rng:
                 for u in range(lo, hi):
-                    per_unit[u].append(lab)
-        elig_by_class.append((mult, _PlaneStates.of(_squeeze_free(per_unit), pred)))
+                    per_unit[u].append(s)
+        kept = _kept_positions(per_unit)
+        elig_by_class.append((mult, _PlaneStates.of([per_unit[u] for u in kept], pred)))
+        positions.append((bpp, kept))
 
     costs = region_cost or {}
     start = [float(costs.get(parts[i][0][0], 1)) for i in range(nl)]
-    prices = _lp_prices(elig_by_class, need, start, float(free_cost))
-    if prices is not None:
-        # the LP's need-row duals are the best prices (LP duality); the pass below
-        # evaluates L at them exactly, so the bound rests on the pass, not the LP
-        value = _dual_value(elig_by_class, need, prices, start, float(free_cost))
-        return max(0, int(-(-(value - 1e-6) // 1)))
+    if price_lp.lp_columns(elig_by_class) <= price_lp.MAX_PRICE_LP_COLUMNS:
+        touched = price_lp.touches(g, lab, [(bpp, kept, st.labels) for (bpp, kept), (_, st)
+                                            in zip(positions, elig_by_class)]) \
+            if cover else None
+        prices = price_lp.lp_prices(elig_by_class, need, start, float(free_cost), touched)
+        if prices is not None:
+            # the LP's duals are the best prices (LP duality); the pass evaluates the
+            # relaxation at them, so the bound rests on the pass, not on the LP
+            value = price_lp.priced_value(elig_by_class, need, prices, start,
+                                          float(free_cost), touched)
+            return max(0, int(-(-(value - 1e-6) // 1)))
     scale = max(start + [float(free_cost)])
     lam = [0.5 * c for c in start]
     best = 0.0
@@ -757,131 +769,22 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     return max(0, int(-(-(best - 1e-6) // 1)))
 
 
-MAX_PRICE_LP_COLUMNS = 20_000
-"""Largest price LP (:func:`_lp_prices`, in columns: about 4 per (granule, label) pair)
-solved for the prices of (D); past it, or when the LP does not end, the prices come
-from the subgradient steps as before. A count of the geometry, never a clock. Why:
-the LP took 0.1-0.8 s on the benchmark's layouts (8,402 columns on exporter-5, 13,082
-on exporter-8) and 1.8 s at 5 times the published scale (17,449), but 36 s at 20 times
-(70,104), where the subgradient takes 3.2 s."""
-PRICE_LP_IPM_ITERATIONS = 200
-"""Most interior-point iterations of the price LP (a count; the LPs measured ended in
-fewer). Past it the subgradient prices are used."""
-
-
-def _lp_prices(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
-               start: list[float], free_cost: float) -> list[float] | None:
-    """The best prices for (D): the duals of the need rows of the LP that chooses, per
-    plane class, ``mult`` paths through :func:`_plane_pass`'s states (a flow) with
-    each label getting exactly its need. None when the LP has over
-    :data:`MAX_PRICE_LP_COLUMNS` columns or does not end in
-    :data:`PRICE_LP_IPM_ITERATIONS` iterations.
-
-    Why: the Lagrangian dual of (D) is this LP (each class's labellings are the paths
-    of an acyclic graph, whose flow polytope is integral), so its duals reach the
-    dual's optimum where 300 subgradient steps stop short of it (the published
-    example: 1,295 against 1,274; exporter-0: 1,708, its optimum, against 1,440).
-    The LP's value is never used as the bound: :func:`_dual_value` evaluates L at
-    the prices with the same pass as the subgradient, and any prices give a bound."""
-    import highspy
-    import numpy as np
-
-    from kvgrant.layout.exact import _highs  # a silent instance (no banner on fd 1)
-
-    # the arcs built below: per granule, new runs into each state, each state out to
-    # the next hub, and (after the first granule) the continuing arcs
-    columns = sum(2 * len(labs) + 2 + (u > 0) * (1 + sum(b >= 0 for b in same)
-                                                 + sum(b >= 0 for b in pred))
-                  for _, st in classes
-                  for u, (labs, same, pred) in enumerate(zip(st.labels, st.same, st.pred)))
-    if columns > MAX_PRICE_LP_COLUMNS:
-        return None
-    cost: list[float] = []
-    col_rows: list[int] = []
-    col_vals: list[float] = []
-    starts = [0]
-    lo = [float(n) for n in need]
-    hi = list(lo)
-
-    def row(value: float) -> int:
-        lo.append(value)
-        hi.append(value)
-        return len(lo) - 1
-
-    def arc(c: float, *entries: tuple[int, float]) -> None:
-        cost.append(c)
-        for r, a in entries:
-            col_rows.append(r)
-            col_vals.append(a)
-        starts.append(len(col_rows))
-
-    for mult, st in classes:
-        # rows are (inflow - outflow) per node: a hub per granule boundary (where a new
-        # run may start after any state) and a node per (granule, state)
-        hub = row(-float(mult))  # the source: mult paths leave it
-        prev: list[int] | None = None
-        for labs, same, pred in zip(st.labels, st.same, st.pred):
-            nodes = [row(0.0) for _ in range(len(labs) + 1)]
-            arc(free_cost, (hub, -1.0), (nodes[0], 1.0))
-            for i, s in enumerate(labs):
-                arc(start[s], (hub, -1.0), (nodes[i + 1], 1.0), (s, 1.0))
-            if prev is not None:
-                arc(0.0, (prev[0], -1.0), (nodes[0], 1.0))  # non-aliased after non-aliased
-                for i, s in enumerate(labs):
-                    for back in (same[i], pred[i]):
-                        if back >= 0:
-                            arc(0.0, (prev[back], -1.0), (nodes[i + 1], 1.0), (s, 1.0))
-            hub = row(0.0)
-            for node in nodes:
-                arc(0.0, (node, -1.0), (hub, 1.0))
-            prev = nodes
-        lo[hub] = hi[hub] = float(mult)  # the sink: mult paths end there
-    h = _highs()
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("solver", "ipm")
-    h.setOptionValue("run_crossover", "off")
-    h.setOptionValue("ipm_iteration_limit", PRICE_LP_IPM_ITERATIONS)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = len(cost), len(lo)
-    lp.col_cost_ = np.array(cost)
-    lp.col_lower_ = np.zeros(len(cost))
-    lp.col_upper_ = np.full(len(cost), highspy.kHighsInf)
-    lp.row_lower_ = np.array(lo)
-    lp.row_upper_ = np.array(hi)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(col_rows, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(col_vals)
-    h.passModel(lp)
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return None
-    return [float(v) for v in h.getSolution().row_dual[:len(need)]]
-
-
-def _dual_value(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
-                prices: list[float], start: list[float], free_cost: float) -> float:
-    """L(prices) of (D): the prices times the needs plus each class's cheapest
-    labelling (:func:`_plane_pass`) times its planes."""
-    total = sum(p * n for p, n in zip(prices, need))
-    for mult, states in classes:
-        total += mult * _plane_pass(states, prices, start, free_cost)[0]
-    return total
-
-
-def _squeeze_free(per_unit: list[list[int]]) -> list[list[int]]:
-    """``per_unit`` with each run of granules that may take no label cut to one.
+def _kept_positions(per_unit: list[list[int]]) -> list[int]:
+    """The granules of ``per_unit`` the passes walk: each run of granules that may
+    take no label cut to its first.
 
     Why: such granules are non-aliased in every labelling, and a non-aliased granule
     after a non-aliased one costs nothing in :func:`_plane_pass`, so the pass over
     the shorter list has the same value and the same label counts. Planes that are
     mostly free space (random layouts, tiny test layouts) get passes many times
-    shorter; each of the 300 subgradient steps makes one pass per plane class.
+    shorter; each of the 300 subgradient steps makes one pass per plane class. The
+    granules themselves are kept for the price LP's coverage rows (which pages a
+    state touches depends on its granule).
     """
-    out: list[list[int]] = []
-    for labs in per_unit:
-        if labs or not out or out[-1]:
-            out.append(labs)
+    out: list[int] = []
+    for u, labs in enumerate(per_unit):
+        if labs or not out or per_unit[out[-1]]:
+            out.append(u)
     return out
 
 
@@ -978,6 +881,10 @@ def handle_lower_bound(g: Geometry, lb: LowerBound, *, declared: bool = False) -
             n = g.granted_count(r, rb.region, declared=declared)
             total += rb.pieces * n
             per_region[rb.region] += n
+    # the needs alone are priced here: ``kvgrant plan`` asks for two handle bounds and
+    # one allocation bound, and coverage rows double the price LP's time (at 5 times
+    # the published scale, 3.8 s against 1.8 s a bound; docs/layout.md, "(D)")
     weighted = lagrangian_bound(g, free_cost=devices,
-                                region_cost={k: devices + v for k, v in per_region.items()})
+                                region_cost={k: devices + v for k, v in per_region.items()},
+                                cover=False)
     return max(total, weighted)

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from kvgrant.layout import bound
+from kvgrant.layout import bound, price_lp
 from kvgrant.layout.bound import LowerBound, allocation_lower_bound, lagrangian_bound
 from kvgrant.layout.conflicts import conflict_ranges
 from kvgrant.layout.contract import check_contract
@@ -247,29 +247,33 @@ def _subgradient_only(monkeypatch, g, **weights):
     """(D) with its prices from the 300 subgradient steps alone (the price LP capped
     off), as before the LP."""
     with monkeypatch.context() as m:
-        m.setattr(bound, "MAX_PRICE_LP_COLUMNS", -1)
+        m.setattr(price_lp, "MAX_PRICE_LP_COLUMNS", -1)
         return lagrangian_bound(g, **weights)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
-@given(geometries(max_planes=2, max_regions=2, max_ranks=1), st.booleans())
-def test_lp_prices_reach_the_subgradient_and_stay_below_the_best_plan(g, weighted):
-    # the LP's need-row duals are the Lagrangian dual's optimum, so (D) at them is at
-    # least what any prices give, and (evaluated by the same pass) still a bound
+@given(geometries(max_planes=3, max_regions=2, max_ranks=1), st.booleans(), st.booleans())
+def test_lp_prices_reach_the_subgradient_and_stay_below_the_best_plan(g, weighted, cover):
+    # the LP's duals are the Lagrangian dual's optimum, so (D) at them is at least
+    # what any need prices give, and (evaluated by a pass) still a bound, with the
+    # coverage and one-join rows priced or not
     from _pytest.monkeypatch import MonkeyPatch  # a fixture would not reset per example
 
-    weights = dict(zip(("free_cost", "region_cost"), _weights(g))) if weighted else {}
-    lp = lagrangian_bound(g, **weights)
+    free, region = _weights(g) if weighted else (1, {r.name: 1 for r in g.regions})
+    weights = {"free_cost": free, "region_cost": region} if weighted else {}
+    lp = lagrangian_bound(g, cover=cover, **weights)
     mp = MonkeyPatch()
     try:
         steps = _subgradient_only(mp, g, **weights)
     finally:
         mp.undo()
     assert lp >= steps
-    if not weighted:
-        best = brute_min(g)
-        if best is not None:
-            assert lp <= best
+    if cover:
+        assert lp >= lagrangian_bound(g, cover=False, **weights)
+    best = brute_min(g, cost=lambda plan: sum(free if a.region is None else region[a.region]
+                                              for a in plan.allocations))
+    if best is not None:
+        assert lp <= best
 
 
 def test_lp_prices_lift_the_published_and_an_exporter_bound(monkeypatch):
@@ -282,17 +286,27 @@ def test_lp_prices_lift_the_published_and_an_exporter_bound(monkeypatch):
     assert _subgradient_only(monkeypatch, exp0) == 1440 < lagrangian_bound(exp0) == 1708
 
 
+def test_the_coverage_rows_lift_the_need_prices_and_cost_nothing_when_left_out(monkeypatch):
+    # with the coverage and one-join rows priced too the published bound is 1,298;
+    # past the cover cap the LP prices the needs alone (1,295), still above the steps
+    g = parse_geometry(_gen().published_layout(8))
+    with_cover = lagrangian_bound(g)
+    monkeypatch.setattr(price_lp, "MAX_PRICE_LP_COVER_ENTRIES", 0)
+    needs_only = lagrangian_bound(g)
+    assert _subgradient_only(monkeypatch, g) == 1274 < needs_only == 1295 < with_cover == 1298
+
+
 def test_a_price_lp_past_its_caps_falls_back_to_the_subgradient(monkeypatch):
     g = parse_geometry(_gen().published_layout(8))
     steps = _subgradient_only(monkeypatch, g)
     calls = []
-    real = bound._lp_prices
-    monkeypatch.setattr(bound, "_lp_prices", lambda *a: calls.append(real(*a)) or calls[-1])
-    monkeypatch.setattr(bound, "PRICE_LP_IPM_ITERATIONS", 1)  # the LP does not end
+    real = price_lp.lp_prices
+    monkeypatch.setattr(price_lp, "lp_prices", lambda *a: calls.append(real(*a)) or calls[-1])
+    monkeypatch.setattr(price_lp, "PRICE_LP_IPM_ITERATIONS", 1)  # the LP does not end
     assert lagrangian_bound(g) == steps and calls == [None]
-    monkeypatch.setattr(bound, "PRICE_LP_IPM_ITERATIONS", 200)
-    monkeypatch.setattr(bound, "MAX_PRICE_LP_COLUMNS", 100)  # the LP is too large
-    assert lagrangian_bound(g) == steps and calls == [None, None]
+    monkeypatch.setattr(price_lp, "PRICE_LP_IPM_ITERATIONS", 200)
+    monkeypatch.setattr(price_lp, "MAX_PRICE_LP_COLUMNS", 100)  # too large: not built
+    assert lagrangian_bound(g) == steps and calls == [None]
 
 
 def test_relaxation_counts_a_piece_across_a_row_boundary_once():
