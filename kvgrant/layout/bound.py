@@ -24,9 +24,11 @@ The proofs are in ``docs/layout.md`` ("Lower bound"); in short:
 * (D) A Lagrangian relaxation of the granule assignment: along each plane, count the
   starts of label runs (a row's interior, or one straddling granule) that cannot be
   one allocation, and of non-aliased stretches; price the "each label gets exactly its
-  granules" constraints, so the planes separate into shortest paths. Any prices give
-  a bound on all allocations together (or on a weighted sum, such as driver handles);
-  the best ones come from an LP over those paths, and the bound is the pass at them.
+  granules" constraints (and, with the price LP, "each page of a row's set is touched"
+  and "each label is entered from the one before at most once"), so the planes
+  separate into shortest paths. Any prices give a bound on all allocations together
+  (or on a weighted sum, such as driver handles); the best ones come from an LP over
+  those paths (:mod:`kvgrant.layout.price_lp`), and the bound is a pass at them.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from dataclasses import dataclass, field
 
 from kvgrant.errors import ArgumentError
 from kvgrant.gc_pause import gc_paused
+from kvgrant.layout import price_lp
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
-from kvgrant.layout import price_lp
 from kvgrant.layout.granules import (eligible_pairs, granule_row, label_units, labels,
                                      same_set_spans)
 
@@ -666,8 +668,7 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
 MAX_LAGRANGIAN_PAIRS = 20_000
 """Most (granule, label) pairs (:func:`kvgrant.layout.granules.eligible_pairs`) the
 Lagrangian bound walks (300 times, or once after the price LP); past it the bound (D)
-is 0, its trivial value (the
-other parts still count). A count of the geometry, not a clock. Measured (2-core
+is 0, its trivial value (the other parts still count). A count of the geometry, not a clock. Measured (2-core
 machine): the published example at 20 times its scale has 16,663 pairs and its bound
 (D) takes 3.2 s (24,841, the bound it reports); one plane with 100,000 two-page chunks
 has 116,427 and took 40 s for a bound of 2; two chunks at G = 64 bytes over 5,000
@@ -692,9 +693,9 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     granules" with prices lambda_l makes the planes independent; a shortest-path pass
     per plane solves each exactly, and any prices give a bound. The prices are the
     duals of the price LP (:func:`kvgrant.layout.price_lp.lp_prices`, the Lagrangian
-    dual's optimum) when it
-    is small enough and ends; else they are improved by subgradient steps and the
-    best bound is kept.
+    dual's optimum, with the coverage and entry rows priced too when ``cover``) when
+    it is small enough and ends; else they are improved by subgradient steps on the
+    needs and the best bound is kept.
 
     With ``free_cost`` and ``region_cost`` (default 1 each) the bound is on the
     weighted sum: ``free_cost`` per non-aliased allocation and ``region_cost[R]`` per

@@ -119,9 +119,10 @@ def lp_prices(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
     """The LP's prices: per plane class, ``mult`` paths through the pass's states (a
     flow; a new run enters a state from the granule's hub at its start cost, a
     continuation of the same label or of the label before is free) with each label
-    getting exactly its need, each coverage row of ``cover`` touched, and each label
-    entered from the label before at most once. The duals of those rows, or None when
-    the LP is over :data:`MAX_PRICE_LP_COLUMNS` columns or does not end in
+    getting exactly its need and, with ``cover``, each coverage row touched and each
+    label entered from the label before at most once (without it those prices are
+    0). The duals of those rows, or None when the LP is over
+    :data:`MAX_PRICE_LP_COLUMNS` columns or does not end in
     :data:`PRICE_LP_IPM_ITERATIONS` interior-point iterations."""
     import highspy
     import numpy as np
@@ -132,9 +133,10 @@ def lp_prices(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
         return None
     nl = len(need)
     n_cover = cover.rows if cover is not None else 0
+    n_enter = nl if cover is not None else 0  # the entry rows come with the coverage
     inf = highspy.kHighsInf
-    lo = [float(n) for n in need] + [-inf] * nl + [1.0] * n_cover
-    hi = [float(n) for n in need] + [1.0] * nl + [inf] * n_cover
+    lo = [float(n) for n in need] + [-inf] * n_enter + [1.0] * n_cover
+    hi = [float(n) for n in need] + [1.0] * n_enter + [inf] * n_cover
     cost: list[float] = []
     col_rows: list[int] = []
     col_vals: list[float] = []
@@ -161,16 +163,17 @@ def lp_prices(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
             touched = cover.by_state[c][pos] if cover is not None else [()] * len(labs)
             arc(free_cost, (), (hub, nodes[0]))
             for i, s in enumerate(labs):
-                arc(start[s], (s,) + tuple(2 * nl + r for r in touched[i]),
+                arc(start[s], (s,) + tuple(nl + n_enter + r for r in touched[i]),
                     (hub, nodes[i + 1]))
             if prev is not None:
                 arc(0.0, (), (prev[0], nodes[0]))  # non-aliased after non-aliased
                 for i, s in enumerate(labs):
-                    rows = (s,) + tuple(2 * nl + r for r in touched[i])
+                    rows = (s,) + tuple(nl + n_enter + r for r in touched[i])
                     if same[i] >= 0:
                         arc(0.0, rows, (prev[same[i]], nodes[i + 1]))
                     if pred[i] >= 0:
-                        arc(0.0, rows + (nl + s,), (prev[pred[i]], nodes[i + 1]))
+                        entry = (nl + s,) if n_enter else ()
+                        arc(0.0, rows + entry, (prev[pred[i]], nodes[i + 1]))
             hub = row(0.0)
             for node in nodes:
                 arc(0.0, (), (node, hub))
@@ -199,8 +202,9 @@ def lp_prices(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
     dual = [float(v) for v in h.getSolution().row_dual]
     # the signs a bound needs: a >= row's price is >= 0, a <= row's <= 0 (an interior
     # point's duals may miss by a tolerance; clipped, they are still prices)
-    return Prices(dual[:nl], [max(0.0, v) for v in dual[2 * nl:2 * nl + n_cover]],
-                  [max(0.0, -v) for v in dual[nl:2 * nl]])
+    enter = [max(0.0, -v) for v in dual[nl:nl + n_enter]] if n_enter else [0.0] * nl
+    return Prices(dual[:nl], [max(0.0, v) for v in dual[nl + n_enter:nl + n_enter + n_cover]],
+                  enter)
 
 
 def priced_value(classes: list[tuple[int, "_PlaneStates"]], need: list[int],
