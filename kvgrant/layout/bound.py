@@ -705,34 +705,19 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
     rows too: tighter, and about twice the LP's time) trade time for tightness only;
     every value gives a valid bound.
     """
-    G = g.granularity
     lab = labels(g)
-    need, pred, parts = lab.need, lab.pred, lab.parts
+    need, parts = lab.need, lab.parts
     if not need or eligible_pairs(g) > MAX_LAGRANGIAN_PAIRS:
         return 0  # no labels, or too many pairs to walk: the trivial (sound) bound
     nl = len(need)
-    # per plane class (bytes per page, granules): per granule the eligible labels
-    classes: dict[tuple[int, int], int] = {}
-    for p in g.planes:
-        key = (p.bytes_per_page, g.plane_bytes(p.name) // G)
-        classes[key] = classes.get(key, 0) + 1
-    elig_by_class = []
-    positions = []  # per class: bytes per page, the granule of each kept position
-    for (bpp, units), mult in classes.items():
-        per_unit: list[list[int]] = [[] for _ in range(units)]
-        for s, rng in enumerate(label_units(g, bpp, units)):
-            for lo, hi in rng:
-                for u in range(lo, hi):
-                    per_unit[u].append(s)
-        kept = _kept_positions(per_unit)
-        elig_by_class.append((mult, _PlaneStates.of([per_unit[u] for u in kept], pred)))
-        positions.append((bpp, kept))
+    classes = _plane_class_states(g)
+    elig_by_class = [(mult, st) for mult, _, _, st in classes]
 
     costs = region_cost or {}
     start = [float(costs.get(parts[i][0][0], 1)) for i in range(nl)]
     if price_lp.lp_columns(elig_by_class) <= price_lp.MAX_PRICE_LP_COLUMNS:
-        touched = price_lp.touches(g, lab, [(bpp, kept, st.labels) for (bpp, kept), (_, st)
-                                            in zip(positions, elig_by_class)]) \
+        touched = price_lp.touches(g, lab, [(bpp, kept, st.labels)
+                                            for _, (bpp, _), kept, st in classes]) \
             if cover else None
         prices = price_lp.lp_prices(elig_by_class, need, start, float(free_cost), touched)
         if prices is not None:
@@ -768,6 +753,30 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
         step = theta * max(upper - total, scale) / norm
         lam = [lam[i] + step * grad[i] for i in range(nl)]
     return max(0, int(-(-(best - 1e-6) // 1)))
+
+
+def _plane_class_states(g: Geometry) -> list[tuple[int, tuple[int, int], list[int],
+                                                   "_PlaneStates"]]:
+    """Per plane class (planes of one bytes per page and size, in first-seen order):
+    its planes, its key (bytes per page, granules), the granules the passes walk
+    (:func:`_kept_positions`) and their states. Shared by (D) and its tests."""
+    G = g.granularity
+    pred = labels(g).pred
+    counts: dict[tuple[int, int], int] = {}
+    for p in g.planes:
+        key = (p.bytes_per_page, g.plane_bytes(p.name) // G)
+        counts[key] = counts.get(key, 0) + 1
+    out = []
+    for (bpp, units), mult in counts.items():
+        per_unit: list[list[int]] = [[] for _ in range(units)]
+        for s, rng in enumerate(label_units(g, bpp, units)):
+            for lo, hi in rng:
+                for u in range(lo, hi):
+                    per_unit[u].append(s)
+        kept = _kept_positions(per_unit)
+        out.append((mult, (bpp, units), kept,
+                    _PlaneStates.of([per_unit[u] for u in kept], pred)))
+    return out
 
 
 def _kept_positions(per_unit: list[list[int]]) -> list[int]:
@@ -884,7 +893,7 @@ def handle_lower_bound(g: Geometry, lb: LowerBound, *, declared: bool = False) -
             per_region[rb.region] += n
     # the needs alone are priced here: ``kvgrant plan`` asks for two handle bounds and
     # one allocation bound, and coverage rows double the price LP's time (at 5 times
-    # the published scale, 3.8 s against 1.8 s a bound; docs/layout.md, "(D)")
+    # the published scale, 3.8 s against 1.7 s a bound; docs/layout.md, "(D)")
     weighted = lagrangian_bound(g, free_cost=devices,
                                 region_cost={k: devices + v for k, v in per_region.items()},
                                 cover=False)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from kvgrant.layout.bound import _PlaneStates
 
 __all__ = ["MAX_PRICE_LP_COLUMNS", "MAX_PRICE_LP_COVER_ENTRIES", "PRICE_LP_IPM_ITERATIONS",
-           "Prices", "Touches", "lp_prices", "priced_value", "touches"]
+           "Prices", "Touches", "lp_columns", "lp_prices", "priced_value", "touches"]
 
 MAX_PRICE_LP_COLUMNS = 20_000
 """Largest price LP (in columns: about 4 per (granule, label) pair) solved for the

@@ -7,30 +7,18 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvgrant.layout import bound, price_lp
 from kvgrant.layout.conflicts import conflict_sets, declared_conflict_ranges
-from kvgrant.layout.granules import label_units, labels
+from kvgrant.layout.granules import labels
 from kvgrant.layout.plan import Allocation
 from layout_builders import geometries
 
 
 def _classes(g):
     """Per plane class: (bytes per page, plane names, kept granules, states), as
-    :func:`bound.lagrangian_bound` builds them."""
+    :func:`bound.lagrangian_bound` walks them."""
     G = g.granularity
-    lab = labels(g)
-    out = []
-    for bpp, units in dict.fromkeys((p.bytes_per_page, g.plane_bytes(p.name) // G)
-                                    for p in g.planes):
-        per_unit = [[] for _ in range(units)]
-        for s, rng in enumerate(label_units(g, bpp, units)):
-            for lo, hi in rng:
-                for u in range(lo, hi):
-                    per_unit[u].append(s)
-        kept = bound._kept_positions(per_unit)
-        names = [p.name for p in g.planes
-                 if (p.bytes_per_page, g.plane_bytes(p.name) // G) == (bpp, units)]
-        out.append((bpp, names, kept, bound._PlaneStates.of([per_unit[u] for u in kept],
-                                                            lab.pred)))
-    return out
+    return [(bpp, [p.name for p in g.planes
+                   if (p.bytes_per_page, g.plane_bytes(p.name) // G) == (bpp, units)],
+             kept, st) for _, (bpp, units), kept, st in bound._plane_class_states(g)]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
