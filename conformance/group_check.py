@@ -75,19 +75,24 @@ def run_group(paths: Sequence[str], engine: str, as_json: bool) -> int:
                error_class=type(err))
         return 2
     agree = len({(v.accepted, v.rank, v.index) for v in verdicts}) == 1
+    status = 2 if not agree else 0 if verdicts[0].accepted else 1
+    disagreement = "engines DISAGREE: " + "; ".join(
+        f"{v.engine}: rank {v.rank} seq {v.index}" for v in verdicts)
     if as_json:
-        print(json.dumps({"traces": list(paths), "mode": "group", "engine": engine,
-                          "agree": agree, "accepted": all(v.accepted for v in verdicts),
-                          "verdicts": [v.to_json() for v in verdicts]}, indent=2))
+        from kvgrant.commands._report import verdict_document
+
+        message = "" if status == 0 else disagreement if status == 2 else \
+            next(v.summary() for v in verdicts if not v.accepted)
+        print(json.dumps(verdict_document(
+            {"traces": list(paths), "mode": "group", "engine": engine, "agree": agree,
+             "accepted": all(v.accepted for v in verdicts),
+             "verdicts": [v.to_json() for v in verdicts]}, status, message), indent=2))
     else:
         for v in verdicts:
             _print(v)
         if not agree:
-            print("kvgrant conform: engines DISAGREE: " + "; ".join(
-                f"{v.engine}: rank {v.rank} seq {v.index}" for v in verdicts), file=sys.stderr)
-    if not agree:
-        return 2
-    return 0 if verdicts[0].accepted else 1
+            print(f"kvgrant conform: {disagreement}", file=sys.stderr)
+    return status
 
 
 def _error(paths: Sequence[str], engine: str, as_json: bool, message: str, kind: str,

@@ -33,7 +33,7 @@ from kvgrant.conformance.trace_io import (PHASES, _parse_lifecycle_header, null_
 from kvgrant.conformance.trace_plan import Layout, rank_key_error
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.strict_json import show_value, unique_keys_loads
+from kvgrant.strict_json import json_error_text, show_value, unique_keys_loads
 from kvgrant.traceformat import (GROUP_FAST_ARGS, GROUP_FAST_EVENT, GROUP_SHAPES,
                                  GROUP_STATE_KEYS, GROUP_VERSION)
 
@@ -326,7 +326,7 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
     try:
         head_obj = unique_keys_loads(first)
     except json.JSONDecodeError as err:
-        raise _fail(source, 1, f"not valid JSON ({err.msg} at column {err.colno})") from None
+        raise _fail(source, 1, f"not valid JSON ({json_error_text(err)})") from None
     except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
         raise _fail(source, 1, unreadable_json(err)) from None
     h = _parse_group_header(head_obj, source)
@@ -441,7 +441,7 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
         try:
             obj = unique_keys_loads(line)
         except json.JSONDecodeError as err:
-            raise _fail(source, ln, f"not valid JSON ({err.msg} at column {err.colno})") \
+            raise _fail(source, ln, f"not valid JSON ({json_error_text(err)})") \
                 from None
         except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
             raise _fail(source, ln, unreadable_json(err)) from None

@@ -22,7 +22,7 @@ from kvgrant.conformance.trace_plan import (Layout, derive_importers, parse_layo
                                              rank_key_error)
 from kvgrant.errors import ArgumentError, TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.strict_json import DuplicateKeyError, show_value, unique_keys_loads
+from kvgrant.strict_json import DuplicateKeyError, json_error_text, show_value, unique_keys_loads
 from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, FAST_EVENT, GROUP_ACTIONS,
                                  LIFECYCLE_VERSION, PHASES, RANK_ACTIONS, RANK_COUNTERS, ROW,
                                  ROW_FIELDS, SETUP_CALLS, TRACE_BACKENDS)
@@ -357,7 +357,7 @@ def _json_object(line: str, lineno: int, source: str) -> dict[str, Any]:
     except DuplicateKeyError as err:  # json.loads would keep the last value silently
         raise _fail(source, lineno, f"not a trace line: {err}") from None
     except json.JSONDecodeError as err:
-        raise _fail(source, lineno, f"not valid JSON ({err.msg} at column {err.colno})") from None
+        raise _fail(source, lineno, f"not valid JSON ({json_error_text(err)})") from None
     except (ValueError, RecursionError) as err:  # e.g. an integer past the digit limit
         raise _fail(source, lineno, unreadable_json(err)) from None
     if not isinstance(obj, dict):

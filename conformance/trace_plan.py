@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvgrant.errors import TraceError
+from kvgrant.strict_json import show_value
 
 __all__ = ["Layout", "PlanAlloc", "compare_plan", "derive_importers", "parse_layout",
            "rank_key_error"]
@@ -236,8 +237,11 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
     for r in range(ranks):
         item = res_raw.get(str(r))
         name = f"reservations[{r}]"
+        if str(r) not in res_raw:  # (was "reservations[3] = None", a Python None)
+            raise fail(f"header.{name}: missing (header.ranks = {ranks} asks for one "
+                       f"[base or null, size] per rank 0..{ranks - 1})")
         if not isinstance(item, list) or len(item) != 2:
-            raise fail(f"header.{name} = {item!r}: must be [base or null, size]")
+            raise fail(f"header.{name} = {show_value(item)}: must be [base or null, size]")
         base, size = item
         if base is not None:
             aligned(base, name + ".base", 1)

@@ -139,6 +139,27 @@ class DriverError(KVGrantError):
         self.device = device
         self.va = va
         self.size = size
+        self.rank: int | None = None
+        self.target: str | None = None
+
+    def locate(self, rank: int, target: str | None = None) -> "DriverError":
+        """Say which rank's call this was and what it acted on (``target``: the plane or
+        region bytes of the allocation, e.g. ``plane 'kv' bytes [0x0, 0x200000)``), where
+        the raiser knows; returns ``self``. Why: an undo's failure (a ``cuMemRelease`` of
+        the release) named neither, since a handle has no virtual address."""
+        self.rank, self.target = rank, target
+        return self
+
+    def headline(self, rank: int | None = None) -> str:
+        """``cuMemRelease failed with CUDA_ERROR_X on rank R (device D, va ..., plane
+        'kv' bytes [...)): message``: the call, rank, device, byte range and CUresult
+        (``rank`` when the error does not know its own)."""
+        who = self.rank if self.rank is not None else "?" if rank is None else rank
+        where = "" if self.va is None else f", va 0x{self.va:x}+0x{self.size or 0:x}"
+        if self.target is not None:
+            where += f", {self.target}"
+        return (f"{self.call} failed with {self.result_name} on rank {who} (device "
+                f"{self.device}{where}): {self}")
 
 
 class BackendUnavailable(DriverError):

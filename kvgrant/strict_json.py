@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 __all__ = ["DuplicateKeyError", "HugeIntegerError", "NonFiniteNumberError", "field_path",
-           "show_value", "strict_json_loads", "unique_keys_loads"]
+           "json_error_text", "show_value", "strict_json_loads", "unique_keys_loads"]
 
 
 class DuplicateKeyError(ValueError):
@@ -274,3 +274,11 @@ def _brief(value: Any, room: int) -> str | None:
         return text if len(text) <= min(room, _SHOW_LIMIT) else None
     text = show_value(value)
     return text if len(text) <= room else None
+
+
+def json_error_text(err: "json.JSONDecodeError") -> str:
+    """``Expecting value at column 7``: the decoder's message and where. Why: some of
+    its messages end in "at" already ("Unterminated string starting at"), which read
+    "starting at at column 160"."""
+    msg = err.msg[:-3] if err.msg.endswith(" at") else err.msg
+    return f"{msg} at column {err.colno}"

@@ -78,7 +78,9 @@ def allocate(geometry: "Geometry | str | Path", *,
         ``"40G"``: use at most 40 GiB per GPU. Pages are fitted before any create.
     check_contract
         Refuse a plan that breaks the layout contract before any driver call
-        (``False`` only for benchmark floors that deliberately map no regions).
+        (``False`` only for benchmark floors that deliberately map no regions; a plan
+        that cannot be built at all, naming a plane or region the geometry lacks or
+        bytes past one, is refused either way: ``ContractError``).
     budget
         The host's driver-handle pool (:class:`HandleBudget`; None: the defaults).
         Pre-flight refuses, before any driver call, a plan whose driver-handle demand

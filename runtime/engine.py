@@ -291,6 +291,11 @@ class Engine:
         return StepFailed(err, st.rank, st.device, call, target,  # type: ignore[arg-type]
                           byte_range, va, size)
 
+    def _target_text(self, a: Allocation, mapping: str) -> str:
+        """``plane 'kv' bytes [0x0, 0x200000)``: what an undo's failure acted on."""
+        what, (lo, hi) = self._alloc_target(a, mapping)
+        return f"{what} bytes [{lo:#x}, {hi:#x})"
+
     def _alloc_target(self, a: Allocation, mapping: str) -> tuple[str, tuple[int, int]]:
         if mapping == "alias":
             assert a.region is not None and a.region_offset is not None
@@ -467,6 +472,7 @@ class Engine:
         try:
             self.driver.free_address(va, size)
         except DriverError as e:
+            e.locate(st.rank)  # (its byte range is the VA range it names)
             if self.trace.enabled:
                 self._ev(st, "Free", "{}", "cuMemAddressFree", e.result_name, va, size)
             raise
@@ -479,6 +485,7 @@ class Engine:
         try:
             self.driver.release(handle)
         except DriverError as e:
+            e.locate(st.rank, self._target_text(self.allocs[i], "plane"))
             if self.trace.enabled:
                 self._ev(st, "Release", _ALLOC % i, "cuMemRelease", e.result_name,
                          handle=handle)
@@ -491,6 +498,7 @@ class Engine:
         try:
             self.driver.unmap(va, n)
         except DriverError as e:
+            e.locate(st.rank, self._target_text(self.allocs[i], mapping))
             if self.trace.enabled:
                 self._ev(st, "Unmap", args_unmap(mapping, i), "cuMemUnmap", e.result_name, va, n)
             raise

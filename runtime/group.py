@@ -540,6 +540,7 @@ class _GroupRun:
         try:
             self.driver.free_address(va, size)
         except DriverError as e:
+            e.locate(self.rank)  # (its byte range is the VA range it names)
             self.ev("Free", {}, "cuMemAddressFree", e.result_name, va, size)
             raise
         self.st.va = False
@@ -550,6 +551,7 @@ class _GroupRun:
         try:
             self.driver.release(handle)
         except DriverError as e:
+            e.locate(self.rank, self.target(self.allocs[i], "plane"))
             self.ev("Release", {"alloc": i}, "cuMemRelease", e.result_name, handle=handle)
             raise
         self.st.created -= 1
@@ -559,6 +561,7 @@ class _GroupRun:
         try:
             self.driver.unmap(va, n)
         except DriverError as e:
+            e.locate(self.rank, self.target(self.allocs[i], mapping))
             self.ev("Unmap", {"alloc": i, "mapping": mapping}, "cuMemUnmap", e.result_name,
                     va, n)
             raise
@@ -577,6 +580,7 @@ class _GroupRun:
         try:
             self.driver.unmap(va, n)
         except DriverError as e:
+            e.locate(self.rank, self.target(self.allocs[i], mapping, owner))
             self.ev("ImportUnmap", args, "cuMemUnmap", e.result_name, va, n)
             raise
         self.st.import_mapped -= 1
@@ -588,6 +592,7 @@ class _GroupRun:
         try:
             self.driver.release(handle)
         except DriverError as e:
+            e.locate(self.rank, self.target(self.allocs[i], "plane", owner))
             self.ev("ImportRelease", args, "cuMemRelease", e.result_name, handle=handle)
             raise
         self.st.imported -= 1
@@ -1043,10 +1048,12 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
         p = resolve_plan(gg, plan)
         if isinstance(plan, PhysicalPlan):
             require_plan_for(p, gg)
-        if check_contract:
-            from kvgrant.layout.contract import require_contract
+        from kvgrant.layout.contract import require_buildable, require_contract
 
+        if check_contract:
             require_contract(gg, p)
+        else:  # the contract is not asked for, but the engine needs what it names
+            require_buildable(gg, p)
         return p
 
     # -- 1. hello: before any driver call --------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kvgrant.errors import KVGrantError
+from kvgrant.runtime.transaction import release_failure_text
 
 __all__ = ["INTERRUPT_GRACE_S", "in_torchrun", "launch", "run_under_torchrun",
            "worker_report"]
@@ -76,7 +77,17 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
     hold = float(spec.get("hold_s", 0) or 0)
     if hold:
         time.sleep(hold)
-    pub.release()
+    try:
+        pub.release()
+    except KVGrantError as err:
+        # name each failed undo's call, rank, device, byte range and CUresult, and what
+        # is left (was: the first error's own text, "rank 0: CUDA_ERROR_...: injected
+        # fault ..." with no call or byte range)
+        live = pub.driver.live().as_dict()
+        left = ", ".join(f"{k}={v}" for k, v in live.items() if v) or "nothing"
+        out.update(summary, ok=False, kind=type(err).__name__, live_after_release=live,
+                   error=f"{release_failure_text(err)}; left live after release: {left}")
+        return out
     summary.update(ok=pub.trace_error is None, release_s=round(pub.release_s or 0.0, 6),
                    live_after_release=pub.driver.live().as_dict(),
                    trace=str(pub.trace_path) if pub.trace_path else None,

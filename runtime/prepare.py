@@ -103,10 +103,12 @@ def prepare(geometry: "Geometry | str | Path", *,
     def checked(gg: Geometry) -> PhysicalPlan:
         nonlocal demand
         p = fixed_plan if fixed_plan is not None else resolve_plan(gg, plan)  # type: ignore[arg-type]
-        if check_contract:
-            from kvgrant.layout.contract import require_contract
+        from kvgrant.layout.contract import require_buildable, require_contract
 
+        if check_contract:
             require_contract(gg, p)
+        else:  # the contract is not asked for, but the engine needs what it names
+            require_buildable(gg, p)
         if preflight:
             demand = check_handle_budget(gg, p, handles, declared=declared, reserve=reserve)
         else:

@@ -185,7 +185,12 @@ def test_a_granularity_that_is_no_power_of_two_is_refused_before_the_driver(
      "'1_0': not a number of seconds"),
     # a negative count breaks ">= 0" (was "'-1': not an integer")
     (["alloc", str(SMALL), "--backend", "sim", "--handle-budget", "-1"], "'-1': must be >= 0"),
-    (["alloc", str(SMALL), "--backend", "sim", "--fail-at", "-3"], "'-3': must be >= 0"),
+    # ... and a negative count of an option that needs >= 1 breaks that rule (was ">= 0"
+    # for -1 and ">= 1" for 0: review 2026-12-07)
+    (["alloc", str(SMALL), "--backend", "sim", "--fail-at", "-3"], "'-3': must be >= 1"),
+    (["alloc", str(SMALL), "--backend", "sim", "--ranks", "-1"], "'-1': must be >= 1"),
+    (["alloc", str(SMALL), "--backend", "sim", "--procs", "-2"], "'-2': must be >= 1"),
+    (["verify", "--workers", "-1"], "'-1': must be >= 1"),
     # an ordinal of 8 digits is out of range like one of 7 (was the generic message)
     (["alloc", str(SMALL), "--backend", "sim", "--devices", "99999999,0,1"],
      "99999999: a CUDA ordinal must be in 0..1023"),

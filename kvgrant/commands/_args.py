@@ -74,7 +74,11 @@ def exit_status(err: KVGrantError) -> int:
 
 
 def positive_int(text: str) -> int:
-    """An integer >= 1 (worker counts)."""
+    """An integer >= 1 (worker counts). A negative one breaks this rule, not
+    :func:`count`'s (``--ranks -1`` said "must be >= 0", ``--ranks 0`` ">= 1")."""
+    bare = text.strip()
+    if bare.startswith("-") and _COUNT.fullmatch(bare[1:]):
+        raise argparse.ArgumentTypeError(f"{bare[:40]!r}: must be >= 1")
     value = count(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be >= 1")

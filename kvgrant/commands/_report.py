@@ -46,6 +46,17 @@ def error_document(kind: str, message: str, status: int, **fields: Any) -> dict[
             "exit_status": status, **fields}
 
 
+def verdict_document(doc: dict[str, Any], status: int, message: str) -> dict[str, Any]:
+    """``kvgrant conform``'s verdict document with the fields every ``--json`` document
+    has: ``ok`` and ``exit_status``, and when the trace was not accepted ``kind``
+    ("Rejected", or "Disagreement" between the engines) and ``message``. Why: a
+    rejection was the one failure whose document had none of them (review 2026-12-07)."""
+    out = {"ok": status == 0, **doc, "exit_status": status}
+    if status:
+        out.update(kind="Disagreement" if status == 2 else "Rejected", message=message)
+    return out
+
+
 def error_fields(err: BaseException) -> dict[str, Any]:
     """What the error's attributes say, JSON-ready: where bad input broke a rule (field,
     value, argument, file, line) or where a refusal or a driver call happened."""
@@ -63,6 +74,8 @@ def error_fields(err: BaseException) -> dict[str, Any]:
                    held=err.held, holders=err.holders)
     if isinstance(err, DriverError):
         out.update(call=err.call, result=err.result_name, device=err.device)
+        if err.rank is not None:  # where the raiser knew them (an undo's failure)
+            out.update(rank=err.rank, target=err.target)
     if isinstance(err, AllocationError):
         out.update(call=err.call, rank=err.rank, device=err.device, result=err.result_name,
                    target=err.target, byte_range=err.byte_range, live=err.live,

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvgrant.errors import ArgumentError, KVGrantError, ToolError, TraceError
+from kvgrant.errors import ArgumentError, GeometryError, KVGrantError, ToolError, TraceError
 
 from kvgrant.commands._args import (check_ledger_path, check_new_file_path, count,
                                     device_list, path_arg, positive_int, positive_seconds)
@@ -152,7 +152,7 @@ def _print_text(s: dict[str, Any], release_s: float | None, live_after: dict[str
 
 def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
     """``--procs N``: one process per rank (kvgrant.runtime.group)."""
-    from kvgrant.layout.geometry import load_geometry, on_ranks
+    from kvgrant.layout.geometry import load_geometry
 
     fail_rank = 0 if args.fail_rank is None else args.fail_rank
     plan: Any = args.plan
@@ -160,7 +160,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         _check_paths_and_options(args)
         g = load_geometry(args.geometry)
         if args.ranks is not None:
-            g = on_ranks(g, args.ranks)
+            g = _on_ranks(g, args.ranks)
         if g.topology.ranks != args.procs:
             raise ArgumentError(f"--procs = {args.procs}: the layout has topology.ranks = "
                                 f"{g.topology.ranks} (one process per rank; use --ranks "
@@ -177,11 +177,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
             # was: the fault went to no process, and the group published (exit 0)
             raise ArgumentError(f"--fail-rank = {fail_rank}: must be a rank of the group, "
                                 f"0..{args.procs - 1}", argument="fail-rank", value=fail_rank)
-        if args.trace is not None and os.path.exists(args.trace) \
-                and not os.path.isdir(args.trace):
-            raise ArgumentError(f"--trace = {args.trace!r}: with --procs, --trace names a "
-                                "folder (one trace per rank); this is an existing file",
-                                argument="trace", value=args.trace)
+        trace_dir = _group_trace_dir(args.trace)
         if plan not in _LABELS:
             # a plan file is read (and checked against the layout) here, once; every
             # worker gets the same plan (was: each worker refused it as a label)
@@ -201,7 +197,8 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         "geometry": g.model_dump(), "procs": args.procs, "plan": plan,
         "backend": args.backend, "memory_limit": args.memory_limit,
         "handle_budget": args.handle_budget, "handle_reserve": args.handle_reserve,
-        "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": args.trace, "fail_at": args.fail_at, "fail_rank": fail_rank,
+        "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": trace_dir,
+        "fail_at": args.fail_at, "fail_rank": fail_rank,
         "timeout_s": args.timeout or 120.0,
         "devices": {str(r): d for r, d in enumerate(devices)} if devices else None,
         "driver_options": _driver_options(args, faults=False)}
@@ -241,6 +238,35 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         print(f"kvgrant alloc: error: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def _on_ranks(g: Any, ranks: int) -> Any:
+    """``--ranks N``: the layout on N ranks; a count it refuses is this option's bad
+    value (was: reported as a GeometryError of the layout)."""
+    from kvgrant.layout.geometry import on_ranks
+
+    try:
+        return on_ranks(g, ranks)
+    except GeometryError as err:
+        if err.field != "ranks":
+            raise
+        raise ArgumentError(f"--{err}", argument="ranks", value=ranks) from None
+
+
+def _group_trace_dir(option: str | None) -> str | None:
+    """With ``--procs``: the folder the ranks' traces go to (``rank<R>.ndjson`` each),
+    ``--trace``'s, else ``KVGRANT_TRACE``'s; an existing file is refused (the error names
+    which). Why the variable too: each worker read it as its own trace file, so every
+    rank wrote the one path (a file that was not a trace was overwritten, and ``kvgrant
+    conform`` then found rank 0's trace alone)."""
+    from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
+
+    field, trace = ("--trace", option) if option else (TRACE_ENV, env_trace_path())
+    if trace is not None and os.path.exists(trace) and not os.path.isdir(trace):
+        raise ArgumentError(f"{field} = {trace!r}: with --procs, {field} names a folder "
+                            "(one trace per rank); this is an existing file",
+                            argument=field.lstrip("-"), value=trace)
+    return trace
 
 
 def _check_paths_and_options(args: argparse.Namespace) -> None:
@@ -340,26 +366,11 @@ def _release_failed(args: argparse.Namespace, pub: Any, err: KVGrantError) -> in
     """A driver call of the shutdown failed (the other undos still ran): name each failed
     call with its rank, device, byte range and CUresult, and what is left live.
     Was: only the first error's own text, with no rank and no word of what was left."""
-    from kvgrant.errors import DriverError
-
-    errors = [err, *(getattr(err, "cleanup_errors", None) or [])]
-    devices = list(pub.devices)
-
-    def describe(e: BaseException) -> str:
-        if not isinstance(e, DriverError):
-            return f"{type(e).__name__}: {e}"
-        rank = devices.index(e.device) if e.device in devices else "?"
-        where = "" if e.va is None else \
-            f", va 0x{e.va:x}+0x{e.size or 0:x}"
-        return (f"{e.call} failed with {e.result_name} on rank {rank} (device {e.device}"
-                f"{where}): {e}")
+    from kvgrant.runtime.transaction import release_failure_text
 
     live = pub.driver.live().as_dict()
     left = ", ".join(f"{k}={v}" for k, v in live.items() if v) or "nothing"
-    text = (f"release failed: {len(errors)} undo step(s) failed, the others ran: "
-            + "; ".join(describe(e) for e in errors[:5])
-            + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
-            + f"; left live after release: {left}")
+    text = f"{release_failure_text(err)}; left live after release: {left}"
     if args.json:
         print(json.dumps(error_document(type(err).__name__, text, 1, **error_fields(err),
                                         live_after_release=live)))
@@ -529,12 +540,12 @@ def run(args: argparse.Namespace) -> int:
                                 "here", argument="timeout", value=args.timeout)
         _check_paths_and_options(args)
         _check_trace_target(args.geometry, args.trace, args.force)
-        from kvgrant.layout.geometry import load_geometry, on_ranks
+        from kvgrant.layout.geometry import load_geometry
 
         if args.ranks is not None or plan not in _LABELS:
             geometry = load_geometry(args.geometry)
         if args.ranks is not None:
-            geometry = on_ranks(geometry, args.ranks)
+            geometry = _on_ranks(geometry, args.ranks)
         if plan not in _LABELS:
             from kvgrant.layout.planfile import read_plan_file
 

@@ -20,7 +20,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 from kvgrant.commands._args import count, path_arg, positive_int, positive_seconds
-from kvgrant.commands._report import error_document
+from kvgrant.commands._report import error_document, verdict_document
 from kvgrant.errors import ArgumentError, KVGrantError, ToolError, TraceError
 
 __all__ = ["TLC_MAX_EVENTS", "add_parser", "run"]
@@ -218,26 +218,28 @@ def _check(args: argparse.Namespace, trace: Any) -> int:
         if not args.json:
             _print_verdict(verdicts[-1])
     agree = len({(v.accepted, v.index) for v in verdicts}) == 1
+    status = 2 if not agree else 0 if verdicts[0].accepted else 1
+    disagreement = "engines DISAGREE: " + "; ".join(f"{v.engine}: index {v.index}"
+                                                    for v in verdicts)
     if args.json:
-        print(json.dumps({"trace": args.trace, "engine": args.engine, "agree": agree,
-                          "accepted": all(v.accepted for v in verdicts),
-                          "verdicts": [v.to_json() for v in verdicts]}, indent=2))
+        doc: dict[str, Any] = {"trace": args.trace, "engine": args.engine, "agree": agree,
+                               "accepted": all(v.accepted for v in verdicts),
+                               "verdicts": [v.to_json() for v in verdicts]}
+        message = "" if status == 0 else disagreement if status == 2 else \
+            next(v.summary() for v in verdicts if not v.accepted)
+        print(json.dumps(verdict_document(doc, status, message), indent=2))
     elif not agree:
-        print("kvgrant conform: engines DISAGREE: "
-              + "; ".join(f"{v.engine}: index {v.index}" for v in verdicts),
-              file=sys.stderr)
-    if not agree:
-        return 2
-    return 0 if verdicts[0].accepted else 1
+        print(f"kvgrant conform: {disagreement}", file=sys.stderr)
+    return status
 
 
 def _geometry_rejected(args: argparse.Namespace, diffs: list[str]) -> int:
     msg = (f"the trace header does not match {args.geometry}: " + "; ".join(diffs[:5])
            + (f"; ... {len(diffs) - 5} more" if len(diffs) > 5 else ""))
     if args.json:
-        print(json.dumps({"trace": args.trace, "engine": args.engine,
-                          "accepted": False, "agree": True, "error": "geometry",
-                          "mismatches": diffs}, indent=2))
+        print(json.dumps(verdict_document(
+            {"trace": args.trace, "engine": args.engine, "accepted": False, "agree": True,
+             "error": "geometry", "mismatches": diffs}, 1, msg), indent=2))
     print(f"kvgrant conform: rejected: {msg}", file=sys.stderr)
     return 1
 

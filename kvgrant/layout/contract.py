@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from kvgrant.layout.geometry import Geometry
     from kvgrant.layout.plan import PhysicalPlan
 
-__all__ = ["POINTS", "Violation", "check_contract", "require_contract"]
+__all__ = ["POINTS", "Violation", "check_contract", "require_buildable", "require_contract"]
 
 POINTS: dict[int, str] = {
     1: "every plane byte covered exactly once; physical bytes per rank equal",
@@ -291,17 +291,31 @@ def _short(pages: list[int], limit: int = 8) -> str:
     return f"[{', '.join(map(str, pages[:limit]))}, ... {len(pages)} in all]"
 
 
+def require_buildable(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> None:
+    """Raise :class:`ContractError` when an allocation of ``plan`` cannot even be made:
+    a plane or region ``g`` lacks, an offset or length that is not a multiple of G, or
+    bytes past its plane or region. Why: ``allocate(check_contract=False)`` (for
+    benchmark floors that map no regions) skips the contract, and such a plan then
+    failed as a ``KeyError`` inside the engine."""
+    allocs = list(getattr(plan, "allocations", plan))
+    found = [v for i, a in enumerate(allocs) for v in _check_allocation(g, i, a)[0]]
+    _raise_violations(g, plan, found, "cannot be built in")
+
+
 def require_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> None:
     """Raise :class:`ContractError` listing every violation, or return quietly.
 
     The allocator calls this before any driver call.
     """
-    found = check_contract(g, plan)
+    _raise_violations(g, plan, check_contract(g, plan), "breaks the layout contract of")
+
+
+def _raise_violations(g: "Geometry", plan: Any, found: list[Violation], what: str) -> None:
     if not found:
         return
     label = getattr(plan, "label", "plan")
     shown = "; ".join(str(v) for v in found[:_MAX_LISTED])
     more = f"; and {len(found) - _MAX_LISTED} more" if len(found) > _MAX_LISTED else ""
     points = sorted({v.point for v in found})
-    raise ContractError(f"{label} plan breaks the layout contract of {g.name!r} "
-                        f"(points {points}): {shown}{more}", violations=found)
+    raise ContractError(f"{label} plan {what} {g.name!r} (points {points}): {shown}{more}",
+                        violations=found)

@@ -163,13 +163,39 @@ class Geometry(_Strict):
     # -- derived sizes -------------------------------------------------------
     def plane_bytes(self, plane: str) -> int:
         """Reserved size of a plane: pages * bytes_per_page rounded up to G."""
-        p = self.plane_by_name[plane]
+        p = self.named_plane(plane)
         return round_up(self.pages * p.bytes_per_page, self.granularity)
 
     def region_bytes(self, region: str) -> int:
         """Reserved size of a region: rows * row_bytes rounded up to G."""
-        r = self.region_by_name[region]
+        r = self.named_region(region)
         return round_up(r.rows * r.row_bytes, self.granularity)
+
+    def named_plane(self, name: str) -> Plane:
+        """The plane called ``name``; a name this geometry lacks is a
+        :class:`GeometryError` naming it and the planes there are (was: ``KeyError``)."""
+        try:
+            return self.plane_by_name[name]
+        except (KeyError, TypeError):
+            raise _unknown_name("plane", name, self.plane_by_name) from None
+
+    def named_region(self, name: str) -> Region:
+        """The region called ``name``, as :meth:`named_plane` for planes."""
+        try:
+            return self.region_by_name[name]
+        except (KeyError, TypeError):
+            raise _unknown_name("region", name, self.region_by_name) from None
+
+    def check_rank(self, rank: int) -> int:
+        """``rank`` when it is one of this geometry's ranks, else a
+        :class:`GeometryError` naming the range. Why: ``importers(99)`` said ``()`` and
+        ``granted_devices(99)`` ``(99,)`` for a rank the topology does not have."""
+        n = self.topology.ranks
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
+            raise GeometryError(f"rank = {rank!r}: must be a rank of this geometry, "
+                                f"0..{n - 1} (topology.ranks = {n})", field="rank",
+                                value=rank)
+        return rank
 
     @cached_property
     def plane_by_name(self) -> dict[str, Plane]:
@@ -227,10 +253,12 @@ class Geometry(_Strict):
 
     def importers(self, rank: int) -> tuple[int, ...]:
         """Ranks other than ``rank`` that import its memory (its import group)."""
+        self.check_rank(rank)
         return tuple(r for r in self._import_group_of.get(rank, ()) if r != rank)
 
     def declared_readers(self, rank: int) -> tuple[int, ...]:
         """Readers the exported metadata declares for ``rank``'s memory (may overdeclare)."""
+        self.check_rank(rank)
         declared = self.topology.declared_readers
         if declared is None or rank not in declared:
             return tuple(sorted({rank, *self.importers(rank)}))
@@ -244,7 +272,8 @@ class Geometry(_Strict):
         owner + declared readers when ``declared``, the pre-fix behaviour); ``access:
         owner`` aliases go to the owner only.
         """
-        if region is not None and self.region_by_name[region].access == "owner":
+        self.check_rank(rank)
+        if region is not None and self.named_region(region).access == "owner":
             return (rank,)
         readers = self.declared_readers(rank) if declared else self.importers(rank)
         return tuple(sorted({rank, *readers}))
@@ -254,7 +283,7 @@ class Geometry(_Strict):
         """``len(granted_devices(rank, region, declared=declared))`` without building
         the tuple: pre-flight and the bounds ask it for every rank, and building
         ranks x group-size tuples made a 4,096-rank import group take a minute."""
-        if region is not None and self.region_by_name[region].access == "owner":
+        if region is not None and self.named_region(region).access == "owner":
             return 1
         if declared and rank in self._declared_count:
             return self._declared_count[rank]
@@ -290,6 +319,14 @@ class Geometry(_Strict):
 
 
 _DECIMAL = re.compile(r"[0-9]{1,6}")
+def _unknown_name(kind: str, name: object, known: Mapping[str, object]) -> GeometryError:
+    names = list(known)
+    shown = ", ".join(map(repr, names[:8])) + (f", ... {len(names) - 8} more"
+                                               if len(names) > 8 else "")
+    return GeometryError(f"{kind} = {show_value(name)}: no such {kind} in this geometry "
+                         f"(its {kind}s: {shown or 'none'})", field=kind, value=name)
+
+
 def _format_pydantic(err: ValidationError) -> str:
     lines = []
     for e in err.errors(include_url=False):

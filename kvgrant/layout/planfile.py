@@ -156,6 +156,10 @@ def plan_from_document(doc: Any, g: Geometry, path: str | Path) -> PhysicalPlan:
         if key in doc and not isinstance(doc[key], str):
             raise _fail(path, key, doc[key], f"must be a string: {rule}")
     want = geometry_hash(g)
+    if "geometry_hash" not in doc:  # (was "geometry_hash = null: ... another layout")
+        raise _fail(path, "geometry_hash", None, f"missing: a plan file names the layout "
+                    f"it was made for (kvgrant plan --json writes it; geometry {g.name!r} "
+                    f"has {want})")
     if doc.get("geometry_hash") != want:
         raise _fail(path, "geometry_hash", doc.get("geometry_hash"),
                     f"the plan was made for another layout; geometry {g.name!r} has {want}")
@@ -191,6 +195,9 @@ def _check_rule_label(path: Path, g: Geometry, plan: PhysicalPlan) -> None:
                 f"{shown}); label other plans 'packed'")
 
 
+_ALLOCATION_KEYS = frozenset({"plane", "plane_offset", "length", "region", "region_offset"})
+
+
 def _allocations(path: Path, allocs: Any, g: Geometry) -> tuple[Allocation, ...]:
     """The ``allocations`` list, each entry checked for its keys and value types."""
     if not isinstance(allocs, list):
@@ -207,8 +214,12 @@ def _allocations(path: Path, allocs: Any, g: Geometry) -> tuple[Allocation, ...]
     out = []
     for i, a in enumerate(allocs):
         keys = set(a) if isinstance(a, dict) else set()
-        if keys not in ({"plane", "plane_offset", "length"},
-                        {"plane", "plane_offset", "length", "region", "region_offset"}):
+        unknown = sorted(keys - _ALLOCATION_KEYS, key=str)
+        if unknown:  # named as the document's own unknown keys are (was: the list rule)
+            raise _fail(path, f"allocations[{i}].{unknown[0]}", a[unknown[0]],
+                        "unknown key (an allocation has plane, plane_offset, length and, "
+                        "when aliased, region and region_offset)")
+        if keys not in ({"plane", "plane_offset", "length"}, _ALLOCATION_KEYS):
             raise _fail(path, f"allocations[{i}]", a, "must have plane, plane_offset, "
                         "length and, when aliased, region and region_offset")
         for k in ("plane_offset", "length", "region_offset"):

@@ -207,11 +207,18 @@ def test_cli_accepts_a_directory_and_files(tmp_path: Path, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "group" and out["accepted"] and out["verdicts"][0]["final"]["1"] \
         == "crashed in Allocating"
+    assert (out["ok"], out["exit_status"]) == (True, 0)
     bad = group_mutants(simulate_group(C3), ["publish_while_abort", "send_to_non_importer"])[0]
     d2 = _write(tmp_path, bad.texts, "bad")
     assert main(["conform", str(d2)]) == 1
     out_text = capsys.readouterr().out
     assert f"seq {bad.seq}" in out_text and f"rank {bad.rank}" in out_text
+    # with --json: the fields every kvgrant failure document has (review 2026-12-07)
+    assert main(["conform", str(d2), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["ok"], out["kind"], out["exit_status"], out["accepted"]) == (
+        False, "Rejected", 1, False)
+    assert f"seq {bad.seq}" in out["message"] and f"rank {bad.rank}" in out["message"]
     assert main(["conform", files[0]]) == 2  # one file of a group of three
     assert "have no trace file" in capsys.readouterr().err
 

@@ -221,6 +221,14 @@ def test_cli_json(tmp_path, capsys) -> None:
     (v,) = doc["verdicts"]
     assert v["index"] == 1 and v["line"] == 3 and v["event"]["action"] == "Create"
     assert v["state_before"]["ranks"]["0"]["va"] is True and "Create(r0, a0)" in v["enabled"]
+    # the fields of every kvgrant --json failure document (review 2026-12-07: a
+    # rejection's document had none of them)
+    assert (doc["ok"], doc["kind"], doc["exit_status"]) == (False, "Rejected", 1)
+    assert doc["message"].startswith("rejected by python at event 1 (line 3)"), doc["message"]
+    assert _cli([_write(tmp_path, reference_trace(h)), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["accepted"], doc["exit_status"]) == (True, True, 0)
+    assert "kind" not in doc
 
 
 def test_cli_malformed_exits_2_without_traceback(tmp_path, capsys) -> None:

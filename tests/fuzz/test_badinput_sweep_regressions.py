@@ -213,6 +213,38 @@ def test_procs_trace_onto_an_existing_file_names_the_option(tmp_path: Path) -> N
     assert existing.read_text() == "keep me"
 
 
+def test_procs_trace_env_onto_an_existing_file_is_refused(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: exit 0, every worker took KVGRANT_TRACE as its own trace file, so the file was
+    # overwritten and held rank 0's trace alone (review 2026-12-07)
+    existing = tmp_path / "v.json"
+    existing.write_text("keep me")
+    monkeypatch.setenv("KVGRANT_TRACE", str(existing))
+    argv = ["alloc", str(SMALL), *SIM, "--procs", "3"]
+    res = run_cli(argv)
+    assert_clean(res, invalid=True, argv=argv)
+    assert res.rc == 2 and "KVGRANT_TRACE = " in res.err and "names a folder" in res.err, \
+        res.err
+    assert existing.read_text() == "keep me"
+
+
+def test_procs_trace_env_names_the_folder_of_every_rank_trace(tmp_path: Path) -> None:
+    # KVGRANT_TRACE with --procs is what --trace is there: a folder, one trace per rank,
+    # which kvgrant conform reads as one group
+    import os
+
+    from _fuzz_support import run_cli_process
+
+    folder = tmp_path / "traces"
+    env = {**os.environ, "KVGRANT_TRACE": str(folder)}
+    res = run_cli_process(["alloc", str(SMALL), *SIM, "--procs", "3", "--json"],
+                          memory=-1, seconds=180, env=env)
+    assert res.rc == 0, res.err
+    assert sorted(p.name for p in folder.iterdir()) == [f"rank{r}.ndjson" for r in range(3)]
+    checked = run_cli(["conform", str(folder), "--engine", "python"])
+    assert checked.rc == 0, checked.out + checked.err
+
+
 def test_procs_reads_a_plan_file_once_for_every_worker(tmp_path: Path,
                                                        plan_doc: dict[str, Any]) -> None:
     # was: every worker refused the path as "unknown plan label" (the help says FILE)
@@ -266,6 +298,50 @@ def test_a_failed_release_names_call_rank_device_range_result_and_what_is_left()
         if json_out:
             out = json.loads(res.out)
             assert out["ok"] is False and out["live_after_release"]["reservations"] == 1
+
+
+def test_a_failed_release_of_a_handle_names_the_plane_bytes_it_backed() -> None:
+    # a handle has no VA: the message named call, device and CUresult but no byte range,
+    # and the JSON had no rank (review 2026-12-07)
+    import re
+
+    probe = run_cli(["alloc", str(SMALL), *SIM, "--fail-at", "1000000"])
+    calls = int(re.search(r"must be at most (\d+)", probe.err).group(1))  # type: ignore[union-attr]
+    for k in range(calls, 0, -1):  # the release's last cuMemRelease
+        res = run_cli(["alloc", str(SMALL), *SIM, "--fail-at", str(k), "--json"])
+        if "cuMemRelease failed" in res.err:
+            break
+    assert_clean(res, invalid=True)
+    said = re.search(r"cuMemRelease failed with CUDA_ERROR_OUT_OF_MEMORY on rank (\d) "
+                     r"\(device \1, (plane '[^']+' bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\))\)",
+                     res.err)
+    assert said, res.err
+    out = json.loads(res.out)
+    assert (out["call"], out["rank"], out["device"], out["target"]) == (
+        "cuMemRelease", int(said.group(1)), int(said.group(1)), said.group(2))
+    assert out["live_after_release"]["handles"] == 1
+
+
+def test_a_failed_release_in_a_procs_run_names_the_call_and_the_bytes() -> None:
+    # was: "rank 0: CUDA_ERROR_OUT_OF_MEMORY: injected fault ..." (no call, no bytes, no
+    # word of what was left)
+    import re
+
+    probe = run_cli(["alloc", str(SMALL), *SIM, "--procs", "3", "--fail-at", "1000000"])
+    before, during = map(int, re.search(r"(\d+) before the start-up, (\d+) in it",
+                                        probe.err).groups())  # type: ignore[union-attr]
+    from _fuzz_support import run_cli_process
+
+    res = run_cli_process(["alloc", str(SMALL), *SIM, "--procs", "3", "--fail-at",
+                           str(before + during + 1), "--json"], memory=-1, seconds=180)
+    assert res.rc == 1, res.err
+    assert re.search(r"rank 0: release failed: \d+ undo step\(s\) failed, the others ran: "
+                     r"cuMem\w+ failed with CUDA_ERROR_OUT_OF_MEMORY on rank 0 \(device \d, "
+                     r"va 0x[0-9a-f]+\+0x[0-9a-f]+, (imported from rank \d+, )?"
+                     r"(plane|region) '[^']+' bytes \[", res.err), res.err
+    assert "left live after release: " in res.err, res.err
+    rank0 = json.loads(res.out)["ranks"][0]
+    assert rank0["ok"] is False and rank0["live_after_release"]["reservations"] == 1
 
 
 # ------------------------------------------------------ one very large import group
