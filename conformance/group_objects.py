@@ -38,7 +38,9 @@ _OWN = frozenset({"Reserve", "Free", "Create", "Map", "MapAlias", "Grant", "Unma
 
 
 def _rng(va: int | None, size: int | None) -> str:
-    return "no VA" if va is None else f"va [{va:#x}, {va + (size or 0):#x})"
+    if va is None:  # (a failed call may name its size alone: say it)
+        return "no VA" if size is None else f"no VA, {size:#x} bytes"
+    return f"va [{va:#x}, {va + (size or 0):#x})"
 
 
 class GroupObjects:
@@ -139,7 +141,8 @@ class GroupObjects:
                 return (f"{who}, handle {handle}: ImportMap at {_rng(va, size)} is outside "
                         f"the reservation {_rng(self.base, self.res)}")
             want = self.import_va(o, a, m or "plane")
-            if (ok or va is not None) and (va != want or size != length):
+            if ((ok or va is not None) and va != want) or \
+                    ((ok or size is not None) and size != length):
                 return (f"{who}, handle {handle}: ImportMap of the {m} mapping at "
                         f"{_rng(va, size)} but the plan puts it at {_rng(want, length)} "
                         f"(slot {self.slot_of[o]} of the reservation)")
@@ -148,7 +151,8 @@ class GroupObjects:
             live = self.imp_maps.get((o, a, m or "plane"))
             if live is None:
                 live = (self.import_va(o, a, m or "plane"), length)  # type: ignore[assignment]
-            if (ok or va is not None) and (va, size) != live:
+            if ((ok or va is not None) and va != live[0]) or \
+                    ((ok or size is not None) and size != live[1]):
                 return (f"{who}: {action} of the {m} mapping at {_rng(va, size)} but that "
                         f"mapping is at {_rng(live[0], live[1])}")
             if action == "ImportGrant" and ok and e.devices != frozenset({p}):

@@ -548,6 +548,8 @@ def _parse_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
 
 
 _PHASE_SET = frozenset(PHASES)
+_GROUP_STATE_KEYS = frozenset({"phase"})
+_RANK_STATE_KEYS = frozenset({"phase", *RANK_COUNTERS})
 _BOOL_COUNTERS = tuple(k for k, t in RANK_COUNTERS.items() if t is bool)
 _INT_COUNTERS = tuple(k for k, t in RANK_COUNTERS.items() if t is int)
 
@@ -628,6 +630,13 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
     if type(state.get("phase")) is not str or state.get("phase") not in _PHASE_SET:
         raise _fail(source, lineno, f"state.phase = {state.get('phase')!r}: must be one of "
                                     f"{', '.join(PHASES)}")
+    extra = sorted(set(state) - (_GROUP_STATE_KEYS if rank is None else _RANK_STATE_KEYS),
+                   key=str)
+    if extra:  # (was: ignored, so a state could claim what the model never compared)
+        what = ("a group event's state is its phase alone" if rank is None else
+                f"a rank event's state is phase, {', '.join(RANK_COUNTERS)}")
+        raise _fail(source, lineno, f"state.{extra[0]} = {_show(state[extra[0]])}: unknown "
+                                    f"key ({what})")
     if rank is not None:
         sget = state.get
         for key in _BOOL_COUNTERS:
@@ -671,7 +680,10 @@ def null_field_rule(key: str, value: Any, action: str) -> str:
     return f"{key} = {_show(value)}: must be null: a {action} event carries no {key}"
 
 
-_NULL_FIELDS = null_fields(ACTIONS)
+#: (a group event is no rank's, so it names no device either: a Publish naming one was
+#: read without a word)
+_NULL_FIELDS = {a: (("device",) if a in GROUP_ACTIONS else ()) + ks
+                for a, ks in null_fields(ACTIONS).items()}
 #: Row indices of those fields, for the fast path.
 _NULL_IDX = {a: tuple(ROW[k] for k in ks) for a, ks in _NULL_FIELDS.items()}
 
@@ -698,7 +710,7 @@ def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
     """The per-event rules of :func:`_parse_event` for one distinct field combination
     (the regex already fixed every type); False sends the text to the detailed reader."""
     if action in GROUP_ACTIONS:
-        if rank != "null":
+        if rank != "null" or has_counters:  # (its state is the phase alone)
             return False
     elif rank == "null" or int(rank) >= h.ranks or not has_counters:
         return False

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from functools import partial
 from typing import NoReturn, Sequence
@@ -37,8 +38,24 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if self.json_errors:
-            print(json.dumps(error_document("ArgumentError", message, 2)), flush=True)
+            print(json.dumps(error_document("ArgumentError", message, 2,
+                                            **usage_error_fields(message))), flush=True)
         super().error(message)  # usage and message on stderr, exit 2
+
+
+def usage_error_fields(message: str) -> dict[str, str]:
+    """``argument`` (the option, without dashes, as a kvgrant ArgumentError names it)
+    and, where the message quotes it, ``value`` of an argparse usage error
+    (``argument --ranks: 'abc': not an integer ...``). Why: every other ``--json``
+    error document of a bad argument has them (review 2026-12-07)."""
+    said = re.match(r"argument ([^:]+): (.*)", message, re.S)
+    if said is None:
+        return {}
+    out = {"argument": said.group(1).split("/")[0].lstrip("-")}
+    quoted = re.match(r"(?:invalid choice: )?'((?:[^'\\]|\\.)*)'", said.group(2))
+    if quoted is not None:
+        out["value"] = quoted.group(1)
+    return out
 
 
 def asks_for_json(argv: Sequence[str]) -> bool:

@@ -12,8 +12,9 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["DuplicateKeyError", "HugeIntegerError", "NonFiniteNumberError", "field_path",
-           "json_error_text", "show_value", "strict_json_loads", "unique_keys_loads"]
+__all__ = ["BOM_RULE", "DuplicateKeyError", "HugeIntegerError", "NonFiniteNumberError",
+           "field_path", "json_error_text", "show_value", "strict_json_loads",
+           "unique_keys_loads"]
 
 
 class DuplicateKeyError(ValueError):
@@ -140,6 +141,17 @@ def _first_marker(doc: Any, kind: type) -> tuple[str, Any] | None:
     return None
 
 
+BOM_RULE = "the file starts with a UTF-8 byte-order mark (BOM); save it as UTF-8 without one"
+
+
+def _refuse_bom(text: str | bytes) -> None:
+    """Python's own message for a BOM says "(decode using utf-8-sig)", advice for the
+    programmer, not for whoever saved the file (review 2026-12-07). (Bytes are left to
+    json.loads, which decodes them as it finds them.)"""
+    if isinstance(text, str) and text.startswith("\ufeff"):
+        raise json.JSONDecodeError(BOM_RULE, text, 0)
+
+
 def strict_json_loads(text: str) -> Any:
     """json.loads refusing what a hand-edited input file gets wrong unseen: a key
     named twice in one object (the last would win) and NaN / Infinity.
@@ -156,6 +168,7 @@ def strict_json_loads(text: str) -> Any:
     json.JSONDecodeError, RecursionError, ValueError
         As json.loads.
     """
+    _refuse_bom(text)
     found: list[bool] = []
 
     def constant(literal: str) -> _NonFinite:
@@ -210,6 +223,7 @@ def _raise_huge_integer(text: str) -> None:
 def unique_keys_loads(text: str) -> Any:
     """json.loads refusing a key named twice in one object only: NaN and Infinity pass,
     so the reader's own check names the field (a trace's ``t = nan: must be ...``)."""
+    _refuse_bom(text)
     return json.loads(text, object_pairs_hook=_unique_keys)
 
 
@@ -280,5 +294,7 @@ def json_error_text(err: "json.JSONDecodeError") -> str:
     """``Expecting value at column 7``: the decoder's message and where. Why: some of
     its messages end in "at" already ("Unterminated string starting at"), which read
     "starting at at column 160"."""
+    if err.msg == BOM_RULE:
+        return BOM_RULE
     msg = err.msg[:-3] if err.msg.endswith(" at") else err.msg
     return f"{msg} at column {err.colno}"

@@ -62,7 +62,8 @@ def allocate(geometry: "Geometry | str | Path", *,
     geometry
         A :class:`Geometry` or the path of a geometry JSON file.
     plan
-        A :class:`PhysicalPlan` for this geometry, a label for ``make_plan``
+        A :class:`PhysicalPlan` for this geometry, a label for
+        :func:`kvgrant.layout.plans.make_plan`
         (``naive``, ``reference``, ``packed``: the default) or a planner callable
         ``geometry -> PhysicalPlan``. A label or planner is applied after pages are
         fitted; a given plan must fit as it is.

@@ -60,10 +60,11 @@ InReservation(e) ==
     /\ TraceBase[e.p] <= e.evVa
     /\ e.evVa + e.size <= TraceBase[e.p] + TraceResSize[e.p]
 
-\* A mapping event names the planned VA and the allocation's size.
+\* A mapping event names the planned VA and the allocation's size (a failed one: each
+\* of them it names).
 AtVA(e, k, m) ==
-    (e.ok \/ e.evVa # -1) => /\ e.evVa = SlotVA(e.p, k, e.alloc, m)
-                              /\ e.size = TraceLen[e.alloc]
+    /\ Named(e.evVa, SlotVA(e.p, k, e.alloc, m), e.ok)
+    /\ Named(e.size, TraceLen[e.alloc], e.ok)
 
 OwnLive(p) == {hdl[p][b] : b \in Allocs} \ {-1}
 Live(p) == OwnLive(p) \cup ({ihdl[p][o][b] : o \in Ranks, b \in Allocs} \ {-1})

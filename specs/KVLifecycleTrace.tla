@@ -79,15 +79,13 @@ ObjectsMatch(e) ==
             [] e.action \in {"Map", "MapAlias"} ->
                  LET m == IF e.action = "Map" THEN "plane" ELSE "alias" IN
                  /\ Named(e.handle, hdl[e.rank][e.alloc], e.ok)
-                 /\ (e.ok \/ e.evVa # -1) =>
-                        /\ e.evVa = MapVA(e.rank, e.alloc, m)
-                        /\ e.size = TraceLen[e.alloc]
+                 /\ Named(e.evVa, MapVA(e.rank, e.alloc, m), e.ok)
+                 /\ Named(e.size, TraceLen[e.alloc], e.ok)
                  /\ e.ok => /\ TraceBase[e.rank] <= e.evVa
                             /\ e.evVa + e.size <= TraceBase[e.rank] + TraceResSize[e.rank]
             [] e.action \in {"Grant", "Unmap"} ->
-                 (e.ok \/ e.evVa # -1) =>
-                    /\ e.evVa = MapVA(e.rank, e.alloc, e.mapping)
-                    /\ e.size = TraceLen[e.alloc]
+                 /\ Named(e.evVa, MapVA(e.rank, e.alloc, e.mapping), e.ok)
+                 /\ Named(e.size, TraceLen[e.alloc], e.ok)
             [] e.action = "Release" ->
                  /\ Named(e.handle, hdl[e.rank][e.alloc], e.ok)
                  /\ e.ok => /\ e.alloc \notin mapped[e.rank]

@@ -155,3 +155,66 @@ def test_ranks_past_the_limit_is_the_options_bad_value(capsys) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert (doc["kind"], doc["argument"], doc["value"]) == ("ArgumentError", "ranks", 99999999)
     assert doc["message"].startswith("--ranks = 99999999: must be an integer in 1..")
+
+
+def test_a_rule_broken_inside_a_geometry_file_names_the_file(tmp_path: Path) -> None:
+    doc = json.loads(SMALL.read_text())
+    doc["pages"] = -1
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GeometryError) as info:
+        load_geometry(path)
+    # was: "invalid geometry: pages = -1: ..." with no file, where a JSON error names it
+    assert str(info.value).startswith(f'"{path}": invalid geometry: pages = -1'), info.value
+    assert (info.value.field, info.value.value) == ("pages", -1)
+
+
+def test_a_missing_geometry_field_has_no_value(tmp_path: Path, capsys) -> None:
+    from kvgrant.cli import main
+
+    doc = json.loads(SMALL.read_text())
+    del doc["pages"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    assert main(["plan", str(path), "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    # was: "value" = a cut Python repr of the whole document
+    assert (out["field"], out["value"]) == ("pages", None)
+    assert "pages: missing (the field is required)" in out["message"]
+
+
+@pytest.mark.parametrize("argv, argument, value", [
+    (["alloc", str(SMALL), "--ranks", "abc"], "ranks", "abc"),
+    (["alloc", str(SMALL), "--backend", "nope"], "backend", "nope"),
+    (["alloc", str(SMALL), "--fail-at", "-3"], "fail-at", "-3"),
+    (["plan", str(SMALL), "--time-limit", "inf"], "time-limit", "inf"),
+])
+def test_a_usage_error_document_names_the_argument_and_value(argv, argument: str,
+                                                             value: str, capsys) -> None:
+    from kvgrant.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--json"])
+    assert info.value.code == 2
+    doc = json.loads(capsys.readouterr().out)
+    # was: kind, message and exit_status only, where every other bad argument's
+    # document has argument and value
+    assert (doc["kind"], doc["argument"], doc["value"]) == ("ArgumentError", argument, value)
+
+
+def test_a_byte_order_mark_is_named_for_whoever_saved_the_file(tmp_path: Path) -> None:
+    from kvgrant.conformance import load_trace
+    from kvgrant.errors import TraceError
+    from kvgrant.strict_json import BOM_RULE
+
+    bom = "\ufeff"
+    geometry = tmp_path / "g.json"
+    geometry.write_text(bom + SMALL.read_text(), encoding="utf-8")
+    trace = tmp_path / "t.ndjson"
+    trace.write_text(bom + '{"kind": "header"}\n', encoding="utf-8")
+    # was: "Unexpected UTF-8 BOM (decode using utf-8-sig)", advice for a programmer
+    for load, path, error in ((load_geometry, geometry, GeometryError),
+                              (load_trace, trace, TraceError)):
+        with pytest.raises(error) as info:
+            load(path)
+        assert BOM_RULE in str(info.value) and "utf-8-sig" not in str(info.value)

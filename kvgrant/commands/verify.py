@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, specdir: Path) -> int:
+    if not discover_models(specdir):  # before the table's header (was: header, then error)
+        raise ToolError(f"no model-checking configs (MC*.cfg) in {specdir}")
     table = None if args.json else sys.stdout
     if table is not None:
         _print_row(table, _COLUMNS)

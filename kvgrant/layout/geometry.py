@@ -352,9 +352,12 @@ def parse_geometry(data: Any) -> Geometry:
             if isinstance(ctx_err, GeometryError):
                 raise ctx_err from None
         first = errors[0]
+        # a missing field has no value (pydantic's input is then the whole object
+        # around it, which the JSON document showed as a cut Python repr)
         raise GeometryError(f"invalid geometry: {_format_pydantic(err)}",
                             field=field_path(list(first["loc"])),
-                            value=first.get("input")) from None
+                            value=None if first.get("type") == "missing"
+                            else first.get("input")) from None
     except RecursionError:
         raise GeometryError("invalid geometry: nested too deeply", field="<root>",
                             value=None) from None
@@ -387,7 +390,11 @@ def load_geometry(path: str | Path) -> Geometry:
     if not isinstance(data, dict):  # named with the file (was: "got NoneType", no file)
         raise GeometryError(f"{show_path(path)}: {_not_an_object(data)}", field="<root>",
                             value=_json_kind(data))
-    return parse_geometry(data)
+    try:
+        return parse_geometry(data)
+    except GeometryError as err:  # named with the file, as the JSON errors are (was not)
+        raise GeometryError(f"{show_path(path)}: {err}", field=err.field,
+                            value=err.value) from None
 
 
 def _json_kind(value: Any) -> str:

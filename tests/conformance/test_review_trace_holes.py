@@ -142,3 +142,74 @@ def test_a_clean_group_still_conforms_with_every_call_checked(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, text = _conform(capsys, str(_group(tmp_path)), "--geometry", str(SMALL))
     assert rc == 0, text
+
+
+def _failed_call_naming_no_va(tmp_path: Path, action: str, size: int | None) -> Path:
+    """A sim trace whose start-up fails at the first ``action`` (found by --fail-at),
+    that failed event made to name no VA and ``size`` (None: the size it named)."""
+    for k in range(1, 200):
+        lines = record_small_trace(tmp_path, "--fail-at", str(k))
+        evs = [json.loads(x) for x in lines]
+        failed = [i for i, e in enumerate(evs) if e.get("result") not in (None, "CUDA_SUCCESS")
+                  and e.get("kind") == "event"]
+        if failed and evs[failed[0]]["action"] == action:
+            i = failed[0]
+            evs[i]["va"] = None
+            if size is not None:
+                evs[i]["size"] = size
+            path = tmp_path / f"{action}-{size}.ndjson"
+            path.write_text("\n".join(json.dumps(e) for e in evs) + "\n")
+            return path
+    raise AssertionError(f"no --fail-at K fails a {action}")
+
+
+@pytest.mark.parametrize("action", ["MapAlias", "Map", "Grant"])
+def test_a_failed_call_naming_no_va_is_checked_for_the_size_it_names(
+        tmp_path: Path, action: str) -> None:
+    # review 2026-12-07: the size was checked only with the VA, so a failed MapAlias or
+    # Grant naming no VA passed with any size (TLC's trace spec likewise)
+    as_named = replay(load_trace(_failed_call_naming_no_va(tmp_path, action, None)))
+    assert as_named.accepted, as_named.reason  # naming no VA is allowed
+    v = replay(load_trace(_failed_call_naming_no_va(tmp_path, action, 123 << 21)))
+    assert not v.accepted and v.event.action == action
+    assert f"no VA, {123 << 21:#x} bytes" in v.reason, v.reason
+
+
+@pytest.mark.tlc
+def test_tlc_checks_the_size_a_failed_call_names_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _failed_call_naming_no_va(tmp_path, "MapAlias", 123 << 21)
+    rc, text = _conform(capsys, str(path), "--engine", "both", "--json")
+    doc = json.loads(text[text.index("{"):])
+    assert rc == 1 and doc["agree"] and not doc["accepted"], text
+
+
+def _publish_and_map(evs: list[dict]) -> tuple[int, int]:
+    return (next(i for i, e in enumerate(evs) if e.get("action") == "Publish"),
+            next(i for i, e in enumerate(evs) if e.get("action") == "Map"))
+
+
+@pytest.mark.parametrize("edit, says", [
+    ("group_state_counters", "unknown key (a group event's state is its phase alone)"),
+    ("rank_state_extra", "state.imported = 3: unknown key (a rank event's state is phase"),
+    ("group_device", "device = 5: must be null: a Publish event carries no device"),
+])
+def test_what_an_event_may_not_carry_is_refused_not_ignored(tmp_path: Path, edit: str,
+                                                            says: str) -> None:
+    # review 2026-12-07: a Publish whose state claimed rank counters, a rank event's
+    # state with a key of no model, and a Publish naming a device were all accepted
+    from kvgrant.errors import TraceError
+
+    evs = [json.loads(x) for x in record_small_trace(tmp_path)]
+    publish, first_map = _publish_and_map(evs)
+    if edit == "group_state_counters":  # the rank counters, in the writer's order
+        evs[publish]["state"] = {**evs[publish - 1]["state"], "phase": "Published"}
+    elif edit == "rank_state_extra":
+        evs[first_map]["state"]["imported"] = 3
+    else:
+        evs[publish]["device"] = 5
+    path = tmp_path / f"{edit}.ndjson"
+    path.write_text("\n".join(json.dumps(e) for e in evs) + "\n")
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert says in str(info.value), info.value
