@@ -616,6 +616,11 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
                                         f"{RANK_ACTIONS['Reserve']!r} (only a failed Reserve "
                                         "may name the set-up query that stopped the start-up "
                                         f"before it: {', '.join(sorted(SETUP_CALLS))})")
+        reserved = _reserved_rank(h)
+        if reserved is not None:  # (was: accepted after the other ranks had reserved)
+            raise _fail(source, lineno, f"call = {_show(call)}: a set-up query fails only "
+                                        "before any rank reserved, but the header gives rank "
+                                        f"{reserved} a reservation base")
     if result is not None and type(result) is not str:
         raise _fail(source, lineno, f"result = {result!r}: must be a string or null")
     if RANK_ACTIONS.get(action) is not None and (call is None or result is None):
@@ -737,7 +742,17 @@ def _combo_ok(h: Header, rank: str, action: str, has_alloc: str, mapping: str,
     if result == "null":   # a driver step names both
         return False
     return call[1:-1] == want or (action == "Reserve" and call[1:-1] in SETUP_CALLS
-                                  and result != '"' + SUCCESS + '"')
+                                  and result != '"' + SUCCESS + '"'
+                                  and _reserved_rank(h) is None)
+
+
+def _reserved_rank(h: Header) -> int | None:
+    """The first rank the header gives a reservation base (None: none has one, as when
+    a set-up query stopped the start-up before any reserve; docs/INTERFACES.md)."""
+    if h.layout is None:
+        return None
+    return next((r for r, (base, _) in sorted(h.layout.reservations.items())
+                 if base is not None), None)
 
 
 def _parse_fast(text: str, source: str) -> Trace | None:

@@ -202,6 +202,23 @@ def test_any_other_use_of_a_set_up_call_is_malformed(setup_trace: list[str],
     assert rc == 2 and words in err and "Traceback" not in err, (out, err)
 
 
+def test_a_set_up_query_after_a_rank_reserved_is_malformed(setup_trace: list[str]) -> None:
+    # review 2026-12-07: accepted with a header that gave the ranks their bases (the
+    # query fails before any rank reserves, so every base is null)
+    head = json.loads(setup_trace[0])
+    rank = sorted(head["reservations"], key=int)[0]
+    head["reservations"][rank][0] = 1 << 40
+    lines = [json.dumps(head), *setup_trace[1:]]
+    for read in (lambda: parse_trace_lines(lines),
+                 lambda: parse_trace("\n".join(lines) + "\n")):
+        with pytest.raises(TraceError) as err:
+            read()
+        assert err.value.line == 2, str(err.value)
+        assert (f"call = 'cuMemGetInfo': a set-up query fails only before any rank "
+                f"reserved, but the header gives rank {rank} a reservation base"
+                ) in str(err.value), str(err.value)
+
+
 def test_the_set_up_calls_are_the_queries_prepare_makes() -> None:
     """Each query the preparation makes on an open driver is one a failed Reserve may
     name (and nothing else: the lifecycle's own calls are not)."""
