@@ -84,9 +84,8 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
         # is left (was: the first error's own text, "rank 0: CUDA_ERROR_...: injected
         # fault ..." with no call or byte range)
         live = pub.driver.live().as_dict()
-        left = ", ".join(f"{k}={v}" for k, v in live.items() if v) or "nothing"
         out.update(summary, ok=False, kind=type(err).__name__, live_after_release=live,
-                   error=f"{release_failure_text(err)}; left live after release: {left}")
+                   error=release_failure_text(err, live))
         return out
     summary.update(ok=pub.trace_error is None, release_s=round(pub.release_s or 0.0, 6),
                    live_after_release=pub.driver.live().as_dict(),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import partial
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 __all__ = ["Teardown", "Transaction", "attach_cleanup_errors", "release_failure_text"]
 
@@ -40,20 +40,22 @@ def attach_cleanup_errors(err: BaseException, errors: list[BaseException]) -> No
         err.add_note(f"undo failed: {type(e).__name__}: {e}")
 
 
-def release_failure_text(err: BaseException) -> str:
-    """``release failed: N undo step(s) failed, the others ran: ...``: ``err`` and its
-    ``cleanup_errors``, each driver error as
-    :meth:`kvgrant.errors.DriverError.headline` says it (at most 5). Why: a release
-    goes on past a failed undo, and the first error's own text named neither the rank
-    nor the bytes (the CLI's one-process and ``--procs`` runs both print this)."""
+def release_failure_text(err: BaseException, live: Mapping[str, int]) -> str:
+    """``release failed: N undo step(s) failed, the others ran: ...; left live after
+    release: ...``: ``err`` and its ``cleanup_errors``, each driver error as
+    :meth:`kvgrant.errors.DriverError.headline` says it (at most 5), then the nonzero
+    counts of ``live`` (the driver's live objects). Why: a release goes on past a
+    failed undo, and the first error's own text named neither the rank nor the bytes
+    nor what was left (the CLI's one-process and ``--procs`` runs both print this)."""
     from kvgrant.errors import DriverError
 
     errors = [err, *(getattr(err, "cleanup_errors", None) or [])]
     said = [e.headline() if isinstance(e, DriverError) else f"{type(e).__name__}: {e}"
             for e in errors[:5]]
     more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+    left = ", ".join(f"{k}={v}" for k, v in live.items() if v) or "nothing"
     return (f"release failed: {len(errors)} undo step(s) failed, the others ran: "
-            + "; ".join(said) + more)
+            + "; ".join(said) + more + f"; left live after release: {left}")
 
 
 def _run_lifo(steps: list[Callable[[], Any]]) -> list[BaseException]:

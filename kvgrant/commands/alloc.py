@@ -369,8 +369,7 @@ def _release_failed(args: argparse.Namespace, pub: Any, err: KVGrantError) -> in
     from kvgrant.runtime.transaction import release_failure_text
 
     live = pub.driver.live().as_dict()
-    left = ", ".join(f"{k}={v}" for k, v in live.items() if v) or "nothing"
-    text = f"{release_failure_text(err)}; left live after release: {left}"
+    text = release_failure_text(err, live)
     if args.json:
         print(json.dumps(error_document(type(err).__name__, text, 1, **error_fields(err),
                                         live_after_release=live)))

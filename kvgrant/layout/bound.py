@@ -668,8 +668,9 @@ def allocation_lower_bound(g: Geometry) -> LowerBound:
 MAX_LAGRANGIAN_PAIRS = 20_000
 """Most (granule, label) pairs (:func:`kvgrant.layout.granules.eligible_pairs`) the
 Lagrangian bound walks (300 times, or once after the price LP); past it the bound (D)
-is 0, its trivial value (the other parts still count). A count of the geometry, not a clock. Measured (2-core
-machine): the published example at 20 times its scale has 16,663 pairs and its bound
+is 0, its trivial value (the other parts still count). A count of the geometry, not a
+clock. Measured (2-core machine): the published example at 20 times its scale has
+16,663 pairs and its bound
 (D) takes 3.2 s (24,841, the bound it reports); one plane with 100,000 two-page chunks
 has 116,427 and took 40 s for a bound of 2; two chunks at G = 64 bytes over 5,000
 pages have 305,720, and the whole combinatorial bound took 95 s there. Every example and exporter or random layout of the
