@@ -43,6 +43,22 @@ def traced_shutdown(run: Any, teardown: Teardown) -> list[BaseException]:
     return errors
 
 
+def allocation_target(a: Allocation, mapping: str) -> tuple[str, tuple[int, int]]:
+    """What one mapping of ``a`` covers: ``("plane 'kv'", (lo, hi))`` for its plane
+    mapping, its region and region bytes for its ``"alias"`` mapping. Failure messages
+    and trace events of both runtimes (one process, one process per rank) name it."""
+    if mapping == "alias":
+        assert a.region is not None and a.region_offset is not None
+        return (f"region {a.region!r}", (a.region_offset, a.region_offset + a.length))
+    return (f"plane {a.plane!r}", (a.plane_offset, a.plane_offset + a.length))
+
+
+def allocation_target_text(a: Allocation, mapping: str) -> str:
+    """``plane 'kv' bytes [0x0, 0x200000)``: what a failed step acted on."""
+    what, (lo, hi) = allocation_target(a, mapping)
+    return f"{what} bytes [{lo:#x}, {hi:#x})"
+
+
 def va_layout(g: Geometry) -> tuple[dict[str, int], dict[str, int], int]:
     """A rank's VA layout (docs/INTERFACES.md): planes then regions, in geometry order,
     at G-aligned offsets; returns (plane offsets, region offsets, bytes to reserve).
@@ -291,17 +307,6 @@ class Engine:
         return StepFailed(err, st.rank, st.device, call, target,  # type: ignore[arg-type]
                           byte_range, va, size)
 
-    def _target_text(self, a: Allocation, mapping: str) -> str:
-        """``plane 'kv' bytes [0x0, 0x200000)``: what an undo's failure acted on."""
-        what, (lo, hi) = self._alloc_target(a, mapping)
-        return f"{what} bytes [{lo:#x}, {hi:#x})"
-
-    def _alloc_target(self, a: Allocation, mapping: str) -> tuple[str, tuple[int, int]]:
-        if mapping == "alias":
-            assert a.region is not None and a.region_offset is not None
-            return (f"region {a.region!r}", (a.region_offset, a.region_offset + a.length))
-        return (f"plane {a.plane!r}", (a.plane_offset, a.plane_offset + a.length))
-
     # --------------------------------------------------------------- forward
     def build(self, txn: Transaction) -> None:
         """Reserve every rank's VA, then every rank's allocations in order; raises
@@ -456,16 +461,16 @@ class Engine:
         n = a.length
         if step == "Create":
             return self._fail(st, e, "Create", _ALLOC % i, "cuMemCreate",
-                              *self._alloc_target(a, "plane"), None, n)
+                              *allocation_target(a, "plane"), None, n)
         if step in ("Map", "MapAlias"):
             mapping, va = ("plane", pva) if step == "Map" else ("alias", ava)
             return self._fail(st, e, step, _ALLOC % i, "cuMemMap",
-                              *self._alloc_target(a, mapping), va, n, h)
+                              *allocation_target(a, mapping), va, n, h)
         mapping, va = ("plane", pva) if step == "Grant plane" else ("alias", ava)
         devs = self.grant_plane[st.rank] if mapping == "plane" else \
             self.grant_region[st.rank][a.region]  # type: ignore[index]
         return self._fail(st, e, "Grant", args_grant(mapping, devs, i), "cuMemSetAccess",
-                          *self._alloc_target(a, mapping), va, n)
+                          *allocation_target(a, mapping), va, n)
 
     # --------------------------------------------------------------- undos
     def _undo_free(self, st: _Rank, va: int, size: int) -> None:
@@ -485,7 +490,7 @@ class Engine:
         try:
             self.driver.release(handle)
         except DriverError as e:
-            e.locate(st.rank, self._target_text(self.allocs[i], "plane"))
+            e.locate(st.rank, allocation_target_text(self.allocs[i], "plane"))
             if self.trace.enabled:
                 self._ev(st, "Release", _ALLOC % i, "cuMemRelease", e.result_name,
                          handle=handle)
@@ -498,7 +503,7 @@ class Engine:
         try:
             self.driver.unmap(va, n)
         except DriverError as e:
-            e.locate(st.rank, self._target_text(self.allocs[i], mapping))
+            e.locate(st.rank, allocation_target_text(self.allocs[i], mapping))
             if self.trace.enabled:
                 self._ev(st, "Unmap", args_unmap(mapping, i), "cuMemUnmap", e.result_name, va, n)
             raise

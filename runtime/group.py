@@ -53,7 +53,7 @@ from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step 
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
 from kvgrant.runtime.fdpass import FdClient, FdServer
-from kvgrant.runtime.engine import traced_shutdown, va_layout
+from kvgrant.runtime.engine import allocation_target_text, traced_shutdown, va_layout
 from kvgrant.runtime.interrupts import DeferredInterrupt
 from kvgrant.runtime.options import (Backend, HandleBudget, RankShorthands, TraceOptions,
                                      group_options)
@@ -530,10 +530,7 @@ class _GroupRun:
 
     def target(self, a: Allocation, mapping: str, owner: int | None = None) -> str:
         who = "" if owner is None else f"imported from rank {owner}, "
-        if mapping == "alias":
-            lo = a.region_offset or 0
-            return f"{who}region {a.region!r} bytes [{lo:#x}, {lo + a.length:#x})"
-        return f"{who}plane {a.plane!r} bytes [{a.plane_offset:#x}, {a.plane_offset + a.length:#x})"
+        return who + allocation_target_text(a, mapping)
 
     # ------------------------------------------------------------------- undos
     def undo_free(self, va: int, size: int) -> None:

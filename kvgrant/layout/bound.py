@@ -43,8 +43,8 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.layout import price_lp
 from kvgrant.layout.conflicts import declared_conflict_ranges
 from kvgrant.layout.geometry import Geometry, Region, require_geometry, round_up
-from kvgrant.layout.granules import (eligible_pairs, granule_row, label_units, labels,
-                                     same_set_spans)
+from kvgrant.layout.granules import (eligible_pairs, granule_row, labels, labels_per_granule,
+                                     plane_classes, same_set_spans)
 
 __all__ = ["LowerBound", "RegionBound", "allocation_lower_bound", "handle_lower_bound",
            "lagrangian_bound"]
@@ -758,24 +758,15 @@ def lagrangian_bound(g: Geometry, iterations: int = 300, *, free_cost: int = 1,
 
 def _plane_class_states(g: Geometry) -> list[tuple[int, tuple[int, int], list[int],
                                                    "_PlaneStates"]]:
-    """Per plane class (planes of one bytes per page and size, in first-seen order):
-    its planes, its key (bytes per page, granules), the granules the passes walk
+    """Per plane class (:func:`~kvgrant.layout.granules.plane_classes`): its number of
+    planes, its key (bytes per page, granules), the granules the passes walk
     (:func:`_kept_positions`) and their states. Shared by (D) and its tests."""
-    G = g.granularity
     pred = labels(g).pred
-    counts: dict[tuple[int, int], int] = {}
-    for p in g.planes:
-        key = (p.bytes_per_page, g.plane_bytes(p.name) // G)
-        counts[key] = counts.get(key, 0) + 1
     out = []
-    for (bpp, units), mult in counts.items():
-        per_unit: list[list[int]] = [[] for _ in range(units)]
-        for s, rng in enumerate(label_units(g, bpp, units)):
-            for lo, hi in rng:
-                for u in range(lo, hi):
-                    per_unit[u].append(s)
+    for bpp, units, idx in plane_classes(g):
+        per_unit = labels_per_granule(g, bpp, units)
         kept = _kept_positions(per_unit)
-        out.append((mult, (bpp, units), kept,
+        out.append((len(idx), (bpp, units), kept,
                     _PlaneStates.of([per_unit[u] for u in kept], pred)))
     return out
 

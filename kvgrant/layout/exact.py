@@ -43,8 +43,8 @@ from kvgrant.layout.conflicts import (_INT64_SAFE, declared_conflict_arrays,
                                       declared_conflict_ranges)
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import Geometry
-from kvgrant.layout.granules import (Labels, eligible_pairs, label_units, labels,
-                                     straddling_part_arrays)
+from kvgrant.layout.granules import (Labels, eligible_pairs, labels, labels_per_granule,
+                                     plane_classes, straddling_part_arrays)
 from kvgrant.layout.plan import Allocation, PhysicalPlan
 from kvgrant.layout.rules import finish_plan
 
@@ -238,15 +238,6 @@ class _OverBudget(Exception):
         self.nonzeros = nonzeros
 
 
-def _classes(g: Geometry) -> list[tuple[int, int, list[int]]]:
-    """Planes grouped by (bytes per page, granules): interchangeable in every plan."""
-    G = g.granularity
-    out: dict[tuple[int, int], list[int]] = {}
-    for i, p in enumerate(g.planes):
-        out.setdefault((p.bytes_per_page, g.plane_bytes(p.name) // G), []).append(i)
-    return [(bpp, units, idx) for (bpp, units), idx in out.items()]
-
-
 def _least_nonzeros(g: Geometry) -> int:
     """A lower bound on the model's nonzeros, without building it: every label column
     ``X[c,u,l]`` sits in its granule's assign row and its label's need row (the
@@ -272,18 +263,14 @@ def _build(g: Geometry, free_cost: float, region_cost: dict[str, float], *,
     than that (a model no limit would let be solved)."""
     lab = labels(g)
     nl = len(lab.need)
-    m = _Model(_classes(g), budget=budget)
+    m = _Model(plane_classes(g), budget=budget)
     succ = lab.succ
     lcost = [free_cost + region_cost.get(lab.region[l_], 0.0) for l_ in range(nl)]
     by_label: list[list[int]] = [[] for _ in range(nl)]
     joins_in: list[list[int]] = [[] for _ in range(nl)]
     for c, (bpp, units, idx) in enumerate(m.classes):
         mult = len(idx)
-        per_unit: list[list[int]] = [[] for _ in range(units)]
-        for l_, rng in enumerate(label_units(g, bpp, units)):
-            for lo, hi in rng:
-                for u in range(lo, hi):
-                    per_unit[u].append(l_)
+        per_unit = labels_per_granule(g, bpp, units)
         for u in range(units):
             m.at[(c, u)] = per_unit[u]
             zc = m.col(0, mult, free_cost)

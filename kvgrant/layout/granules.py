@@ -92,6 +92,33 @@ def label_units(g: Geometry, bpp: int, units: int) -> list[list[tuple[int, int]]
     return out
 
 
+def plane_classes(g: Geometry) -> list[tuple[int, int, list[int]]]:
+    """Planes grouped by (bytes per page, granules), in first-seen order, each with its
+    plane indices in geometry order.
+
+    Why: planes of one class are interchangeable in every plan, so the exact model and
+    the Lagrangian bound count per class; both must group (and order) them alike."""
+    G = g.granularity
+    out: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(g.planes):
+        out.setdefault((p.bytes_per_page, g.plane_bytes(p.name) // G), []).append(i)
+    return [(bpp, units, idx) for (bpp, units), idx in out.items()]
+
+
+def labels_per_granule(g: Geometry, bpp: int, units: int) -> list[list[int]]:
+    """Per granule of a plane of ``bpp`` bytes per page and ``units`` granules, the
+    labels it may take, in label order: :func:`label_units` turned inside out.
+
+    Why: the exact model's columns and the Lagrangian bound's states are both laid out
+    granule by granule over these lists."""
+    per_unit: list[list[int]] = [[] for _ in range(units)]
+    for l_, rng in enumerate(label_units(g, bpp, units)):
+        for lo, hi in rng:
+            for u in range(lo, hi):
+                per_unit[u].append(l_)
+    return per_unit
+
+
 def eligible_pairs(g: Geometry) -> int:
     """(granule, label) pairs a plane of each class may use, summed over the plane
     classes (planes of one bytes per page and size count once): the size of the exact
@@ -103,11 +130,9 @@ def eligible_pairs(g: Geometry) -> int:
     minutes. The planners check this count against their limits first."""
     got = g._memo.get("eligible_pairs")
     if got is None:
-        G = g.granularity
         got = g._memo["eligible_pairs"] = sum(
             hi - lo
-            for bpp, units in {(p.bytes_per_page, g.plane_bytes(p.name) // G)
-                               for p in g.planes}
+            for bpp, units, _ in plane_classes(g)
             for rng in label_units(g, bpp, units) for lo, hi in rng)
     return got  # type: ignore[no-any-return]
 
