@@ -15,7 +15,8 @@ into nothing at all:
    by rank, per allocation in plan order ``Create``, ``Map``, ``MapAlias``, ``Grant``
    (one ``cuMemSetAccess`` per mapping, owner + validated importers only); ``RankReady``.
    Each undo is pushed after its step's result is checked; the ledger lease is the first
-   undo, so it is released last.
+   undo, so it is released last, and kept (until this process exits) when a newer undo
+   failed and left driver objects live.
 3. ``Publish`` only when every rank is ready. On any failure: the failed event, then
    ``Abort``, then every rank unwinds LIFO (aliases before their backing), then
    ``AbortComplete``, and :class:`~kvgrant.errors.AllocationError` names the call,
@@ -164,7 +165,7 @@ def run_transaction(prep: Prepared, engine_type: type[Engine] = Engine) -> Publi
         t0 = time.perf_counter()
         txn = Transaction()
         if prep.lease is not None:
-            txn.push(prep.lease.release)  # the last undo: after every handle is gone
+            txn.push_unless_undo_failed(prep.lease.release)  # last; kept if objects are left live
         try:
             engine.build(txn)  # writes the trace header once every rank reserved
         except StepFailed as f:

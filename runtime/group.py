@@ -676,6 +676,9 @@ class _GroupRun:
                               f"fd of allocation {i} to rank {r}")
                     s.sent += 1
                     self.ev("Send", args, "sendmsg", "SUCCESS")
+                    # the importer traces its Import once the fd is there: a kill of
+                    # this process must not lose the Send that Import needs
+                    self.trace.ship()
             finally:
                 d.close_shareable(fd)
 
@@ -1128,7 +1131,7 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
     # -- 3. build, 4. vote, decide, publish or abort -----------------------------------
     t0 = time.perf_counter()   # reset when the build starts: start-up as the allocator's
     txn = Transaction()
-    txn.push(lease.release)              # the last undo of abort and of shutdown
+    txn.push_unless_undo_failed(lease.release)  # the last undo; kept if objects are left live
     clients: dict[int, FdClient] = {}
     fail: _StepFailed | None = None
     run: _GroupRun | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kvgrant.errors import ReleasedError
@@ -17,6 +18,7 @@ from kvgrant.layout.geometry import Geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.runtime.capacity import PageFit
 from kvgrant.runtime.driver import Driver, LiveCounts
+from kvgrant.runtime.interrupts import DeferredInterrupt
 from kvgrant.runtime.transaction import Teardown, attach_cleanup_errors
 from kvgrant.runtime.views import DeviceBuffer
 
@@ -236,21 +238,34 @@ class Published:
             return
         self.released = True
         t0 = time.perf_counter()
-        try:
-            with gc_paused():
-                errors = self._engine.shutdown(self._teardown)
-        finally:
-            self.release_s = time.perf_counter() - t0
-        if self._owns_driver:
-            self.driver.close()
+        # A Ctrl-C waits until the teardown ran (a second one raises at once): raised
+        # between two undos it would leave the rest of the cache live and unreachable.
+        with DeferredInterrupt() as interrupt:
+            try:
+                with gc_paused():
+                    errors = self._engine.shutdown(self._teardown)
+            finally:
+                self.release_s = time.perf_counter() - t0
+            if self._owns_driver:
+                self.driver.close()
         if errors:
             first = errors[0]
             attach_cleanup_errors(first, errors[1:])
             raise first
+        if interrupt.pending:
+            raise KeyboardInterrupt
 
     def __enter__(self) -> "Published":
         self._live("with")
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """Release; an error of the with-block stays the one raised, and a failed
+        release is attached to it (``cleanup_errors``) instead of replacing it."""
+        try:
+            self.release()
+        except Exception as e:
+            if exc is None:
+                raise
+            attach_cleanup_errors(exc, [e, *(getattr(e, "cleanup_errors", None) or [])])

@@ -436,6 +436,13 @@ class TraceWriter:
         if len(self._buf) >= self._chunk and self._on:
             self._ship()
 
+    def ship(self) -> None:
+        """Hand everything recorded so far to the renderer, without waiting: once
+        shipped, a line reaches the file even when this process is killed (the renderer
+        outlives it). For events another process can observe the effect of (a Send)."""
+        if self._on:
+            self._ship()
+
     def _ship(self) -> None:
         """Hand everything recorded so far to the renderer, without waiting for it."""
         buf = self._buf

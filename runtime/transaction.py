@@ -58,11 +58,20 @@ def release_failure_text(err: BaseException, live: Mapping[str, int]) -> str:
             + "; ".join(said) + more + f"; left live after release: {left}")
 
 
+class _UnlessUndoFailed(partial):  # type: ignore[type-arg]
+    """An undo that is skipped once a newer undo failed (see :meth:`Transaction.push_unless_undo_failed`)."""
+
+
 def _run_lifo(steps: list[Callable[[], Any]]) -> list[BaseException]:
-    """Run and drop ``steps`` newest first; collect (never raise) ``Exception``s."""
+    """Run and drop ``steps`` newest first; collect (never raise) ``Exception``s.
+
+    A step pushed with :meth:`Transaction.push_unless_undo_failed` is dropped without
+    running when any newer step failed."""
     errors: list[BaseException] = []
     while steps:
         step = steps.pop()
+        if errors and isinstance(step, _UnlessUndoFailed):
+            continue
         try:
             step()
         except Exception as e:  # noqa: BLE001 - every undo must get its turn
@@ -122,6 +131,18 @@ class Transaction:
         if not self._open:
             raise RuntimeError("push() on a transaction that was already committed or rolled back")
         self._steps.append(partial(fn, *args, **kwargs))
+
+    def push_unless_undo_failed(self, fn: Callable[..., Any], /, *args: Any,
+                                **kwargs: Any) -> None:
+        """Like :meth:`push`, but the undo is skipped when a newer undo failed.
+
+        Why: the host ledger's lease accounts for the driver handles of every step
+        pushed after it; when one of their undos fails, objects are left live, and
+        releasing the lease would let other processes count on handles still held
+        (the share goes when this process exits, as the ledger reaps dead holders)."""
+        if not self._open:
+            raise RuntimeError("push() on a transaction that was already committed or rolled back")
+        self._steps.append(_UnlessUndoFailed(fn, *args, **kwargs))
 
     def commit(self) -> Teardown:
         """Disarm the undos and hand them over (for shutdown) as a :class:`Teardown`."""

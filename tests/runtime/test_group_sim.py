@@ -151,6 +151,18 @@ def test_kill_9_of_one_process_during_start_up_aborts_the_others_naming_it(
     assert not any(e["action"] in ("AbortComplete", "ShutdownComplete", "Vote") for e in events)
 
 
+@pytest.mark.parametrize("kill_at", [14, 18])
+def test_kill_9_of_an_owner_after_it_sent_fds_keeps_its_sends_in_its_trace(
+        tmp_path: Path, kill_at: int) -> None:
+    """Audit: rank 1 SIGKILLed after its first fds left kept only its header (events were
+    still in its buffer), so rank 0's Import of them had no Send and conform failed."""
+    recs = run_group(tmp_path, TINY, kill_rank=1, kill_at=kill_at, timeout_s=20)
+    assert recs[1] is None
+    lines = (tmp_path / "rank1.ndjson").read_text().splitlines()
+    assert "Send" in [json.loads(x).get("action") for x in lines[1:]]  # killed after a send
+    assert check_group([tmp_path / f"rank{r}.ndjson" for r in (0, 1)], dead={1}) == "abort"
+
+
 def test_ranks_with_different_plans_are_refused_before_any_driver_call(
         tmp_path: Path) -> None:
     """Each rank plans for itself; the hello compares the plan digests, so a rank whose
