@@ -159,7 +159,13 @@ class DriverError(KVGrantError):
         if self.target is not None:
             where += f", {self.target}"
         return (f"{self.call} failed with {self.result_name} on rank {who} (device "
-                f"{self.device}{where}): {self}")
+                f"{self.device}{where}): {super().__str__()}")
+
+    def __str__(self) -> str:
+        """The driver's message; once :meth:`locate` said the rank, the headline. Why:
+        ``Published.release()`` raises an undo's error as it is, and a library caller
+        printing it saw neither the rank nor the bytes (only the CLI said them)."""
+        return self.headline() if self.rank is not None else super().__str__()
 
 
 class BackendUnavailable(DriverError):

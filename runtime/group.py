@@ -600,11 +600,10 @@ class _GroupRun:
         """Reserve, then per allocation Create, Map, MapAlias, Grant (own device only)."""
         d, s, dev = self.driver, self.st, self.device
         size = self.slot_bytes * (1 + len(self.owners))
-        self.boundary("Reserve", {}, "cuMemAddressReserve", f"reservation of {size:#x} bytes",
-                      size)
+        what = f"reservation bytes [0x0, {size:#x}) (size {size:#x})"  # as one process
+        self.boundary("Reserve", {}, "cuMemAddressReserve", what, size)
         base = self.step("Reserve", {}, "cuMemAddressReserve",
-                         lambda: d.reserve(size, self.G, device=dev),
-                         f"reservation of {size:#x} bytes", None, size)
+                         lambda: d.reserve(size, self.G, device=dev), what, None, size)
         s.va = True
         self.base = base
         self.ranks = [_Slot(self.rank, base)] + [
@@ -831,6 +830,11 @@ class GroupPublished(Published):
 
 # --------------------------------------------------------------------- the API
 def _err_text(e: BaseException) -> str:
+    """``DriverError: ...``; a driver query failed before any address was reserved says
+    its call, CUresult and device first, as the one-process runtime does."""
+    if isinstance(e, DriverError) and e.rank is None:
+        return (f"{e.call} failed with {e.result_name} (device {e.device}) before anything "
+                f"was created (no address reserved, so no byte range): {e}")
     return f"{type(e).__name__}: {e}"
 
 

@@ -121,3 +121,26 @@ def test_a_failed_release_after_a_clean_with_block_is_raised() -> None:
     with pytest.raises(DriverError):
         with allocate(small_geometry(), plan=chunk_plan, driver=drv):
             pass
+
+
+# --------------------------------------------------------- what a failed undo says
+def test_a_failed_release_says_its_call_rank_device_and_bytes_to_a_library_caller() -> None:
+    drv = SimDriver(devices=3, faults=Fault(call="cuMemRelease"))
+    pub = allocate(small_geometry(), plan=chunk_plan, driver=drv)
+    with pytest.raises(DriverError) as info:
+        pub.release()
+    text, e = str(info.value), info.value
+    assert text.startswith(f"cuMemRelease failed with CUDA_ERROR_OUT_OF_MEMORY on rank "
+                           f"{e.rank} (device {e.device}, plane "), text
+    assert "bytes [0x" in text and text == e.headline()
+    assert text.count("cuMemRelease failed with") == 1   # said once, not nested
+
+
+def test_a_group_set_up_query_failure_says_call_result_and_device() -> None:
+    from kvgrant.runtime.group import _err_text
+
+    e = DriverError("CUDA_ERROR_INVALID_DEVICE: no such device", call="cuMemGetInfo",
+                    result=101, result_name="CUDA_ERROR_INVALID_DEVICE", device=3)
+    assert _err_text(e).startswith("cuMemGetInfo failed with CUDA_ERROR_INVALID_DEVICE "
+                                   "(device 3) before anything was created")
+    assert _err_text(OSError("x")) == "OSError: x"
