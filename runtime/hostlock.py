@@ -2,27 +2,40 @@
 
 Why: the driver-handle pool is one per host, so kvgrant processes (and simulated
 drivers standing in for them) keep their shares in files that every process on the
-host opens. Two things make that safe:
+host opens. Three things make that safe:
 
 * a process is identified by pid *and* start time (``/proc/<pid>/stat`` field 22), so
-  an entry whose pid was reused by another process is seen as dead, and by its pid
-  namespace, so an entry written from another namespace is never judged by a pid that
-  means something else here;
+  an entry whose pid was reused by another process is seen as dead (and so is a
+  zombie: it holds no driver handles), and by its pid namespace (``pid:[N]``, the
+  inode of ``/proc/self/ns/pid``), so an entry written from another namespace (a
+  process started under ``unshare --pid``, a container sharing ``/dev/shm``) is never
+  judged by a pid that means something else here: :func:`judge` looks for it in
+  ``/proc`` by namespace and by the innermost pid of ``NSpid`` (``/proc/<pid>/status``),
+  and says "cannot tell" when this process cannot see that namespace;
 * the lock is ``flock`` (one lock per open file, unlike ``lockf``/POSIX locks, which
   belong to the process and are dropped by closing *any* descriptor of the file), taken
-  with a timeout; when it times out, ``/proc/locks`` names the process holding it.
+  with a timeout; when it times out, ``/proc/locks`` names the process holding it;
+* a file is rewritten with :func:`write_fully`, which loops on short writes and raises
+  :class:`ShortWrite` (bytes written, bytes expected, cause) instead of leaving a
+  partly written record.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
 from dataclasses import dataclass
 
-__all__ = ["ProcessId", "current_process", "lock_holder_pid", "locked", "process_state"]
+__all__ = ["INIT_PIDNS", "ProcessId", "ShortWrite", "Verdict", "current_process", "judge",
+           "lock_holder_pid", "locked", "process_state", "write_fully"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+#: The host's (initial) pid namespace: its inode is fixed by the kernel
+#: (``PROC_PID_INIT_INO`` = 0xEFFFFFFC), so ``/proc`` of that namespace lists every
+#: process of the host.
+INIT_PIDNS = "pid:[4026531836]"
 
 
 @dataclass(frozen=True)
@@ -36,19 +49,26 @@ class ProcessId:
     boot_id: str
 
 
-def _start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat, or None when it cannot be read."""
+def _stat(where: str) -> tuple[str, int] | None:
+    """(state, start time) from ``/proc/<where>/stat`` (fields 3 and 22), or None when it
+    cannot be read."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"/proc/{where}/stat", "rb") as f:
             raw = f.read()
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
     rest = raw[raw.rfind(b")") + 2:].split()
     try:
-        return int(rest[19])
+        return rest[0].decode(errors="replace"), int(rest[19])
     except (IndexError, ValueError):
         return None
+
+
+def _start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat, or None when it cannot be read."""
+    st = _stat(str(pid))
+    return None if st is None else st[1]
 
 
 def _read(path: str) -> str:
@@ -59,40 +79,239 @@ def _read(path: str) -> str:
         return ""
 
 
-def current_process() -> ProcessId:
-    """This process's identity (read fresh: a forked child is another process)."""
-    pid = os.getpid()
+def _readlink(path: str) -> str | None:
     try:
-        ns = os.readlink("/proc/self/ns/pid")
+        return os.readlink(path)
     except OSError:
-        ns = ""
-    return ProcessId(pid, _start_time(pid) or 0, ns, _read(_BOOT_ID))
+        return None
+
+
+def current_process() -> ProcessId:
+    """This process's identity (read fresh: a forked child is another process).
+
+    The start time is read from ``/proc/self``: under ``unshare --pid`` without a
+    ``/proc`` of the new namespace, ``/proc/<getpid()>`` is another process."""
+    st = _stat("self")
+    return ProcessId(os.getpid(), st[1] if st else 0, _readlink("/proc/self/ns/pid") or "",
+                     _read(_BOOT_ID))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`judge` found: ``state`` is ``"alive"``, ``"dead"`` or ``"unknown"``;
+    ``why`` says how, for a holder outside this pid namespace or a dead one ("" for a
+    live process of this namespace)."""
+
+    state: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class _Proc:
+    hpid: int                    # the pid as this /proc names it
+    ns: str | None               # its pid namespace; None: not readable (another user)
+    nspid: tuple[int, ...]       # NSpid: its pid in each namespace; () when unreadable
+
+
+class _Scan:
+    """One pass over ``/proc`` (made once per :class:`judge` call group, on first need)."""
+
+    def __init__(self) -> None:
+        me = current_process()
+        self.my_ns = me.pidns
+        # /proc is this namespace's when /proc/self names our pid
+        proc_is_mine = _readlink("/proc/self") == str(os.getpid())
+        one = _readlink("/proc/1/ns/pid")
+        #: the pid namespace /proc shows (None: unknown)
+        self.proc_ns: str | None = self.my_ns if proc_is_mine and self.my_ns else one
+        #: /proc lists every process of the host (it is the initial namespace's, and not
+        #: mounted with hidepid=2, which hides /proc/1 from other users)
+        self.complete = self.proc_ns == INIT_PIDNS and os.path.isdir("/proc/1")
+        self.procs: list[_Proc] = []
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            names = []
+            self.complete = False
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                ns: str | None = os.readlink(f"/proc/{name}/ns/pid")
+            except FileNotFoundError:
+                continue  # exited meanwhile
+            except OSError as e:
+                if e.errno == errno.ENOENT:
+                    continue
+                ns = None
+            if ns is not None and ns == self.proc_ns:
+                # in the namespace /proc shows: its pid there is its /proc name
+                self.procs.append(_Proc(int(name), ns, (int(name),)))
+                continue
+            nspid: tuple[int, ...] = ()
+            try:
+                with open(f"/proc/{name}/status") as f:
+                    for line in f:
+                        if line.startswith("NSpid:"):
+                            nspid = tuple(int(x) for x in line.split()[1:])
+                            break
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                pass
+            self.procs.append(_Proc(int(name), ns, nspid))
+
+
+def _start_comparable(hpid: int) -> bool:
+    """Whether /proc/<hpid>/stat's start time is on our clock (the same time namespace,
+    or one we cannot read: time namespaces are rare)."""
+    theirs, mine = _readlink(f"/proc/{hpid}/ns/time"), _readlink("/proc/self/ns/time")
+    return theirs is None or mine is None or theirs == mine
+
+
+class judge:
+    """``judge()(pid, start, pidns, boot_id) -> Verdict``: is that process alive?
+
+    One instance scans ``/proc`` at most once, however many holders it judges (a
+    ledger operation judges them all with one).
+
+    * another boot, no such pid, a zombie, or a pid now held by a process that started
+      at another time (pid reuse): dead. A pid we may not signal (another user) is alive
+      unless its start time, when readable, differs.
+    * ``pidns`` is another pid namespace (written under ``unshare --pid`` or in a
+      container sharing the file): found in ``/proc`` by that namespace and the pid's
+      innermost ``NSpid``, then judged as above; dead when that namespace holds no such
+      process (or, when this ``/proc`` lists the whole host, when no process is in that
+      namespace any more: it is gone); ``"unknown"`` ("cannot tell") when this process
+      cannot see that namespace (we are in a container) or may not read the namespace of
+      a process that could be it.
+    * an empty ``pidns`` (an entry of an older kvgrant) is judged as this namespace's.
+    """
+
+    def __init__(self) -> None:
+        self._me = current_process()
+        self._scan: _Scan | None = None
+
+    def scan(self) -> _Scan:
+        if self._scan is None:
+            self._scan = _Scan()
+        return self._scan
+
+    def __call__(self, pid: int, start: int, pidns: str, boot_id: str) -> Verdict:
+        me = self._me
+        if boot_id and me.boot_id and boot_id != me.boot_id:
+            return Verdict("dead", "recorded in an earlier boot")
+        if pid <= 0:
+            return Verdict("dead", f"pid {pid} is not a process")
+        if not pidns or not me.pidns or pidns == me.pidns:
+            if _readlink("/proc/self") == str(os.getpid()) or not os.path.isdir("/proc"):
+                return self._own(pid, start)
+        return self._other(pid, start, pidns or me.pidns)
+
+    def _own(self, pid: int, start: int) -> Verdict:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return Verdict("dead", "no such process")
+        except PermissionError:
+            pass
+        st = _stat(str(pid))
+        if st is not None and st[0] in ("Z", "X"):
+            return Verdict("dead", "a zombie (it has exited)")
+        if start and st is not None and st[1] != start:
+            return Verdict("dead", "its pid now belongs to another process")
+        return Verdict("alive")
+
+    def _other(self, pid: int, start: int, pidns: str) -> Verdict:
+        # ("this": our own namespace, looked up here because /proc is not ours)
+        where = ("other" if pidns != self._me.pidns else "this") + f" pid namespace {pidns}"
+        s = self.scan()
+        if pidns == s.proc_ns:
+            # /proc is that namespace's (we are in a child of it without our own /proc):
+            # its pid N is /proc/N
+            return self._found(pid, start, where, pid, f"no process {pid} in it any more")
+        members = [p for p in s.procs if p.ns == pidns]
+        match = [p for p in members if p.nspid and p.nspid[-1] == pid]
+        if match:
+            return self._found(match[0].hpid, start, where, pid, "")
+        if any(not p.nspid for p in members):
+            return Verdict("unknown", f"{where}, cannot tell: the pids of its "
+                                      "processes there (NSpid) are not readable")
+        # a process whose namespace this user may not read could be it
+        maybe = [p for p in s.procs if p.ns is None and (
+            not p.nspid or (p.nspid[-1] == pid and (len(p.nspid) > 1 or s.proc_ns is None)))]
+        if maybe:
+            return Verdict("unknown", f"{where}, cannot tell: {len(maybe)} process(es) "
+                                      "that could be it do not let this user read their "
+                                      "namespace")
+        if members:
+            return Verdict("dead", f"{where}: it has no process {pid} any more")
+        if s.complete:
+            return Verdict("dead", f"{where}: no process on this host is in that "
+                                   "namespace any more (it is gone)")
+        return Verdict("unknown", f"{where}, cannot tell: that namespace is not "
+                                  f"visible from this process's ({self._me.pidns or '?'}; "
+                                  "a container?)")
+
+    @staticmethod
+    def _found(hpid: int, start: int, where: str, pid: int, gone: str) -> Verdict:
+        """Judge the process that is pid ``pid`` of that namespace and ``hpid`` here."""
+        st = _stat(str(hpid))
+        if st is None:
+            return Verdict("dead", f"{where}: " + (gone or f"its process {pid} has "
+                                                                 "exited"))
+        if st[0] in ("Z", "X"):
+            return Verdict("dead", f"{where}: a zombie (pid {hpid} here)")
+        if start and st[1] != start and _start_comparable(hpid):
+            return Verdict("dead", f"{where}: its pid {pid} now belongs to another "
+                                   "process")
+        return Verdict("alive", f"{where}, alive (pid {hpid} here)")
 
 
 def process_state(pid: int, start: int, pidns: str, boot_id: str) -> str:
-    """``"alive"``, ``"dead"`` or ``"unknown"`` (another pid namespace: not judged).
+    """``"alive"``, ``"dead"`` or ``"unknown"`` (cannot tell): :class:`judge`'s state."""
+    return judge()(pid, start, pidns, boot_id).state
 
-    Dead means: another boot, no such pid, or the pid now belongs to a process that
-    started at another time (pid reuse). A pid we may not signal (another user) is
-    alive unless its start time, when readable, differs.
+
+class ShortWrite(OSError):
+    """:func:`write_fully` stopped: ``written`` of ``expected`` bytes went to the file;
+    ``cause`` is the OSError (None: a write returned 0 bytes)."""
+
+    def __init__(self, written: int, expected: int, offset: int,
+                 cause: OSError | None) -> None:
+        self.written, self.expected, self.offset, self.cause = written, expected, offset, cause
+        super().__init__(cause.errno if cause is not None else errno.ENOSPC, self.describe())
+
+    def describe(self) -> str:
+        """``wrote 10 of 212 bytes at offset 0: [Errno 28] No space left on device (ENOSPC)``."""
+        if self.cause is None:
+            why = "a write returned 0 bytes (a full disk?)"
+        else:
+            code = errno.errorcode.get(self.cause.errno or 0, "")
+            why = str(self.cause) + (f" ({code})" if code else "")
+        return (f"wrote {self.written:,} of {self.expected:,} bytes at offset "
+                f"{self.offset:,}: {why}")
+
+
+def write_fully(fd: int, data: bytes, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset``, looping on short writes.
+
+    Raises
+    ------
+    ShortWrite
+        A write failed (ENOSPC, EIO, ...) or wrote nothing; ``written`` bytes of
+        ``data`` are in the file.
     """
-    me = current_process()
-    if boot_id and me.boot_id and boot_id != me.boot_id:
-        return "dead"
-    if pidns and me.pidns and pidns != me.pidns:
-        return "unknown"
-    if pid <= 0:
-        return "dead"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "dead"
-    except PermissionError:
-        pass
-    now = _start_time(pid)
-    if start and now is not None and now != start:
-        return "dead"
-    return "alive"
+    view = memoryview(data)
+    done = 0
+    while done < len(data):
+        try:
+            n = os.pwrite(fd, view[done:], offset + done)
+        except OSError as e:
+            raise ShortWrite(done, len(data), offset, e) from None
+        if n <= 0:
+            raise ShortWrite(done, len(data), offset, None)
+        done += n
 
 
 def lock_holder_pid(fd: int) -> int | None:

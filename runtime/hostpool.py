@@ -12,7 +12,9 @@ The file is binary: a 32-byte header (magic ``KVGSPOOL``, version, budget) and o
 32-byte slot per process (pid, start time, pid namespace inode, live grants). Every
 change is one ``flock`` + one read of the (small) file + one ``pwrite`` of the slot;
 dead slots are reaped only when a grant would not fit, so the common path touches no
-``/proc`` file.
+``/proc`` file. A write that stops short (a full disk) never leaves a partial slot: the
+old slot is put back (or an appended one cut off) and
+:class:`~kvgrant.errors.LedgerError` names the file, the bytes written and the cause.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import tempfile
 from pathlib import Path
 
 from kvgrant.errors import LedgerError, LedgerLockTimeout
-from kvgrant.runtime.hostlock import current_process, locked, process_state
+from kvgrant.runtime.hostlock import (ShortWrite, current_process, locked, process_state,
+                                      write_fully)
 
 __all__ = ["HostPool", "POOL_ENV"]
 
@@ -111,7 +114,11 @@ class HostPool:
                               path=str(self.path)) from None
         try:
             os.fchmod(fd, 0o666)
-            os.pwrite(fd, _HEADER.pack(_MAGIC, _VERSION, 0, self.budget), 0)
+            try:
+                write_fully(fd, _HEADER.pack(_MAGIC, _VERSION, 0, self.budget), 0)
+            except ShortWrite as e:  # never link a file with a partial header
+                raise LedgerError(f"sim host pool {self.path}: cannot create it: "
+                                  f"{e.describe()}", path=str(self.path)) from None
             try:
                 os.link(tmp, self.path)
             except FileExistsError:
@@ -146,15 +153,40 @@ class HostPool:
             if pid == 0 or pid == self._pid:
                 continue
             if process_state(pid, start, f"pid:[{ns}]" if ns else "", "") == "dead":
-                os.pwrite(self._fd, _SLOT.pack(0, 0, 0, 0), off)
+                self._put(off, _SLOT.pack(0, 0, 0, 0), _SLOT.pack(pid, start, ns, grants))
                 freed += grants
         return freed
 
+    def _put(self, off: int, data: bytes, old: bytes | None) -> None:
+        """Write one slot at ``off`` (``old``: its bytes now; None: ``off`` is the end of
+        the file). A short write puts ``old`` back (or cuts the file back to ``off``) and
+        raises LedgerError."""
+        try:
+            write_fully(self._fd, data, off)
+            return
+        except ShortWrite as e:
+            err = e
+        try:
+            if old is None:
+                os.ftruncate(self._fd, off)
+            else:
+                write_fully(self._fd, old, off)
+            kept = "the slot is as it was (nothing changed)"
+        except OSError as e2:
+            kept = (f"putting the slot back failed too ({e2}): remove the file when no "
+                    "simulated process uses it")
+        raise LedgerError(f"sim host pool {self.path}: cannot write the slot at offset "
+                          f"{off}: {err.describe()}; {kept}", path=str(self.path))
+
     def _write_mine(self, slots: list[tuple[int, int, int, int, int]], grants: int) -> None:
-        if self._slot < 0:
+        slot = self._slot
+        if slot < 0:
             free = next((s[0] for s in slots if s[1] == 0), None)
-            self._slot = free if free is not None else _HEADER.size + len(slots) * _SLOT.size
-        os.pwrite(self._fd, _SLOT.pack(*self._me, grants), self._slot)
+            slot = free if free is not None else _HEADER.size + len(slots) * _SLOT.size
+        # None: a new slot at the end of the file (a failed write cuts it back off)
+        old = next((_SLOT.pack(*s[1:]) for s in slots if s[0] == slot), None)
+        self._put(slot, _SLOT.pack(*self._me, grants), old)
+        self._slot = slot  # only once written: a failed first write leaves no slot
 
     def _mine_now(self, slots: list[tuple[int, int, int, int, int]]) -> int:
         return next((s[4] for s in slots if s[0] == self._slot), 0) if self._slot >= 0 else 0
@@ -247,7 +279,8 @@ class HostPool:
                 self._enter(lk)
                 try:
                     if self._mine_now(self._slots()) == 0:
-                        os.pwrite(self._fd, _SLOT.pack(0, 0, 0, 0), self._slot)
+                        self._put(self._slot, _SLOT.pack(0, 0, 0, 0),
+                                  _SLOT.pack(*self._me, 0))
                 finally:
                     lk.__exit__()
         finally:

@@ -10,15 +10,22 @@ users kvgrant cannot see (NCCL, PyTorch, other engines), is refused, naming the 
 
 The ledger is one JSON file (default ``/dev/shm/kvgrant-ledger.json``; ``KVGRANT_LEDGER``
 or ``HostLedger(path)`` override it) guarded by ``flock``; no server runs. Entries of
-processes that died, or whose pid now belongs to another process, are reaped under the
-lock. A file that is not a ledger (garbage, truncated, written by a newer kvgrant,
+processes that died (zombies too), or whose pid now belongs to another process, are
+reaped under the lock; so are those recorded from another pid namespace that is gone
+(:class:`~kvgrant.runtime.hostlock.judge`). One recorded from a namespace this process
+cannot see (a container sharing /dev/shm) is kept, marked "cannot tell"
+(:attr:`HostLedger.notes`), until :meth:`HostLedger.drop` (``kvgrant budget --drop``)
+removes it. A file that is not a ledger (garbage, truncated, written by a newer kvgrant,
 another host's) is never guessed at: it raises :class:`~kvgrant.errors.LedgerError`
 saying what is wrong and how to repair it (:meth:`HostLedger.repair`, ``kvgrant budget
---repair``). A lock held past the timeout raises
-:class:`~kvgrant.errors.LedgerLockTimeout` naming the process that holds it.
+--repair``); a path that is not a regular file or is a symbolic link is refused as such.
+A lock held past the timeout raises :class:`~kvgrant.errors.LedgerLockTimeout` naming
+the process that holds it. A write that fails (a full disk) raises LedgerError and
+leaves the previous content readable (:meth:`_File.write`).
 
 Format (version 1), one JSON line (anything after the first newline is ignored, so a
-writer that died between writing and truncating leaves a readable file)::
+writer that died between writing and truncating leaves a readable file; an entry
+without ``pidns``, from an older kvgrant, is judged as this pid namespace's)::
 
     {"format": "kvgrant-host-ledger", "version": 1, "host": "node7", "boot_id": "...",
      "holders": [{"id": "...", "pid": 4242, "start": 123456, "pidns": "pid:[4026531836]",
@@ -29,9 +36,11 @@ writer that died between writing and truncating leaves a readable file)::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -41,7 +50,8 @@ from typing import Any, Sequence
 
 from kvgrant.errors import ArgumentError, HandleBudgetError, LedgerError, LedgerLockTimeout
 from kvgrant.runtime.arguments import is_switch_word
-from kvgrant.runtime.hostlock import current_process, locked, process_state
+from kvgrant.runtime.hostlock import (ShortWrite, Verdict, current_process, judge, locked,
+                                      write_fully)
 
 __all__ = [
     "DEFAULT_LEDGER_PATH",
@@ -66,7 +76,9 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "id": str, "pid": int, "start": int, "pidns": str, "host": str, "geometry": str,
     "label": str, "handles": int, "budget": int, "reserve": int, "checked": bool,
     "devices": list, "since": (int, float)}
-
+#: fields an older kvgrant did not write, and what such an entry means by them ("" pid
+#: namespace: judged as this process's namespace, as that kvgrant did)
+_OPTIONAL: dict[str, object] = {"pidns": ""}
 
 
 
@@ -140,6 +152,7 @@ class Holder:
 def _holder(obj: object, i: int) -> Holder:
     if not isinstance(obj, dict):
         raise ValueError(f"holders[{i}] is not an object")
+    obj = {**_OPTIONAL, **obj}
     for name, typ in _FIELDS.items():
         v = obj.get(name)
         if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
@@ -157,6 +170,8 @@ class _File:
     def __init__(self, ledger: "HostLedger", fd: int) -> None:
         self.ledger = ledger
         self.fd = fd
+        #: holders of an earlier boot of this host that read() dropped
+        self.earlier_boot: list[Holder] = []
 
     def read(self) -> tuple[dict[str, Any], list[Holder]]:
         """Parse and check the file; raise LedgerError on anything not a v1 ledger."""
@@ -187,6 +202,10 @@ class _File:
         if not isinstance(version, int) or isinstance(version, bool):
             raise LedgerError(f"{name}: version = {version!r} is not an integer: "
                               f"{fix}", path=str(path))
+        if version < 1:
+            raise LedgerError(f"{name}: version = {version}: must be an integer >= 1 (ledger "
+                              f"versions start at 1; this kvgrant writes version "
+                              f"{LEDGER_VERSION}): {fix}", path=str(path))
         if version > LEDGER_VERSION:
             raise LedgerError(
                 f"{name} was written by a newer kvgrant (ledger version {version}; "
@@ -209,7 +228,10 @@ class _File:
                     f"{name} belongs to host {host!r} (boot {boot}), not this host "
                     f"{socket.gethostname()!r}: the handle budget is per host; give each host "
                     f"its own ledger (a path not shared between hosts)", path=str(path))
-            holders = []  # same host, another boot: every holder is gone
+            # same host, another boot: every holder is gone (the operation that rewrites
+            # the file lists them in HostLedger.reaped and .earlier_boot)
+            self.earlier_boot = holders
+            holders = []
         return doc, holders
 
     def raw(self) -> bytes:
@@ -226,25 +248,100 @@ class _File:
         return b"".join(chunks)
 
     def write(self, holders: Sequence[Holder]) -> None:
+        """Replace the ledger by ``holders``; on failure the previous content stays.
+
+        The file is rewritten in place (the lock is on this open file, and every user of
+        the host must be able to rewrite it, so a temp file renamed over it is not an
+        option: in a sticky folder such as /dev/shm only the file's owner may replace
+        it). So that a full disk cannot leave a half-written first line:
+
+        1. the new content is first written *after* the old one (behind a newline, so
+           readers, who read the first line only, still see the old ledger); this
+           allocates the room the new content needs. On failure the file is cut back to
+           its old length: nothing changed.
+        2. the new content is written at offset 0, into room now allocated. Should that
+           fail anyway, the old bytes are put back.
+        3. only then is the file cut to the new length.
+
+        Writes loop on short counts (:func:`~kvgrant.runtime.hostlock.write_fully`).
+
+        Raises
+        ------
+        LedgerError
+            Naming the file, the bytes written of those expected and the cause (ENOSPC,
+            a write of 0 bytes, ...), and whether the old content was kept.
+        """
         me = current_process()
         doc = {"format": LEDGER_FORMAT, "version": LEDGER_VERSION,
                "host": socket.gethostname(), "boot_id": me.boot_id,
                "holders": [h.as_dict() for h in holders]}
         data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        fd = self.fd
         try:
-            os.pwrite(self.fd, data, 0)
-            os.ftruncate(self.fd, len(data))
+            old_len = os.fstat(fd).st_size
+            old = self._head(min(old_len, len(data)))
         except OSError as e:
-            raise LedgerError(f"{self.ledger.name}: cannot write it: {e}",
-                              path=str(self.ledger.path)) from None
+            raise self._error(f"cannot read it before writing: {e}") from None
+        if old_len == 0:  # a new file: nothing to keep
+            try:
+                write_fully(fd, data, 0)
+            except ShortWrite as e:
+                kept = self._cut(0, "it is left empty, as it was")
+                raise self._error(f"cannot write it: {e.describe()}; {kept}") from None
+        else:
+            try:
+                write_fully(fd, b"\n" + data, old_len)  # 1: make room behind the old content
+            except ShortWrite as e:
+                kept = self._cut(old_len, "its previous content is kept (nothing changed)")
+                raise self._error(f"cannot write it: {e.describe()} (after its "
+                                  f"{old_len:,} bytes); {kept}") from None
+            try:
+                write_fully(fd, data, 0)  # 2: in place, into allocated room
+            except ShortWrite as e:
+                try:
+                    write_fully(fd, old, 0)
+                    os.ftruncate(fd, old_len)
+                    kept = "its previous content was put back (nothing changed)"
+                except OSError as e2:
+                    kept = (f"its previous content could not be put back ({e2}): it may be "
+                            f"damaged; `kvgrant budget --repair --ledger {self.ledger.path}` "
+                            "makes it usable when no kvgrant process runs")
+                raise self._error(f"cannot write it: {e.describe()}; {kept}") from None
+        try:
+            os.ftruncate(fd, len(data))  # 3
+        except OSError:
+            pass  # the new first line is in place; what follows it is ignored
+
+    def _head(self, n: int) -> bytes:
+        chunks, off = [], 0
+        while off < n:
+            b = os.pread(self.fd, n - off, off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
+        return b"".join(chunks)
+
+    def _cut(self, length: int, kept: str) -> str:
+        try:
+            os.ftruncate(self.fd, length)
+        except OSError as e:
+            return (f"cutting it back to its previous {length:,} bytes failed too ({e}); "
+                    "its first line is still the previous content")
+        return kept
+
+    def _error(self, what: str) -> LedgerError:
+        return LedgerError(f"{self.ledger.name}: {what}", path=str(self.ledger.path))
 
 
-def _reap(holders: list[Holder]) -> tuple[list[Holder], list[Holder]]:
-    """(live or unknown, dead) holders."""
-    keep, dead = [], []
+def _reap(holders: list[Holder]) -> tuple[list[Holder], list[Holder], dict[str, Verdict]]:
+    """(live or cannot-tell holders, dead ones, each holder's verdict by id)."""
+    keep, dead, verdicts = [], [], {}
+    j = judge()
     for h in holders:
-        (dead if process_state(h.pid, h.start, h.pidns, "") == "dead" else keep).append(h)
-    return keep, dead
+        v = verdicts[h.id] = j(h.pid, h.start, h.pidns, "")
+        (dead if v.state == "dead" else keep).append(h)
+    return keep, dead, verdicts
 
 
 def _check_count(name: str, value: object) -> int:
@@ -276,7 +373,20 @@ class HostLedger:
         if not (isinstance(lock_timeout_s, (int, float)) and lock_timeout_s > 0):
             raise ValueError(f"lock_timeout_s = {lock_timeout_s!r}: must be a number > 0")
         self.lock_timeout_s = float(lock_timeout_s)
-        self.reaped: list[Holder] = []   # holders the last operation found dead
+        #: holders the last operation found dead and removed (those of an earlier boot
+        #: of this host too)
+        self.reaped: list[Holder] = []
+        #: of :attr:`reaped`, those recorded in an earlier boot of this host (dropped
+        #: whatever their pid: every process of that boot is gone)
+        self.earlier_boot: list[Holder] = []
+        #: holder id -> what the last operation's liveness check said, for each holder
+        #: that is not a live process of this pid namespace: "other pid namespace
+        #: pid:[N], alive (...)", "..., cannot tell: ..." (kept; ``kvgrant budget --drop``
+        #: removes it), or why a reaped one is dead
+        self.notes: dict[str, str] = {}
+        #: holder id -> the last operation's :class:`~kvgrant.runtime.hostlock.Verdict`
+        #: (``state`` "alive", "dead" or "unknown": cannot tell)
+        self.verdicts: dict[str, Verdict] = {}
 
     def __repr__(self) -> str:
         return f"HostLedger({str(self.path)!r})"
@@ -317,25 +427,80 @@ class HostLedger:
             os.close(fd)
             os.unlink(tmp)
 
+    def _refuse_kind(self, st: os.stat_result) -> None:
+        """Refuse a symbolic link or a file that is not a regular file (a folder is left
+        to os.open)."""
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                to = f" (to {os.readlink(self.path)})"
+            except OSError:
+                to = ""
+            raise LedgerError(
+                f"{self._named} is a symbolic link{to}: refused for safety (the ledger's "
+                f"folder is often writable by every user, so a link could make kvgrant "
+                f"rewrite another file); name the real file instead, or remove the link",
+                path=str(self.path))
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            # (a folder: os.open says "Is a directory", with the usual advice)
+            kind = ("a character device" if stat.S_ISCHR(st.st_mode) else
+                    "a block device" if stat.S_ISBLK(st.st_mode) else
+                    "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
+            raise LedgerError(
+                f"{self._named} is not a regular file ({kind}), so it is not read (a "
+                f"device or FIFO may never end, or block) and --repair cannot make it one: "
+                f"the ledger must be a regular file "
+                f"that every kvgrant process on the host can lock and rewrite; name another "
+                f"path", path=str(self.path))
+
     def _open(self) -> int:
         for _ in range(2):
             try:
+                st = os.lstat(self.path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass  # os.open below says why
+            else:
+                self._refuse_kind(st)  # never open a device or follow a link
+            try:
                 # never through a symbolic link: the default folder is world-writable
-                return os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW |
+                             os.O_NOCTTY | os.O_NONBLOCK)
             except FileNotFoundError:
                 self._create()
+                continue
             except OSError as e:
+                if e.errno == errno.ELOOP and os.path.islink(self.path):
+                    self._refuse_kind(os.lstat(self.path))
                 where = (f"point {LEDGER_ENV} at another file" if self.source else
                          f"set {LEDGER_ENV}")
                 raise LedgerError(
                     f"{self._named}: cannot open it for reading and writing: {e} (every "
                     f"kvgrant process on the host must be able to write it; fix its mode, or "
                     f"{where})", path=str(self.path)) from None
+            try:
+                self._refuse_kind(os.fstat(fd))  # replaced between lstat and open
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
         raise LedgerError(f"{self.name}: it disappeared while being created",
                           path=str(self.path))
 
     def _session(self) -> "_Session":
         return _Session(self)
+
+    def _reap_read(self, f: _File, holders: list[Holder]) -> tuple[list[Holder], bool]:
+        """Reap ``holders`` (as read by ``f``): (the kept ones, whether the file must be
+        rewritten); sets :attr:`reaped`, :attr:`earlier_boot`, :attr:`notes`."""
+        keep, dead, self.verdicts = _reap(holders)
+        self.notes = {i: v.why for i, v in self.verdicts.items() if v.why}
+        self.earlier_boot = list(f.earlier_boot)
+        for h in self.earlier_boot:
+            self.notes[h.id] = "recorded in an earlier boot of this host"
+        self.reaped = self.earlier_boot + dead
+        return keep, bool(self.reaped)
 
     # ------------------------------------------------------------------ API
     def holders(self, *, reap: bool = True) -> list[Holder]:
@@ -344,8 +509,8 @@ class HostLedger:
         with self._session() as f:
             _, holders = f.read()
             if reap:
-                keep, self.reaped = _reap(holders)
-                if self.reaped:
+                keep, changed = self._reap_read(f, holders)
+                if changed:
                     f.write(keep)
                 return keep
             return holders
@@ -378,7 +543,7 @@ class HostLedger:
                    devices=tuple(int(d) for d in devices), since=round(time.time(), 3))
         with self._session() as f:
             _, holders = f.read()
-            keep, self.reaped = _reap(holders)
+            keep, _ = self._reap_read(f, holders)
             if check:
                 self._refuse_unless_fits(keep, h)
             f.write([*keep, h])
@@ -404,10 +569,10 @@ class HostLedger:
         """Resize (``handles``) or remove (None) the lease's entry; returns the new one."""
         with self._session() as f:
             _, holders = f.read()
-            keep, self.reaped = _reap(holders)
+            keep, changed = self._reap_read(f, holders)
             others = [o for o in keep if o.id != lease.holder.id]
             if handles is None:
-                if len(others) != len(holders):
+                if changed or len(others) != len(keep):
                     f.write(others)
                 return None
             new = replace(lease.holder, handles=handles, checked=lease.holder.checked and check)
@@ -430,7 +595,7 @@ class HostLedger:
             except LedgerError:
                 pass
             else:
-                keep, self.reaped = _reap(holders)
+                keep, _ = self._reap_read(f, holders)
                 f.write(keep)
                 return None
             raw = f.raw()
@@ -442,6 +607,48 @@ class HostLedger:
                                   f"{aside}: {e}", path=str(self.path)) from None
             f.write([])
             return aside
+
+    def drop(self, pids: Sequence[int] = (), *, unknown: bool = False) -> list[Holder]:
+        """Remove holders an operator knows are gone; returns the removed ones.
+
+        For holders kvgrant cannot judge: recorded from another pid namespace that this
+        process cannot see (a container sharing the ledger's folder, ``unshare --pid``),
+        which reaping keeps ("cannot tell"; :attr:`notes`). ``pids``: every holder
+        recorded with one of these pids; ``unknown``: every "cannot tell" holder. Dead
+        holders are reaped first, as by every operation.
+
+        Raises
+        ------
+        LedgerError
+            A pid names no holder, or only holders found alive (this namespace's, or
+            another's found in ``/proc``): they hold driver handles now, and their
+            process releases them. Nothing was removed then.
+        """
+        want = {int(p) for p in pids}
+        with self._session() as f:
+            _, holders = f.read()
+            keep, changed = self._reap_read(f, holders)
+            alive = {h.id for h in keep if self.verdicts[h.id].state == "alive"}
+            bad = []
+            for pid in sorted(want):
+                mine = [h for h in keep if h.pid == pid]
+                if not mine:
+                    bad.append(f"pid {pid}: no holder has it (holders: "
+                               f"{', '.join(str(h.pid) for h in keep) or 'none'})")
+                elif all(h.id in alive for h in mine):
+                    bad.append("; ".join(
+                        f"{h.describe()} is alive ("
+                        f"{self.notes.get(h.id) or 'a process of this pid namespace'}): its "
+                        "process releases it when it ends" for h in mine))
+            if bad:
+                raise LedgerError(f"{self.name}: nothing dropped: " + "; ".join(bad),
+                                  path=str(self.path))
+            gone = [h for h in keep if h.id not in alive and (
+                h.pid in want or (unknown and self.verdicts[h.id].state == "unknown"))]
+            rest = [h for h in keep if h not in gone]
+            if gone or changed:
+                f.write(rest)
+            return gone
 
 
 class _Session:

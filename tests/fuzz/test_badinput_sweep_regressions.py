@@ -112,12 +112,14 @@ def test_a_deeply_nested_ledger_is_an_unreadable_ledger(tmp_path: Path,
 
 
 @pytest.mark.parametrize("command", [["budget"], ["alloc", str(SMALL), *SIM]])
-def test_an_endless_ledger_is_refused_by_size(command: list[str]) -> None:
-    # was: /dev/zero read without bound (killed by the memory cap, or by the OS)
+def test_an_endless_ledger_is_refused_as_not_a_regular_file(command: list[str]) -> None:
+    # was: /dev/zero read without bound (killed by the memory cap, or by the OS), then
+    # refused by size with advice to --repair it
     argv = [*command, "--ledger", "/dev/zero"]
     res = run_cli(argv)
     assert_clean(res, invalid=True, argv=argv)
-    assert "larger than" in res.err, res.err
+    assert "is not a regular file (a character device)" in res.err, res.err
+    assert "--repair cannot make it one" in res.err, res.err
 
 
 def test_repair_keeps_a_deeply_nested_ledger_aside(tmp_path: Path) -> None:

@@ -10,6 +10,12 @@ and again, granting each mapping to one device, until ``cuMemSetAccess`` fails (
 measurement of the issue, on the simulated host); it waits for GO_FILE to exist so that
 several fillers start together, prints ``{"grants": N, "result": NAME}``, holds its
 grants until a line arrives on stdin, then unwinds and prints ``{"live_empty": ...}``.
+
+``python _ledger_worker.py hold LEDGER HANDLES GEOMETRY`` reserves HANDLES in LEDGER (no
+driver), prints ``{"pid": ..., "pidns": ..., "holders": [...]}`` (every holder this
+process sees after reaping, with its verdict), releases the lease when a line (or end of
+file) arrives on stdin and prints ``{"released": true}``; the line ``die`` makes it exit
+at once without releasing (the pid namespace tests run it under ``unshare --pid``).
 """
 
 from __future__ import annotations
@@ -80,6 +86,26 @@ def _fill(pool: str, budget: str, go_file: str) -> int:
     return 0
 
 
+def _hold(ledger: str, handles: str, geometry: str) -> int:
+    from kvgrant.runtime.hostlock import current_process
+    from kvgrant.runtime.ledger import HostLedger
+
+    book = HostLedger(ledger)
+    lease = book.reserve(int(handles), geometry=geometry, label="packed", budget=10**6,
+                         reserve=0)
+    seen = book.holders()
+    verdicts, notes = getattr(book, "verdicts", {}), getattr(book, "notes", {})
+    print(json.dumps({"pid": os.getpid(), "pidns": current_process().pidns, "holders": [
+        {"pid": h.pid, "geometry": h.geometry,
+         "state": verdicts[h.id].state if h.id in verdicts else None,
+         "note": notes.get(h.id)} for h in seen]}), flush=True)
+    if sys.stdin.readline().strip() == "die":
+        os._exit(3)  # as if killed: the lease stays in the ledger
+    lease.release()
+    print(json.dumps({"released": True}), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    sys.exit(_alloc(*rest) if cmd == "alloc" else _fill(*rest))
+    sys.exit({"alloc": _alloc, "fill": _fill, "hold": _hold}[cmd](*rest))
