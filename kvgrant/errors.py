@@ -9,7 +9,8 @@ catch one class; the leaves say which part failed, never the message text::
     ├── ContractError          a physical plan breaks the layout contract
     ├── PlanError              no plan can be made (e.g. capacity does not fit)
     │   ├── HandleBudgetError  pre-flight: driver-handle demand exceeds the budget
-    │   └── PlanFileError      a plan file is malformed or does not fit the geometry
+    │   ├── PlanFileError      a plan file is malformed or does not fit the geometry
+    │   └── PlanCacheTimeout   another process kept the host's plan-cache entry locked
     ├── DriverError            a VMM driver call failed (call, CUresult, device, VA range)
     │   └── BackendUnavailable the requested backend cannot run here (no GPU, no driver)
     ├── AllocationError        a multi-rank allocation failed and was unwound
@@ -37,6 +38,7 @@ __all__ = [
     "KVGrantError",
     "LedgerError",
     "LedgerLockTimeout",
+    "PlanCacheTimeout",
     "PlanError",
     "PlanFileError",
     "ReleasedError",
@@ -78,6 +80,25 @@ class ContractError(KVGrantError):
 
 class PlanError(KVGrantError):
     """No physical plan can be made for the request."""
+
+
+class PlanCacheTimeout(PlanError):
+    """The lock of a host plan-cache entry (runtime/plancache.py) stayed held past the
+    wait limit (another process kept planning the layout). ``path`` is the entry,
+    ``lock_path`` its lock, ``holder_pid`` the holder when known (else None), ``holder``
+    what its lock record says (pid, host, geometry, geometry_hash, since; None when it
+    has none), ``waited_s`` how long this process waited and ``wait_s`` its limit. A
+    :class:`PlanError`: no plan was made (exit status 1 in the CLI)."""
+
+    def __init__(self, message: str, *, path: str, lock_path: str, holder_pid: int | None,
+                 holder: dict[str, Any] | None, waited_s: float, wait_s: float) -> None:
+        super().__init__(message)
+        self.path = path
+        self.lock_path = lock_path
+        self.holder_pid = holder_pid
+        self.holder = holder
+        self.waited_s = waited_s
+        self.wait_s = wait_s
 
 
 class PlanFileError(PlanError, ValueError):

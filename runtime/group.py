@@ -1049,7 +1049,8 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
 
     def checked(gg: Geometry) -> PhysicalPlan:
         require_allocatable_granularity(gg)
-        p = resolve_plan(gg, plan)
+        # a wait for another process planning into the host's cache ends with timeout_s
+        p = resolve_plan(gg, plan, cache_wait_s=timeout_s)
         if isinstance(plan, PhysicalPlan):
             require_plan_for(p, gg)
         from kvgrant.layout.contract import require_buildable, require_contract

@@ -7,43 +7,71 @@ chunks). A 16-GPU host that starts 16 rank processes would spend that 16 times a
 every start-up. Here the first process plans and writes the plan to a file; the
 others wait for it on a lock and read it, and later start-ups read it at once.
 
-The file is the ``kvgrant plan --json`` plan document (so ``kvgrant alloc --plan
-FILE`` takes it too) plus what makes it valid: the key (geometry hash, planner work
-limits, kvgrant and HiGHS versions, a digest of the planner's source). A file that
-does not parse, has another key or breaks the layout contract is ignored and replaced;
-a cache folder that cannot be written is not used. ``KVGRANT_PLAN_CACHE`` names the folder (default
-``$XDG_CACHE_HOME/kvgrant/plans``, else ``~/.cache/kvgrant/plans``); ``off`` turns the
-cache off. A ``KVGRANT_PLAN_CACHE`` that names a file (not a folder) is an error, not a
-folder that cannot be written: it is the user's mistake, and ignoring it hid that every
-start-up planned anew.
+The file (the cache *entry*, ``<key>.json``) is the ``kvgrant plan --json`` plan
+document (so ``kvgrant alloc --plan FILE`` takes it too) plus what makes it valid: the
+key (geometry hash, planner work limits, kvgrant and HiGHS versions, a digest of the
+planner's source) and the cache format. Its ``label`` is ``packed``: the cache holds
+the packed planner's plans and serves them as such. An entry that does not parse, has
+another key, another format or another label (a foreign or edited file: a ``naive``
+label on the naive rule's plan would otherwise have been served as the packed plan),
+or breaks the layout contract is not used: the process holding the lock says why on
+stderr, plans, and replaces it. An entry that is not a regular file (a FIFO, a
+socket, a device, a folder) is never opened (opening a FIFO blocks until a writer
+comes) and never replaced (kvgrant did not make it, and removing someone's FIFO or
+device node is not the cache's call): the process says so once and plans for itself
+until it is removed. A cache folder that cannot be written is not used.
+``KVGRANT_PLAN_CACHE`` names the folder (default ``$XDG_CACHE_HOME/kvgrant/plans``,
+else ``~/.cache/kvgrant/plans``); ``off`` turns the cache off. A ``KVGRANT_PLAN_CACHE``
+that names a file (not a folder) is an error, not a folder that cannot be written: it
+is the user's mistake, and ignoring it hid that every start-up planned anew.
+
+The lock (``<key>.lock``, ``flock``) records its holder while it is held (pid, host,
+geometry, since when), so a process that waits for it more than :data:`NOTICE_S`
+says once on stderr who it waits for and how long it will wait; the wait is bounded
+by ``wait_s`` (default :data:`PLAN_CACHE_WAIT_S`; a caller with a deadline of its
+own, such as a group's ``timeout_s``, passes it), and a wait that runs out raises
+:class:`PlanCacheTimeout` naming the entry, the holder and the wait.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import math
 import os
+import socket
+import stat
+import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from kvgrant.errors import ArgumentError, PlanError
-from kvgrant.layout.geometry import Geometry
+from kvgrant.errors import ArgumentError, PlanCacheTimeout, PlanError
+from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry
 from kvgrant.layout.plan import PhysicalPlan
-from kvgrant.layout.planfile import (geometry_hash, load_plan_document, plan_document,
-                                     plan_from_document)
-from kvgrant.runtime.hostlock import locked
+from kvgrant.layout.planfile import geometry_hash, plan_document, plan_from_document
+from kvgrant.runtime.hostlock import current_process, locked
+from kvgrant.strict_json import strict_json_loads
 
-__all__ = ["PLAN_CACHE_ENV", "PLAN_CACHE_WAIT_S", "cache_dir", "cached_packed_plan",
-           "packed_plan", "planner_digest"]
+__all__ = ["NOTICE_S", "PLAN_CACHE_ENV", "PLAN_CACHE_WAIT_S", "PlanCacheTimeout", "cache_dir",
+           "cached_packed_plan", "packed_plan", "planner_digest"]
 
 PLAN_CACHE_ENV = "KVGRANT_PLAN_CACHE"
 PLAN_CACHE_WAIT_S = 900.0
-"""How long a process waits for another one that is planning the same layout before
-it plans for itself (the planner's own safety net is as long)."""
+"""How long a process waits at most, by default, for another one that is planning the
+same layout (the planner's own safety net is as long); ``wait_s`` bounds it."""
+MAX_WAIT_S = 10.0**7
+"""The largest ``wait_s`` accepted (finite, and more than any caller's deadline)."""
+NOTICE_S = 1.0
+"""A wait on the lock longer than this is said once on stderr (or to ``progress``),
+naming the holder and how long the wait may last; shorter waits stay quiet."""
 _OFF = frozenset({"off", "0", "no", "false", "none"})
 _FORMAT = "kvgrant-plan-cache/1"
+_LABEL = "packed"  # the label of every entry: the cache holds the packed planner's plans
+_RECORD_BYTES = 4096  # at most this much of the lock file is read as its holder record
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
@@ -123,27 +151,84 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def _read(path: Path, g: Geometry, key: str) -> PhysicalPlan | None:
-    """The cached plan at ``path`` when it is valid for ``key`` (geometry hash, work
-    limits, kvgrant and HiGHS versions, planner digest), is a plan document of this
-    version and keeps the layout contract; None otherwise. The file is parsed once."""
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return word
+    return f"not a regular file (mode {stat.filemode(mode)})"
+
+
+def _special(path: Path) -> str | None:
+    """What ``path`` is when it exists and is not a regular file (symbolic links
+    followed), else None (missing, a file, or not stat-able: then reading it fails
+    and says why). Nothing is opened."""
     try:
-        doc = load_plan_document(path)
-    except PlanError:
+        st = os.stat(path)
+    except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("cache_key") != key:
-        return None
+    return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+
+
+def _read(path: Path, g: Geometry, key: str) -> tuple[PhysicalPlan | None, str | None]:
+    """``(plan, None)``: the cached plan at ``path`` when the entry is a regular file
+    holding a plan document of this version with the key ``key`` (geometry hash, work
+    limits, kvgrant and HiGHS versions, planner digest), this cache format and the
+    label ``packed``, keeping the layout contract. Else ``(None, reason)``, the reason
+    None when there is no entry. The file is parsed once, and opened only when
+    ``os.stat`` says it is a regular file, then without blocking (``O_NONBLOCK``) and
+    checked again on the open descriptor (a FIFO swapped in between is not read)."""
+    kind = _special(path)
+    if kind is not None:
+        return None, f"it is {kind}, not a plan file"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as err:
+        return None, f"cannot read it: {getattr(err, 'strerror', None) or err}"
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            mode = os.fstat(fh.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                return None, f"it is {_kind(mode)}, not a plan file"
+            raw = fh.read(MAX_FILE_BYTES + 1)
+        except OSError as err:
+            return None, f"cannot read it: {err.strerror or err}"
+    if len(raw) > MAX_FILE_BYTES:
+        return None, f"larger than {MAX_FILE_BYTES:,} bytes"
+    try:
+        doc = strict_json_loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        return None, f"not JSON ({str(err)[:100]})" if raw.strip() else "empty"
+    if not isinstance(doc, dict):
+        return None, "not a plan document (not a JSON object)"
+    for field, want, what in (
+            ("cache_key", key, "the key its name says (another layout, limits, kvgrant "
+                               "or planner)"),
+            ("cache_format", _FORMAT, repr(_FORMAT)),
+            ("label", _LABEL, f"{_LABEL!r}: the cache holds the packed planner's plans, "
+                              "so this entry was written by something else or edited")):
+        if doc.get(field) != want:
+            shown = json.dumps(doc.get(field))[:80]
+            return None, f"{field} = {shown}, not {what}"
     try:
         plan = plan_from_document(doc, g, path)  # version, hash, allocations, contract
-    except PlanError:
-        return None
-    return PhysicalPlan("packed", g, plan.allocations,
-                        (f"read from the plan cache ({path})",))
+    except PlanError as err:
+        return None, str(err)
+    return PhysicalPlan(plan.label, g, plan.allocations,
+                        (f"read from the plan cache ({path})",)), None
 
 
 def _write(path: Path, plan: PhysicalPlan, key: str) -> None:
-    """Write atomically (a reader sees the old file or the new one, never a part)."""
-    doc = dict(plan_document(plan), cache_key=key, cache_format=_FORMAT)
+    """Write atomically (a reader sees the old file or the new one, never a part), with
+    the label ``packed`` (what the entry is read back as). An entry that is not a
+    regular file (a FIFO, a folder, ...) is left as it is."""
+    if _special(path) is not None:
+        return
+    doc = dict(plan_document(plan), label=_LABEL, cache_key=key, cache_format=_FORMAT)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         os.fchmod(fd, 0o644 & ~_umask())  # mkstemp's 0600 would hide it from other users
@@ -168,49 +253,229 @@ def _umask() -> int:
     return 0o022
 
 
+def _wait_limit(wait_s: Any) -> float:
+    """``wait_s`` checked: None is :data:`PLAN_CACHE_WAIT_S`; else seconds, 0 to
+    :data:`MAX_WAIT_S` (0: take the lock only if it is free)."""
+    if wait_s is None:
+        return PLAN_CACHE_WAIT_S
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) \
+            or not math.isfinite(wait_s) or not 0 <= wait_s <= MAX_WAIT_S:
+        raise ArgumentError(f"cached_packed_plan: wait_s = {wait_s!r}: must be None or a "
+                            f"number of seconds from 0 to {MAX_WAIT_S:,.0f}",
+                            argument="wait_s", value=wait_s)
+    return float(wait_s)
+
+
+def _sayer(progress: Any) -> Callable[[str], None]:
+    """Where the cache's messages go: ``progress`` (a callable taking one line), else
+    stderr as ``kvgrant: plan cache: ...``."""
+    if progress is not None:
+        if not callable(progress):
+            raise ArgumentError(f"cached_packed_plan: progress = {progress!r}: must be None "
+                                "or a callable taking one message", argument="progress",
+                                value=progress)
+        return lambda message: progress(f"plan cache: {message}")
+
+    def say(message: str) -> None:
+        try:
+            print(f"kvgrant: plan cache: {message}", file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):  # a closed or missing stderr
+            pass
+    return say
+
+
+def _claim(fd: int, g: Geometry) -> None:
+    """Record in the lock file who holds it and for what (read by those who wait)."""
+    me = current_process()
+    record = {"pid": me.pid, "start": me.start, "pidns": me.pidns,
+              "host": socket.gethostname(), "geometry": g.name,
+              "geometry_hash": geometry_hash(g), "since": time.time()}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode()[:_RECORD_BYTES], 0)
+    except OSError:
+        pass  # the record only helps those who wait; the lock itself is the flock
+
+
+def _unclaim(fd: int) -> None:
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass
+
+
+def _holder(fd: int, holder_pid: int | None) -> dict[str, Any] | None:
+    """The holder record in the lock file (fields of :func:`_claim` with the right
+    types), or None: none, unreadable, or left by an earlier holder (a record whose pid
+    is not the one ``/proc/locks`` names, in this pid namespace)."""
+    try:
+        raw = os.pread(fd, _RECORD_BYTES, 0)
+        obj = json.loads(raw.decode("utf-8")) if raw.strip() else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or type(obj.get("pid")) is not int:
+        return None
+    types = {"pid": int, "start": int, "pidns": str, "host": str, "geometry": str,
+             "geometry_hash": str, "since": (int, float)}
+    record = {k: obj[k] for k, t in types.items()
+              if k in obj and isinstance(obj[k], t) and not isinstance(obj[k], bool)}
+    here = current_process()
+    if holder_pid is not None and record["pid"] != holder_pid \
+            and record.get("pidns", here.pidns) == here.pidns:
+        return None
+    return record
+
+
+def _who(holder_pid: int | None, holder: dict[str, Any] | None) -> str:
+    """The lock's holder in words: pid, host when not this one, what it plans, since."""
+    if holder is None:
+        if holder_pid is not None:
+            return f"pid {holder_pid}"
+        return ("a process this host cannot name (not in /proc/locks: it may run in "
+                "another container, or on another host sharing this folder)")
+    text = f"pid {holder['pid']}"
+    host = holder.get("host")
+    if host and host != socket.gethostname():
+        text += f" on host {host!r}"
+    if "geometry" in holder:
+        text += f", planning {holder['geometry']!r}"
+    since = holder.get("since")
+    if since is not None:
+        ago = max(0.0, time.time() - since)
+        text += (f" since {time.strftime('%H:%M:%S UTC', time.gmtime(since))} "
+                 f"({_secs(ago)} ago)")
+    return text
+
+
+def _secs(s: float) -> str:
+    return f"{s:,.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+def _lock(fd: int, path: Path, lock_path: Path, wait: float,
+          say: Callable[[str], None]) -> None:
+    """Take the entry's lock (``flock`` on ``fd``), waiting at most ``wait`` seconds; a
+    wait past :data:`NOTICE_S` is said once, naming the holder and the limit.
+
+    Raises
+    ------
+    PlanCacheTimeout
+        The lock is still held after ``wait`` seconds.
+    """
+    t0 = time.monotonic()
+    try:
+        locked(fd, min(wait, NOTICE_S)).__enter__()
+        return
+    except TimeoutError as err:
+        pid = getattr(err, "holder_pid", None)
+    holder = _holder(fd, pid)
+    waited = time.monotonic() - t0
+    if waited < wait:
+        say(f"{_who(pid, holder)} holds the lock of {path} (planning this layout); "
+            f"waiting for its plan, at most {_secs(wait - waited)} more "
+            f"(wait limit {_secs(wait)})")
+        try:
+            locked(fd, wait - waited).__enter__()
+            return
+        except TimeoutError as err:
+            pid = getattr(err, "holder_pid", None)
+        holder = _holder(fd, pid)
+    waited = time.monotonic() - t0
+    who = _who(pid, holder)
+    named = pid if pid is not None else None if holder is None else holder["pid"]
+    fix = (f"if pid {named} is still planning, allow a longer wait (wait_s; a group's "
+           "timeout) or plan once and give every rank the file (kvgrant plan GEOMETRY "
+           "--json > p.json; kvgrant alloc --plan p.json); if it is hung, stop it (its "
+           "lock goes with it)" if named is not None else
+           f"if its holder is gone (a network file system can keep a dead host's lock), "
+           f"remove {lock_path}; or plan once and give every rank the file (kvgrant plan "
+           "GEOMETRY --json > p.json; kvgrant alloc --plan p.json)")
+    raise PlanCacheTimeout(
+        f"plan cache: gave up after waiting {_secs(waited)} (wait limit {_secs(wait)}) "
+        f"for the lock of the entry {path}: {who} holds it, planning this layout. "
+        f"{fix[0].upper()}{fix[1:]}; or plan without the cache ({PLAN_CACHE_ENV}=off)",
+        path=str(path), lock_path=str(lock_path),
+        holder_pid=named, holder=holder, waited_s=waited, wait_s=wait)
+
+
 def cached_packed_plan(g: Geometry, plan: Callable[[Geometry], PhysicalPlan],
                        limits: Mapping[str, Any], *,
-                       env: Mapping[str, str] | None = None) -> PhysicalPlan:
+                       env: Mapping[str, str] | None = None, wait_s: float | None = None,
+                       progress: Callable[[str], None] | None = None) -> PhysicalPlan:
     """``plan(g)`` (the packed planner under ``limits``), through the host's cache.
 
     Without a usable cache folder this is just ``plan(g)``. Otherwise: the cached
     plan when there is a valid one; else, holding the layout's lock (so one process
     plans while the others wait), plan, write, and return.
+
+    ``wait_s`` bounds the wait for another process that holds the lock (default
+    :data:`PLAN_CACHE_WAIT_S`; 0 takes it only if free): a caller with a deadline of
+    its own passes what is left of it. ``progress`` takes the cache's messages (a
+    wait past :data:`NOTICE_S`, an entry not used and why), one line each; default
+    stderr.
+
+    Raises
+    ------
+    PlanCacheTimeout
+        The lock stayed held for ``wait_s``: names the entry, its holder (pid, what it
+        plans, since when) and the wait, and what to do.
+    ArgumentError
+        ``wait_s`` or ``progress`` is not accepted, or ``KVGRANT_PLAN_CACHE`` is bad.
     """
+    wait = _wait_limit(wait_s)
+    say = _sayer(progress)
     folder = cache_dir(env)
     if folder is None or not planner_digest():  # (no code to tell planners apart)
         return plan(g)
     key = _key(g, limits)
     path = folder / f"{key}.json"
-    hit = _read(path, g, key)
+    kind = _special(path)
+    if kind is not None:  # never opened (a FIFO blocks the open), never replaced
+        say(f"{path} is {kind}, not a plan file: not read and not replaced; planning in "
+            "this process (remove it to use the cache for this layout)")
+        return plan(g)
+    hit, _ = _read(path, g, key)
     if hit is not None:
         return hit
+    lock_path = folder / f"{key}.lock"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
+                          | os.O_CLOEXEC, 0o644)
     except OSError:
         return plan(g)  # a folder we cannot write: plan here, cache nothing
     try:
-        try:
-            with locked(lock_fd, PLAN_CACHE_WAIT_S):
-                hit = _read(path, g, key)  # another process planned while we waited
-                if hit is not None:
-                    return hit
-                out = plan(g)
-                try:
-                    _write(path, out, key)
-                except OSError:
-                    pass  # a full or read-only disk: the plan is still good
-                return out
-        except TimeoutError:
+        mode = os.fstat(lock_fd).st_mode
+        if not stat.S_ISREG(mode):
+            say(f"{lock_path} is {_kind(mode)}, not a lock file: the cache is not used for "
+                "this layout; planning in this process (remove it to use the cache)")
             return plan(g)
+        _lock(lock_fd, path, lock_path, wait, say)
+        try:
+            _claim(lock_fd, g)
+            hit, reason = _read(path, g, key)  # another process planned while we waited
+            if hit is not None:
+                return hit
+            if reason is not None:
+                say(f"{path} not used: {reason}; planning anew and replacing it")
+            out = plan(g)
+            try:
+                _write(path, out, key)
+            except OSError:
+                pass  # a full or read-only disk: the plan is still good
+            return out
+        finally:
+            _unclaim(lock_fd)
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
     finally:
         os.close(lock_fd)
 
 
-def packed_plan(g: Geometry, *, env: Mapping[str, str] | None = None) -> PhysicalPlan:
+def packed_plan(g: Geometry, *, env: Mapping[str, str] | None = None,
+                wait_s: float | None = None,
+                progress: Callable[[str], None] | None = None) -> PhysicalPlan:
     """The packed plan at the planner's default limits (what every rank uses), through
-    the host's cache."""
+    the host's cache; ``wait_s`` and ``progress`` as :func:`cached_packed_plan` takes
+    them (a group passes its ``timeout_s`` as ``wait_s``)."""
     from kvgrant.layout import exact
     from kvgrant.layout.plans import packed_plan as plan
 
@@ -218,4 +483,6 @@ def packed_plan(g: Geometry, *, env: Mapping[str, str] | None = None) -> Physica
               "max_solves": exact.DEFAULT_MAX_SOLVES, "max_checks": exact.DEFAULT_MAX_CHECKS,
               "max_windowed_nonzeros": exact.DEFAULT_MAX_WINDOWED_NONZEROS,
               "max_gap": exact.DEFAULT_MAX_GAP}
-    return cached_packed_plan(g, plan, limits, env=env)
+    # only what is given (a caller's stand-in for cached_packed_plan may take env alone)
+    extra = {k: v for k, v in (("wait_s", wait_s), ("progress", progress)) if v is not None}
+    return cached_packed_plan(g, plan, limits, env=env, **extra)

@@ -276,9 +276,12 @@ def require_plan_for(plan: PhysicalPlan, g: Geometry) -> None:
                     f"for {g.name!r} as given: they differ in {', '.join(differ)}")
 
 
-def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]"
-                 ) -> PhysicalPlan:
-    """A label (``make_plan``), a planner callable, or a plan as given."""
+def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], PhysicalPlan]",
+                 *, cache_wait_s: float | None = None) -> PhysicalPlan:
+    """A label (``make_plan``), a planner callable, or a plan as given.
+
+    ``cache_wait_s`` bounds the wait for another process planning ``packed`` into the
+    host's plan cache (None: its default); a group passes its timeout."""
     if isinstance(plan, PhysicalPlan):
         return plan
     if callable(plan):
@@ -286,7 +289,7 @@ def resolve_plan(g: Geometry, plan: "PhysicalPlan | str | Callable[[Geometry], P
     if plan == "packed":  # planned once per host (runtime/plancache.py)
         from kvgrant.runtime.plancache import packed_plan
 
-        return packed_plan(g)
+        return packed_plan(g, wait_s=cache_wait_s)
     from kvgrant.layout.plans import make_plan
 
     return make_plan(g, plan)

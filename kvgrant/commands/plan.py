@@ -5,7 +5,9 @@ Prints per rank bytes, allocations, mappings, access grants and driver handles
 from optimal it may be), the allocation lower bound, the handles any contract-keeping
 plan needs, the largest conflict set, and the pre-flight: the driver-handle demand of
 all ranks against the host's budget (one pool for every process and GPU of the
-host), with grants to
+host) less the reserve for users kvgrant cannot see (default 4,096, set with
+--handle-reserve N as for kvgrant alloc, so "fits" here means alloc's pre-flight
+accepts the plan), with grants to
 owner + importers and to every declared reader, so a user sees before start-up
 whether it will fail. ``--json`` prints the same plus the packed plan as a plan
 document that ``kvgrant alloc --plan FILE`` reuses (``--json`` writes JSON on an
@@ -30,7 +32,7 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> None:
-    from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET
+    from kvgrant.layout.preflight import DEFAULT_HANDLE_BUDGET, DEFAULT_HANDLE_RESERVE
 
     p = subparsers.add_parser(
         "plan", help="compare naive, reference and packed plans; pre-flight handle demand",
@@ -40,6 +42,11 @@ def add_parser(subparsers: Any) -> None:
                    metavar="N",
                    help=f"driver handles the whole host may hold, over every process and GPU "
                         f"(default {DEFAULT_HANDLE_BUDGET:,}, measured on an H200 with driver 580)")
+    # the name, type (validation) and help of kvgrant alloc's option: the pre-flight
+    # counts the same reserve, so "fits" here means alloc's pre-flight accepts the plan
+    p.add_argument("--handle-reserve", type=count, default=None, metavar="N",
+                   help="handles kept for users kvgrant cannot see (NCCL, PyTorch, other "
+                        f"engines; default {DEFAULT_HANDLE_RESERVE:,})")
     p.add_argument("--no-bound", action="store_true",
                    help="skip the combinatorial lower bound and the any-plan handle bound "
                         "(the solver's optimality proof is still printed)")
@@ -191,12 +198,15 @@ def _run(args: argparse.Namespace) -> int:
         handles = {"importers": imp,
                    "declared": imp if same else handle_lower_bound(g, bound, declared=True)}
     progress("report")
+    from kvgrant.layout.preflight import DEFAULT_HANDLE_RESERVE
+
+    reserve = DEFAULT_HANDLE_RESERVE if args.handle_reserve is None else args.handle_reserve
     if args.json:
         rep = build_report(g, plans, args.handle_budget, lower_bound=bound,
-                           packed=packed, handle_bound=handles)
+                           packed=packed, handle_bound=handles, reserve=reserve)
         json.dump({"ok": True, **rep}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print(format_report(g, plans, args.handle_budget, lower_bound=bound,
-                            packed=packed, handle_bound=handles))
+                            packed=packed, handle_bound=handles, reserve=reserve))
     return 0

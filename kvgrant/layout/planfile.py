@@ -93,8 +93,7 @@ def read_plan_file(path: str | Path, g: Geometry) -> PhysicalPlan:
 
 def load_plan_document(path: str | Path) -> Any:
     """The decoded JSON of the plan file ``path`` (at most :data:`MAX_FILE_BYTES`),
-    not yet checked: :func:`plan_from_document` checks it (the plan cache looks at its
-    key in between, parsing the file once)."""
+    not yet checked: :func:`plan_from_document` checks it."""
     path = Path(path)
     try:
         with path.open("rb") as fh:

@@ -58,17 +58,20 @@ class PlanFigures:
     demand_declared: int
     budget: int
     contract: tuple[str, ...]
+    reserve: int = 0            # handles kept for users kvgrant cannot see
 
     @property
     def margin(self) -> int:
-        return self.budget - self.demand
+        """``budget - reserve - demand``: what kvgrant alloc's pre-flight checks."""
+        return self.budget - self.reserve - self.demand
 
     @property
     def margin_declared(self) -> int:
-        return self.budget - self.demand_declared
+        return self.budget - self.reserve - self.demand_declared
 
 
-def plan_figures(g: "Geometry", plan: "PhysicalPlan", budget: int) -> PlanFigures:
+def plan_figures(g: "Geometry", plan: "PhysicalPlan", budget: int,
+                 reserve: int = 0) -> PlanFigures:
     """Compute a plan's :class:`PlanFigures` (pure arithmetic, no driver)."""
     own = handle_demand_breakdown(g, plan, declared=False)
     dec = handle_demand_breakdown(g, plan, declared=True)
@@ -77,7 +80,7 @@ def plan_figures(g: "Geometry", plan: "PhysicalPlan", budget: int) -> PlanFigure
     ranks = tuple(RankFigures(r, nbytes, n, plan.mappings, plan.mappings, own.per_rank[r],
                               dec.per_rank[r]) for r in range(g.topology.ranks))
     contract = tuple(str(v) for v in check_contract(g, plan))
-    return PlanFigures(plan.label, ranks, own.total, dec.total, budget, contract)
+    return PlanFigures(plan.label, ranks, own.total, dec.total, budget, contract, reserve)
 
 
 def _rank_groups(figs: PlanFigures) -> list[tuple[list[int], RankFigures]]:
@@ -150,7 +153,8 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
                  lower_bound: Any = None, include_plan: str | None = "packed",
                  packed: "PackedResult | None" = None,
                  handle_bound: dict[str, int] | None = None,
-                 figures: "Sequence[PlanFigures] | None" = None) -> dict[str, Any]:
+                 figures: "Sequence[PlanFigures] | None" = None,
+                 reserve: int = 0) -> dict[str, Any]:
     """The whole ``kvgrant plan`` result as a JSON-ready dict.
 
     ``include_plan`` names the plan whose every allocation is listed (plane,
@@ -160,10 +164,12 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
     reads. ``packed`` adds the solver's verdict on the packed plan; ``handle_bound``
     the handles any contract-keeping plan needs (``importers`` / ``declared``).
     ``figures``: the plans' :func:`plan_figures`, when the caller has them already.
+    ``reserve``: handles kept for users kvgrant cannot see; a verdict fits when
+    ``demand + reserve <= budget``, as kvgrant alloc's pre-flight counts it.
     """
     largest = _largest_declared_set(g)
     if figures is None:
-        figures = [plan_figures(g, p, budget) for p in plans]
+        figures = [plan_figures(g, p, budget, reserve) for p in plans]
     out: dict[str, Any] = {
         "geometry": {
             "name": g.name, "granularity": g.granularity, "pages": g.pages,
@@ -180,6 +186,7 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
         "handle_lower_bound": handle_bound,
         "packed_solver": None if packed is None else packed.to_json(),
         "handle_budget": budget,
+        "handle_reserve": reserve,
         "plans": {},
     }
     for f in figures:
@@ -190,10 +197,11 @@ def build_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
             "contract_violations": list(f.contract),
             "per_rank": [dataclasses.asdict(r) for r in f.ranks],
             "preflight": {
-                "importers": {"demand": f.demand, "budget": budget, "margin": f.margin,
-                              "fits": f.margin >= 0},
+                "importers": {"demand": f.demand, "budget": budget, "reserve": reserve,
+                              "margin": f.margin, "fits": f.margin >= 0},
                 "declared": {"demand": f.demand_declared, "budget": budget,
-                             "margin": f.margin_declared, "fits": f.margin_declared >= 0},
+                             "reserve": reserve, "margin": f.margin_declared,
+                             "fits": f.margin_declared >= 0},
             },
         }
     if packed is not None and "packed" in out["plans"]:
@@ -219,13 +227,14 @@ def _size(n: int) -> str:
 
 def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *,
                   lower_bound: Any = None, packed: "PackedResult | None" = None,
-                  handle_bound: dict[str, int] | None = None) -> str:
+                  handle_bound: dict[str, int] | None = None, reserve: int = 0) -> str:
     """The human-readable ``kvgrant plan`` output (same figures as :func:`build_report`)."""
     # each plan's figures once: they check the contract, linear in the region rows
     # (was computed twice: a region of 1,048,576 rows spent 150 s in the report)
-    figures = [plan_figures(g, p, budget) for p in plans]
+    figures = [plan_figures(g, p, budget, reserve) for p in plans]
     rep = build_report(g, plans, budget, lower_bound=lower_bound, include_plan=None,
-                       packed=packed, handle_bound=handle_bound, figures=figures)
+                       packed=packed, handle_bound=handle_bound, figures=figures,
+                       reserve=reserve)
     geo = rep["geometry"]
     lines = [
         f"geometry {g.name!r}: {geo['ranks']} ranks, G = {_size(g.granularity)}, "
@@ -264,9 +273,11 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
                          f"{rf.allocations:>12,} {rf.mappings:>9,} {rf.grants:>7,} "
                          f"{rf.handles:>10,} {rf.handles_declared:>18,}")
     lines.append("")
+    kept = (f", less a reserve of {reserve:,} for users kvgrant cannot see (--handle-reserve, "
+            f"as kvgrant alloc counts it): {budget - reserve:,} for kvgrant" if reserve else "")
     lines.append(f"pre-flight: all {g.topology.ranks} ranks, budget {budget:,} driver handles "
                  "(mapping x granted device) for the whole host, shared by every process and "
-                 "GPU on it (what others hold: kvgrant budget)")
+                 f"GPU on it{kept} (what others hold: kvgrant budget)")
     header = f"{'plan':<10} {'grants to':<18} {'demand':>10} {'margin':>10}  verdict"
     lines += [header, "-" * len(header)]
     for f in figures:
@@ -279,7 +290,7 @@ def format_report(g: "Geometry", plans: Sequence["PhysicalPlan"], budget: int, *
         lines.append("any plan that keeps the layout contract needs at least (all ranks of the host, however many processes):")
         for who, key in (("owner+importers", "importers"), ("declared readers", "declared")):
             need = handle_bound[key]
-            verdict = "fits" if need <= budget else \
+            verdict = "fits" if need + reserve <= budget else \
                 "EXCEEDS BUDGET: no plan can start this layout on one host"
             lines.append(f"  {who:<18} {need:>10,} handles  {verdict}")
     lines.append("")

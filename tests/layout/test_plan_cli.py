@@ -51,9 +51,10 @@ def test_handle_budget_option_sets_the_verdict(small_file: Path, capsys: Any) ->
     from kvgrant.layout.plans import make_plan
 
     demand = handle_demand(g, make_plan(g, "packed"))
-    run_plan([str(small_file), "--handle-budget", str(demand)])
+    # the budget less the reserve (default 4,096, as kvgrant alloc counts it) is the margin
+    run_plan([str(small_file), "--handle-budget", str(demand + 4_096)])
     fits = capsys.readouterr().out
-    run_plan([str(small_file), "--handle-budget", str(demand - 1)])
+    run_plan([str(small_file), "--handle-budget", str(demand + 4_095)])
     over = capsys.readouterr().out
     packed_line = lambda text: next(  # noqa: E731
         ln for ln in text.splitlines() if ln.startswith("packed") and "owner+importers" in ln)
@@ -152,7 +153,7 @@ def test_json_plan_can_be_checked_independently(small_file: Path, capsys: Any) -
     pre = packed["preflight"]["importers"]
     assert pre["demand"] == sum(r["handles"] for r in packed["per_rank"])
     assert pre["demand"] == handle_demand(g, PhysicalPlan("x", g, tuple(allocs)))
-    assert pre["margin"] == 523_880 - pre["demand"] and pre["fits"] is True
+    assert pre["margin"] == 523_880 - 4_096 - pre["demand"] and pre["fits"] is True
     assert rep["largest_conflict_set"] == {"region": "snap", "row": 1, "pages": 3}
     assert rep["lower_bound"] is None or rep["lower_bound"]["total"] <= packed["allocations"]
 
