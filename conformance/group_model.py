@@ -12,6 +12,13 @@ events; every guard here is O(1) (or O(log ranks)), and the plan-order guards re
 the spec's sequencing (each allocation complete before the next Create, each import
 complete before the next Import), so "every earlier one is complete" is "the previous
 one is complete".
+
+A failed undo (a failed Unmap, Release, Free, ImportUnmap or ImportRelease) is the
+spec's ``UndoFail``: its object is leaked (:attr:`ProcState.leaked`, named as in the
+spec: ``("plane", p, a)``, ``("ihandle", o, a)``, ...), stays live and is never undone
+again; the unwinding guards read it as gone for the order, so the process goes on as
+the runtime does and never reaches AbortComplete / ShutdownComplete
+(:func:`unwind_ended_leaking` is where its file may end).
 """
 
 from __future__ import annotations
@@ -31,12 +38,14 @@ __all__ = [
     "ProcState",
     "STEPS",
     "TERMINAL_PHASES",
+    "UNDO_STEPS",
     "WAIT",
     "constants_from",
     "crash",
     "enabled_actions",
     "initial_group",
     "step",
+    "unwind_ended_leaking",
 ]
 
 TERMINAL_PHASES = frozenset({"Published", "Aborted", "Shutdown"})
@@ -47,6 +56,8 @@ FAIL_STEPS = ("Reserve", "Create", "Map", "MapAlias", "Grant", "Export", "Send",
 GROUP_ACTIONS = FAIL_STEPS + ("RankReady", "Vote", "Decide", "Publish", "Abort",
                               "AbortComplete", "Unpublish", "ShutdownComplete",
                               "ImportUnmap", "ImportRelease", "Unmap", "Release", "Free")
+#: The unwinding steps that may fail (a failed one is UndoFail(p, x)).
+UNDO_STEPS = frozenset({"ImportUnmap", "ImportRelease", "Unmap", "Release", "Free"})
 #: Returned by a step that may become allowed once another process acts.
 WAIT = "\x00wait"
 _MAPPINGS = ("plane", "alias")
@@ -62,6 +73,8 @@ class GroupConstants:
     owner_only: frozenset[int]
     importers: tuple[frozenset[int], ...]
     declared_readers: tuple[frozenset[int], ...]
+    #: the spec's MaxUndoFailures (None: any number, as trace validation allows)
+    max_undo_failures: int | None = None
     sources: tuple[tuple[int, ...], ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +126,25 @@ class ProcState:
     vote: str = "none"
     decision: str = "none"
     crashed: bool = False
+    #: leaked[p]: objects whose undo failed, as the spec names them: own
+    #: ("va" | "handle" | "plane" | "alias", p, a), imported ("ihandle" | "iplane" |
+    #: "ialias", owner, a); still live, never undone again
+    leaked: set[tuple[str, int, int]] = field(default_factory=set)
+
+    def live_objects(self, p: int) -> set[tuple[str, int, int]]:
+        """LiveObjects(p), as leaked[p] names them."""
+        out = {("handle", p, a) for a in self.created}
+        out |= {("plane", p, a) for a in self.mapped}
+        out |= {("alias", p, a) for a in self.alias_mapped}
+        out |= {("ihandle", o, a) for (o, a) in self.imported_set}
+        out |= {("i" + m, o, a) for (o, a, m) in self.import_mapped}
+        if self.va:
+            out.add(("va", p, 0))
+        return out
+
+    def mapping_live(self) -> bool:
+        """MappingLive(p): the driver refuses cuMemAddressFree."""
+        return bool(self.mapped or self.alias_mapped or self.import_mapped)
 
     def counters(self) -> dict[str, Any]:
         """The trace's ``state`` of this process (docs/group-trace.md)."""
@@ -151,7 +183,8 @@ class ProcState:
                 "import_mapped": sorted(map(list, self.import_mapped)),
                 "import_access": sorted([o, a, m, sorted(d)] for (o, a, m), d
                                         in self.import_access.items()),
-                "vote": self.vote, "decision": self.decision, "crashed": self.crashed}
+                "vote": self.vote, "decision": self.decision, "crashed": self.crashed,
+                "leaked": sorted(map(list, self.leaked))}
 
 
 _TF = {True: "true", False: "false"}
@@ -535,6 +568,10 @@ def _phase_step(frm: str, to: str, need: str | None = None
         if need is not None and s.decision != need:
             return f"the process decided {s.decision}, not {need}"
         if to in ("Aborted", "Shutdown") and not s.empty():
+            if s.leaked:
+                return ("an undo of this process failed: it still holds the objects left "
+                        "live (" + _held(s) + "), so it never completes "
+                        "(UndoFailureNeverCompletes)")
             return "the process still holds driver objects (" + _held(s) + ")"
         s.phase = to
         return ""
@@ -557,26 +594,54 @@ def _unwinding(s: ProcState) -> str:
 
 
 def _last_import(s: ProcState, o: int, a: int) -> bool:
-    """LastImport(p, o, a): no import later than <<o, a>> is still held (imports are
-    appended in import order, so the last one is the latest unless a trace broke it)."""
+    """LastImport(p, o, a): no import later than <<o, a>> is still held, but a leaked
+    one (imports are appended in import order, so the last one is the latest unless a
+    trace broke it)."""
     if not s.imported:
         return True
+    if s.leaked:
+        return all(x <= (o, a) or ("ihandle",) + x in s.leaked for x in s.imported)
     last = s.imported[-1] if s.import_monotone else max(s.imported)
     return last <= (o, a)
 
 
-def _import_unmap(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
-    s = g.procs[p]
+def _imports_gone(s: ProcState) -> bool:
+    """ImportsGone(p): every import is unwound, or its handle leaked."""
+    return not s.imported_set or (bool(s.leaked) and all(
+        ("ihandle",) + x in s.leaked for x in s.imported_set))
+
+
+def _newer_handle(s: ProcState, p: int, a: int) -> bool:
+    """A handle b > a is live and not leaked (the reverse-order guards); without a
+    leak ``created`` is a prefix 0..n-1."""
+    if not s.leaked:
+        return len(s.created) > a + 1
+    return any(b > a and ("handle", p, b) not in s.leaked for b in s.created)
+
+
+def _why_import_unmap(s: ProcState, p: int, e: Args) -> str:
     key = (e.owner, e.alloc, e.mapping)
     why = _unwinding(s)
     if why:
         return why
     if key not in s.import_mapped:
         return f"mapping {e.mapping} of rank {e.owner}'s allocation {e.alloc} is not mapped"
-    if e.mapping == "plane" and (e.owner, e.alloc, "alias") in s.import_mapped:
+    if ("i" + str(e.mapping), e.owner, e.alloc) in s.leaked:
+        return "its cuMemUnmap failed already: a leaked mapping is never undone again"
+    if e.mapping == "plane" and (e.owner, e.alloc, "alias") in s.import_mapped \
+            and ("ialias", e.owner, e.alloc) not in s.leaked:
         return "the plane mapping is unmapped before its alias"
     if not _last_import(s, e.owner, e.alloc):  # type: ignore[arg-type]
         return "LIFO: a later import is still held"
+    return ""
+
+
+def _import_unmap(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
+    s = g.procs[p]
+    why = _why_import_unmap(s, p, e)
+    if why:
+        return why
+    key = (e.owner, e.alloc, e.mapping)
     s.import_mapped.discard(key)  # type: ignore[arg-type]
     d = s.import_access.pop(key, None)  # type: ignore[arg-type]
     if d:
@@ -584,18 +649,29 @@ def _import_unmap(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
     return ""
 
 
-def _import_release(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
-    s = g.procs[p]
+def _why_import_release(s: ProcState, p: int, e: Args) -> str:
     o, a = e.owner, e.alloc
     why = _unwinding(s)
     if why:
         return why
     if (o, a) not in s.imported_set:
         return f"allocation {a} of rank {o} is not imported"
-    if (o, a, "plane") in s.import_mapped or (o, a, "alias") in s.import_mapped:
+    if ("ihandle", o, a) in s.leaked:
+        return "its cuMemRelease failed already: a leaked handle is never undone again"
+    if any((o, a, m) in s.import_mapped and ("i" + m, o, a) not in s.leaked
+           for m in _MAPPINGS):
         return "the imported handle is still mapped"
     if not _last_import(s, o, a):  # type: ignore[arg-type]
         return "LIFO: a later import is still held"
+    return ""
+
+
+def _import_release(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
+    s = g.procs[p]
+    why = _why_import_release(s, p, e)
+    if why:
+        return why
+    o, a = e.owner, e.alloc
     s.imported_set.discard((o, a))  # type: ignore[arg-type]
     if s.imported[-1] == (o, a):
         s.imported.pop()
@@ -604,20 +680,30 @@ def _import_release(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
     return ""
 
 
-def _unmap(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
-    s = g.procs[p]
+def _why_unmap(s: ProcState, p: int, e: Args) -> str:
     a, m = e.alloc, e.mapping
     why = _unwinding(s)
     if why:
         return why
-    if s.imported_set:
+    if not _imports_gone(s):
         return "imported handles are unwound first"
     if a not in (s.mapped if m == "plane" else s.alias_mapped):
         return f"mapping {m} of allocation {a} does not exist"
-    if m == "plane" and a in s.alias_mapped:
+    if (m, p, a) in s.leaked:
+        return "its cuMemUnmap failed already: a leaked mapping is never undone again"
+    if m == "plane" and a in s.alias_mapped and ("alias", p, a) not in s.leaked:
         return "the plane mapping is unmapped before its alias"
-    if len(s.created) > a + 1:  # type: ignore[operator]
+    if _newer_handle(s, p, a):  # type: ignore[arg-type]
         return "reverse order: a later allocation is still created"
+    return ""
+
+
+def _unmap(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
+    s = g.procs[p]
+    why = _why_unmap(s, p, e)
+    if why:
+        return why
+    a, m = e.alloc, e.mapping
     (s.mapped if m == "plane" else s.alias_mapped).discard(a)  # type: ignore[arg-type]
     d = s.access.pop((a, m), None)  # type: ignore[arg-type]
     if d:
@@ -625,32 +711,118 @@ def _unmap(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
     return ""
 
 
-def _release(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
-    s = g.procs[p]
+def _why_release(s: ProcState, p: int, e: Args) -> str:
     a = e.alloc
     why = _unwinding(s)
     if why:
         return why
-    if s.imported_set:
+    if not _imports_gone(s):
         return "imported handles are unwound first"
-    if a not in s.created or a in s.mapped or a in s.alias_mapped:
+    lk = s.leaked
+    if a not in s.created or (a in s.mapped and ("plane", p, a) not in lk) \
+            or (a in s.alias_mapped and ("alias", p, a) not in lk):
         return f"allocation {a} is not created, or still mapped"
-    if len(s.created) > a + 1:  # type: ignore[operator]
+    if ("handle", p, a) in lk:
+        return "its cuMemRelease failed already: a leaked handle is never undone again"
+    if _newer_handle(s, p, a):  # type: ignore[arg-type]
         return "reverse order: a later allocation is still created"
-    s.created.discard(a)  # type: ignore[arg-type]
+    return ""
+
+
+def _release(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
+    s = g.procs[p]
+    why = _why_release(s, p, e)
+    if why:
+        return why
+    s.created.discard(e.alloc)  # type: ignore[arg-type]
+    return ""
+
+
+def _why_free_due(s: ProcState, p: int) -> str:
+    """CanFree(p): every import, handle and mapping is gone or leaked."""
+    why = _unwinding(s)
+    if why:
+        return why
+    lk = s.leaked
+    if not s.va:
+        return "imports or handles remain, or no VA is reserved"
+    if ("va", p, 0) in lk:
+        return "its cuMemAddressFree failed already: a leaked VA is never freed again"
+    if not lk:
+        if s.imported_set or s.created:
+            return "imports or handles remain, or no VA is reserved"
+        return ""
+    if not _imports_gone(s) or any(("handle", p, b) not in lk for b in s.created) \
+            or any(("plane", p, b) not in lk for b in s.mapped) \
+            or any(("alias", p, b) not in lk for b in s.alias_mapped) \
+            or any(("i" + m, o, b) not in lk for (o, b, m) in s.import_mapped):
+        return "imports or handles remain, or no VA is reserved"
     return ""
 
 
 def _free(c: GroupConstants, g: GroupState, p: int, e: Args) -> str:
     s = g.procs[p]
-    why = _unwinding(s)
+    why = _why_free_due(s, p)
     if why:
         return why
-    if s.imported_set or not s.va or s.created:
-        return "imports or handles remain, or no VA is reserved"
+    if s.mapping_live():
+        return ("a mapping whose cuMemUnmap failed is still in the VA range: the driver "
+                "refuses cuMemAddressFree (it can only fail)")
     s.va = False
     s.ready = False
     return ""
+
+
+def undo_failures(g: GroupState) -> int:
+    """UndoFailures: leaked objects, less the VAs the driver had to refuse."""
+    return sum(1 for s in g.procs for x in s.leaked
+               if x[0] != "va" or not s.mapping_live())
+
+
+def undo_object(p: int, action: str, e: Args) -> tuple[str, int, int]:
+    """The object a (failed) unwinding step names, as leaked[p] names it."""
+    if action == "Free":
+        return ("va", p, 0)
+    if action == "Release":
+        return ("handle", p, e.alloc)  # type: ignore[return-value]
+    if action == "Unmap":
+        return (str(e.mapping), p, e.alloc)  # type: ignore[return-value]
+    if action == "ImportRelease":
+        return ("ihandle", e.owner, e.alloc)  # type: ignore[return-value]
+    return ("i" + str(e.mapping), e.owner, e.alloc)  # type: ignore[return-value]
+
+
+def undo_fail(c: GroupConstants, g: GroupState, p: int, action: str, e: Args) -> str:
+    """UndoFail(p, x): the undo of x was due (its step's guard; for Free, but the
+    driver's refusal) within MaxUndoFailures or a Free the driver must refuse; x is
+    leaked (stays live, never undone again)."""
+    s = g.procs[p]
+    if action == "Free":
+        why = _why_free_due(s, p)
+        refused = s.mapping_live()
+    else:
+        if e.alloc is None or not 0 <= e.alloc < c.allocs:
+            return f"{action} names no allocation of the plan"
+        if action in ("Unmap", "ImportUnmap") and e.mapping not in _MAPPINGS:
+            return f"{action} names mapping {e.mapping!r}"
+        why = {"Release": _why_release, "Unmap": _why_unmap,
+               "ImportRelease": _why_import_release,
+               "ImportUnmap": _why_import_unmap}[action](s, p, e)
+        refused = False
+    if why:
+        return f"a failed {action} whose undo was not due: {why}"
+    if not refused and c.max_undo_failures is not None \
+            and undo_failures(g) >= c.max_undo_failures:
+        return f"more than MaxUndoFailures = {c.max_undo_failures} failed undos"
+    s.leaked.add(undo_object(p, action, e))
+    return ""
+
+
+def unwind_ended_leaking(s: ProcState, p: int) -> bool:
+    """UnwindEndedLeaking(p): an undo of p failed and p ran every undo (all it still
+    holds is leaked); its file ends there, with no AbortComplete / ShutdownComplete."""
+    return (not s.crashed and s.phase in ("Aborting", "ShuttingDown") and bool(s.leaked)
+            and s.live_objects(p) <= s.leaked)
 
 
 #: Non-forward steps: name -> (c, g, p, args) -> '' | reason | WAIT (applied when '').
@@ -671,7 +843,10 @@ def step(c: GroupConstants, g: GroupState, p: int, action: str, e: Args, ok: boo
     if action in FORWARD_GUARDS:
         return forward(c, g, p, action, e, ok)
     if not ok:
-        return f"{action} failed: the model allows failures only at forward steps"
+        if action in UNDO_STEPS:
+            return undo_fail(c, g, p, action, e)
+        return (f"{action} failed: the model allows failures only at forward steps and "
+                "at the undo steps")
     f = STEPS.get(action)
     if f is None:
         return f"{action} is not an action of the group model"

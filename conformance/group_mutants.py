@@ -241,6 +241,25 @@ def _map_before_import(heads: list[dict[str, Any]], evs: Raw):
 
 #: name -> mutation of (headers, per-rank events), returning (rank, seq, description) or
 #: None when the group offers no place for this bug.
+def _complete_after_failed_undo(heads: list[dict[str, Any]], evs: Raw):
+    """The runtime mutant "AbortComplete traced although an undo failed" (group.py
+    ``_abort``): a process's cuMemAddressFree fails (it keeps the VA, as the runtime
+    records it) and it still traces AbortComplete / ShutdownComplete."""
+    for r, es in enumerate(evs):
+        k = _find(es, lambda e: e["action"] in ("AbortComplete", "ShutdownComplete"))
+        if k is None or k == 0 or es[k - 1]["action"] != "Free" \
+                or es[k - 1].get("result") != "CUDA_SUCCESS":
+            continue
+        ready = bool(k >= 2 and es[k - 2]["state"].get("ready"))
+        es[k - 1]["result"] = "CUDA_ERROR_OUT_OF_MEMORY"
+        for e in (es[k - 1], es[k]):
+            e["state"]["va"] = True
+            e["state"]["ready"] = ready
+        return r, k, (f"rank {r}'s cuMemAddressFree at seq {k - 1} failed, yet it traces "
+                      f"{es[k]['action']} at seq {k}")
+    return None
+
+
 GROUP_MUTATIONS: dict[str, Callable[[list[dict[str, Any]], Raw], Any]] = {
     "grant_other_device": _grant_other_device,
     "import_grant_other_device": _import_grant_other_device,
@@ -254,6 +273,7 @@ GROUP_MUTATIONS: dict[str, Callable[[list[dict[str, Any]], Raw], Any]] = {
     "send_to_non_importer": _send_to_non_importer,
     "release_import_before_unmap": _release_import_before_unmap,
     "map_before_import": _map_before_import,
+    "complete_after_failed_undo": _complete_after_failed_undo,
 }
 
 

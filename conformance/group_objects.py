@@ -17,7 +17,8 @@ rules for imported memory. For every event of process p:
   ascending): Import returns a handle not live in p, of the allocation's length;
   ImportMap maps that handle at base + (k + 1) * slot + the plan's offset, inside the
   reservation; ImportGrant/ImportUnmap name the live imported mapping's VA and size;
-  ImportRelease names the imported handle when it has no live mapping.
+  ImportRelease names the imported handle when it has no live mapping (but one whose
+  cuMemUnmap failed: leaked).
 
 A failed call is checked for the fields it names. Checks run before the model's step
 (:func:`kvgrant.conformance.group_replay.replay_group`), so a wrong object is reported
@@ -47,7 +48,7 @@ class GroupObjects:
     """Live handles and mappings of one process, own and imported."""
 
     __slots__ = ("p", "dev", "lay", "own", "base", "res", "slot", "slot_of", "imp",
-                 "imp_live", "imp_maps")
+                 "imp_live", "imp_maps", "imp_leaked")
 
     def __init__(self, header: Any) -> None:
         """``header``: the process's :class:`~kvgrant.conformance.group_io.GroupHeader`."""
@@ -66,6 +67,9 @@ class GroupObjects:
         self.imp: dict[tuple[int, int], int] = {}                    # (o, a) -> handle
         self.imp_live: set[int] = set()                              # its values
         self.imp_maps: dict[tuple[int, int, str], tuple[int, int]] = {}  # -> (va, size)
+        # imported mappings whose cuMemUnmap failed: still live, an ImportRelease may
+        # follow them
+        self.imp_leaked: set[tuple[int, int, str]] = set()
 
     # -- what the plan says -----------------------------------------------------------
     def import_va(self, o: int, a: int, m: str) -> int | None:
@@ -164,12 +168,21 @@ class GroupObjects:
                 return (f"{who}: ImportRelease of handle {handle} but the imported handle "
                         f"is {live_h}")
             if ok:
-                held = [k[2] for k in self.imp_maps if k[:2] == key]
+                held = [k[2] for k in self.imp_maps if k[:2] == key
+                        and k not in self.imp_leaked]
                 if held:
                     return (f"{who}: ImportRelease of handle {handle} while its {held[0]} "
                             "mapping is live")
             return ""
         return ""
+
+    def leak(self, action: str, e: Args) -> None:
+        """A checked undo failed: a mapping whose cuMemUnmap failed stays live, and the
+        handle's release may still follow it (the driver allows that)."""
+        if action == "Unmap":
+            self.own.leaked[self.p].add((e.alloc, e.mapping))  # type: ignore[arg-type]
+        elif action == "ImportUnmap":
+            self.imp_leaked.add((e.owner, e.alloc, e.mapping))  # type: ignore[arg-type]
 
     def apply(self, action: str, e: Args, va: int | None, size: int | None,
               handle: int | None) -> None:

@@ -6,8 +6,10 @@ makes one wait for another: an Import needs the owner's Send of that fd, a Decid
 every rank's Vote (or its death). The scheduler runs process 0 as far as it can, then
 process 1, ..., and again, until every file is used up; a file that ends before a
 terminal phase (Published, Aborted, Shutdown) is a crash, taken right after its last
-event. Why this finds an interleaving whenever one exists: apart from those two waits
-every guard reads only the process's own variables, sends only accumulate, and a rank
+event -- unless the process's unwinding ended leaking (an undo failed, every undo ran:
+the spec's ``UnwindEndedLeaking``), where the runtime ends the file without
+AbortComplete / ShutdownComplete. Why this finds an interleaving whenever one exists:
+apart from those two waits every guard reads only the process's own variables, sends only accumulate, and a rank
 named missing must have died without voting, so running a process early never
 disables another's step.
 
@@ -32,9 +34,10 @@ from typing import Any, Iterable
 
 from kvgrant.conformance.group_io import STATE_KEYS, GroupTrace, load_group
 from kvgrant.conformance.group_objects import GroupObjects
-from kvgrant.conformance.group_model import (FAST_STEPS, TERMINAL_PHASES, WAIT, GroupConstants,
-                                             GroupState, crash, enabled_actions,
-                                             initial_group, step)
+from kvgrant.conformance.group_model import (FAST_STEPS, TERMINAL_PHASES, UNDO_STEPS, WAIT,
+                                             GroupConstants, GroupState, crash,
+                                             enabled_actions, initial_group, step,
+                                             unwind_ended_leaking)
 from kvgrant.gc_pause import gc_paused
 
 __all__ = ["CRASH", "GroupVerdict", "group_state_json", "replay_group", "replay_group_files"]
@@ -194,6 +197,8 @@ def replay_group(t: GroupTrace, *, engine: str = "python", fast: bool = True) ->
                         return reject(p, k, why, g)
                     if ok:
                         ob.apply(action, e, va, size, hd)
+                    elif action in UNDO_STEPS:
+                        ob.leak(action, e)
                     if state.__class__ is not str or state != s.state_text():
                         why = _state_diff(s, state)
                         if why:
@@ -207,7 +212,7 @@ def replay_group(t: GroupTrace, *, engine: str = "python", fast: bool = True) ->
                 if k == len(rows):
                     ended[p] = True
                     moved = True
-                    if s.phase not in TERMINAL_PHASES:
+                    if s.phase not in TERMINAL_PHASES and not unwind_ended_leaking(s, p):
                         crash(g, p)
                         order.append((p, CRASH))
         stuck = [p for p in range(n) if not ended[p]]
@@ -217,7 +222,8 @@ def replay_group(t: GroupTrace, *, engine: str = "python", fast: bool = True) ->
             imports = [p for p in stuck if t.procs[p].rows[pos[p]][0] == "Import"]
             p = (imports or stuck)[0]
             return reject(p, pos[p], _wait_reason(c, g, t, p, pos[p]), g)
-    final = {p: ("crashed in " + s.phase) if s.crashed else s.phase
+    final = {p: ("crashed in " + s.phase) if s.crashed else
+             (s.phase + " (an undo failed: objects left live)") if s.leaked else s.phase
              for p, s in enumerate(g.procs)}
     return GroupVerdict(True, engine, total, n, time.perf_counter() - t0, final=final,
                         order=order)

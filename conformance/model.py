@@ -17,6 +17,13 @@ a rank allocates: Create(r, a) needs allocation a-1 complete, as the runtime bui
 The spec's history variable ``undo`` (the runtime's undo stack: objects made and not
 yet unwound, oldest first) is :attr:`RankState.undo`. Unwinding steps drop the object
 they name wherever it is, like the spec's ``Drop``; the guards keep it the top.
+
+A failed undo (``UndoFail``: a failed cuMemUnmap, cuMemRelease or cuMemAddressFree)
+leaks its object (:attr:`RankState.leaked`): it stays live, leaves the undo stack and is
+never undone again; the guards read it as gone for the order, so the rank goes on
+unwinding as the runtime does, and the attempt then never completes
+(:func:`unwind_ended_leaking` is where such a trace may end). Without a leak on a rank
+its guards take the same O(1) paths as before (``created`` stays a prefix there).
 """
 
 from __future__ import annotations
@@ -34,19 +41,25 @@ __all__ = [
     "RANK_STEPS",
     "RankState",
     "TERMINAL_PHASES",
+    "UNDO_STEPS",
     "apply",
     "enabled",
     "guard",
     "initial_state",
     "step_enabled",
     "step_guard",
+    "undo_failures",
+    "undo_object",
+    "unwind_ended_leaking",
 ]
 
 TERMINAL_PHASES = frozenset({"Published", "Aborted", "Shutdown"})
 _UNWINDING = frozenset({"Aborting", "ShuttingDown"})
 ALL_ACTIONS = ("Reserve", "Create", "Map", "MapAlias", "Grant", "RankReady", "Publish",
-               "Fail", "Abort", "Unpublish", "Unmap", "Release", "Free", "AbortComplete",
-               "ShutdownComplete")
+               "Fail", "Abort", "Unpublish", "Unmap", "Release", "Free", "UndoFail",
+               "AbortComplete", "ShutdownComplete")
+#: The unwinding steps that may fail (the spec's UndoSteps; the step of UndoFail).
+UNDO_STEPS = frozenset({"Unmap", "Release", "Free"})
 
 
 @dataclass(frozen=True)
@@ -59,10 +72,16 @@ class Constants:
     owner_only: frozenset[int]
     importers: tuple[frozenset[int], ...]
     declared_readers: tuple[frozenset[int], ...]
+    #: the spec's MaxUndoFailures: 0 (the spec's default) no undo fails; None any number
+    #: (trace replay, as KVLifecycleTrace's TraceMaxUndoFailures)
+    max_undo_failures: int | None = 0
 
     @classmethod
-    def from_header(cls, h: Header) -> "Constants":
-        return cls(h.ranks, h.allocs, h.aliased, h.owner_only, h.importers, h.declared_readers)
+    def from_header(cls, h: Header, max_undo_failures: int | None = 0) -> "Constants":
+        """The header's constants; ``max_undo_failures=None`` for replaying a trace
+        (any number of failed undos, as trace validation allows)."""
+        return cls(h.ranks, h.allocs, h.aliased, h.owner_only, h.importers, h.declared_readers,
+                   max_undo_failures)
 
     def __post_init__(self) -> None:
         # GrantSet is evaluated once per Grant event: precompute both shapes per rank
@@ -78,7 +97,9 @@ class Constants:
 
 
 class Action(NamedTuple):
-    """One instance of a spec action; ``step`` is Fail's driver step (x in Fail(r, x))."""
+    """One instance of a spec action; ``step`` is Fail's driver step (x in Fail(r, x)),
+    or UndoFail's unwinding step (Unmap, Release, Free; the object is its rank, alloc,
+    mapping)."""
 
     name: str
     rank: int | None = None
@@ -87,6 +108,9 @@ class Action(NamedTuple):
     step: str | None = None
 
     def __str__(self) -> str:
+        if self.name == "UndoFail":
+            inner = Action(self.step or "?", self.rank, self.alloc, self.mapping)
+            return f"UndoFail({inner})"
         if self.name == "Fail":
             if self.alloc is None:
                 return f'Fail(r{self.rank}, "{self.step}")'
@@ -115,11 +139,23 @@ class RankState:
     #: undo[r] of the spec: ("va", 0), ("handle", a), ("plane", a), ("alias", a), oldest
     #: first. Last, with a default, so positional construction stays compatible.
     undo: list[tuple[str, int]] = field(default_factory=list)
+    #: leaked[r] of the spec: the objects whose undo failed (still live, never undone
+    #: again), named as on the undo stack.
+    leaked: set[tuple[str, int]] = field(default_factory=set)
 
     def copy(self) -> "RankState":
         return RankState(self.va, set(self.created), set(self.mapped), set(self.alias_mapped),
                          dict(self.access), self.grants, self.ready, self.failed,
-                         list(self.undo))
+                         list(self.undo), set(self.leaked))
+
+    def live_objects(self) -> set[tuple[str, int]]:
+        """LiveObjects(r): what the rank holds, named as on the undo stack."""
+        out = {("handle", a) for a in self.created}
+        out |= {("plane", a) for a in self.mapped}
+        out |= {("alias", a) for a in self.alias_mapped}
+        if self.va:
+            out.add(("va", 0))
+        return out
 
     def drop(self, obj: tuple[str, int]) -> None:
         """The spec's Drop(r, o): remove ``obj`` wherever it is (O(1) when on top,
@@ -159,7 +195,7 @@ class ModelState:
         return (self.phase,
                 tuple((r.va, frozenset(r.created), frozenset(r.mapped),
                        frozenset(r.alias_mapped), r.access_triples(), r.ready, r.failed,
-                       tuple(r.undo))
+                       tuple(r.undo), frozenset(r.leaked))
                       for r in self.ranks),
                 frozenset(self.published))
 
@@ -173,7 +209,8 @@ class ModelState:
                                "alias_mapped": sorted(r.alias_mapped),
                                "access": [list(t) for t in sorted(r.access_triples())],
                                "ready": r.ready, "failed": r.failed,
-                               "undo": [list(o) for o in r.undo]}
+                               "undo": [list(o) for o in r.undo],
+                               "leaked": [list(o) for o in sorted(r.leaked)]}
                       for i, r in enumerate(self.ranks)},
         }
 
@@ -266,33 +303,117 @@ def _unwinding(s: ModelState, r: int | None) -> RankState | None:
     return s.ranks[r]
 
 
+def _newer_handle(rs: RankState, a: int) -> bool:
+    """Some handle b > a is live and not leaked (the reverse-order guards). Without a
+    leak on the rank ``created`` is a prefix 0..n-1, so a length test does."""
+    if not rs.leaked:
+        return len(rs.created) > a + 1
+    return any(b > a and ("handle", b) not in rs.leaked for b in rs.created)
+
+
+def _free_due(rs: RankState) -> bool:
+    """CanFree(r) (phase aside): the VA is live, not leaked, and every handle and
+    mapping is gone or leaked."""
+    if not rs.va:
+        return False
+    lk = rs.leaked
+    if not lk:
+        return not rs.created  # (mappings have live handles while nothing leaked)
+    return (("va", 0) not in lk and all(("handle", b) in lk for b in rs.created)
+            and all(("plane", b) in lk for b in rs.mapped)
+            and all(("alias", b) in lk for b in rs.alias_mapped))
+
+
 def _g_free(c: Constants, s: ModelState, r: int | None, a: int | None,
             m: str | None) -> bool:
     rs = _unwinding(s, r)
-    return rs is not None and rs.va and not rs.created
+    # the driver refuses to free a VA range with a (leaked) mapping in it
+    return rs is not None and _free_due(rs) and not rs.mapped and not rs.alias_mapped
+
+
+def _release_due(rs: RankState, a: int) -> bool:
+    lk = rs.leaked
+    if not lk:
+        return (len(rs.created) <= a + 1 and a in rs.created and a not in rs.mapped
+                and a not in rs.alias_mapped)
+    return (a in rs.created and ("handle", a) not in lk
+            and (a not in rs.mapped or ("plane", a) in lk)
+            and (a not in rs.alias_mapped or ("alias", a) in lk)
+            and not _newer_handle(rs, a))
 
 
 def _g_release(c: Constants, s: ModelState, r: int | None, a: int | None,
                m: str | None) -> bool:
     rs = _unwinding(s, r)
-    if rs is None or a is None or len(rs.created) > a + 1:
-        return False  # reverse order: no b > a created (created is a prefix 0..n-1)
-    return a in rs.created and a not in rs.mapped and a not in rs.alias_mapped
+    return rs is not None and a is not None and _release_due(rs, a)
+
+
+def _unmap_due(rs: RankState, a: int, m: str | None) -> bool:
+    if _newer_handle(rs, a):
+        return False  # LIFO: no b > a still created (but leaked)
+    lk = rs.leaked
+    if m == "alias":
+        return a in rs.alias_mapped and ("alias", a) not in lk
+    if m == "plane":
+        return (a in rs.mapped and ("plane", a) not in lk
+                and (a not in rs.alias_mapped or ("alias", a) in lk))
+    return False
 
 
 def _g_unmap(c: Constants, s: ModelState, r: int | None, a: int | None,
              m: str | None) -> bool:
     rs = _unwinding(s, r)
-    if rs is None or a is None or len(rs.created) > a + 1:
-        return False  # LIFO: no b > a still created
-    if m == "alias":
-        return a in rs.alias_mapped
-    if m == "plane":
-        return a in rs.mapped and a not in rs.alias_mapped
-    return False
+    return rs is not None and a is not None and _unmap_due(rs, a, m)
 
 
 _UNWIND_GUARDS = {"Unmap": _g_unmap, "Release": _g_release, "Free": _g_free}
+
+
+def undo_failures(s: ModelState) -> int:
+    """UndoFailures: leaked objects, less the VAs the driver had to refuse."""
+    return sum(1 for rs in s.ranks for o in rs.leaked
+               if o[0] != "va" or not (rs.mapped or rs.alias_mapped))
+
+
+def _g_undo_fail(c: Constants, s: ModelState, act: Action) -> bool:
+    """UndoFail(r, o): o's undo is due (its step's guard, the driver's refusal of
+    Free aside), within MaxUndoFailures or a Free the driver must refuse."""
+    rs = _unwinding(s, act.rank)
+    if rs is None:
+        return False
+    x, a = act.step, act.alloc
+    if x == "Free":
+        due = _free_due(rs)
+        refused = bool(rs.mapped or rs.alias_mapped)
+    elif a is None or not 0 <= a < c.allocs:
+        return False
+    elif x == "Release":
+        due, refused = _release_due(rs, a), False
+    elif x == "Unmap" and act.mapping in ("plane", "alias"):
+        due, refused = _unmap_due(rs, a, act.mapping), False
+    else:
+        return False
+    if not due:
+        return False
+    return refused or c.max_undo_failures is None or undo_failures(s) < c.max_undo_failures
+
+
+def undo_object(act: Action) -> tuple[str, int]:
+    """The object an unwinding step (or its UndoFail) names, as on the undo stack."""
+    x = act.step if act.name == "UndoFail" else act.name
+    if x == "Free":
+        return ("va", 0)
+    if x == "Release":
+        return ("handle", act.alloc)  # type: ignore[return-value]
+    return (act.mapping, act.alloc)  # type: ignore[return-value]
+
+
+def unwind_ended_leaking(s: ModelState) -> bool:
+    """UnwindEndedLeaking: unwinding, an undo failed, and every rank ran every undo
+    (all it still holds is leaked). A trace may end here: the runtime traces no
+    AbortComplete / ShutdownComplete after a failed undo."""
+    return (s.phase in _UNWINDING and any(rs.leaked for rs in s.ranks)
+            and all(rs.live_objects() <= rs.leaked for rs in s.ranks))
 
 
 def step_enabled(c: Constants, s: ModelState, r: int, x: str) -> bool:
@@ -329,6 +450,8 @@ def guard(c: Constants, s: ModelState, act: Action) -> bool:
         return _driver_guard(c, s, act, n)
     if n in _UNWIND_GUARDS:
         return bool(_UNWIND_GUARDS[n](c, s, act.rank, act.alloc, act.mapping))
+    if n == "UndoFail":
+        return act.step in UNDO_STEPS and _g_undo_fail(c, s, act)
     if n == "Fail":
         # Fail(r, x) == x \in FailSteps /\ StepEnabled(r, x); the trace engines also
         # check the failed call's own arguments (step_guard).
@@ -430,6 +553,10 @@ def apply(c: Constants, s: ModelState, act: Action) -> None:
         rs.ready = True  # type: ignore[union-attr]
     elif n == "Fail":
         rs.failed = True  # type: ignore[union-attr]
+    elif n == "UndoFail":
+        o = undo_object(act)
+        rs.leaked.add(o)  # type: ignore[union-attr]
+        rs.drop(o)  # type: ignore[union-attr]
     elif n == "Publish":
         s.published = set(range(c.ranks))
         s.phase = "Published"
@@ -468,6 +595,12 @@ def enabled(c: Constants, s: ModelState, *, with_fail: bool = True) -> list[Acti
         out += [Action("Fail", r, step=x) for r in range(c.ranks)
                 for x in ("Reserve", "Create", "Map", "MapAlias", "Grant")
                 if step_enabled(c, s, r, x)]
+        undo = [Action("UndoFail", r, step="Free") for r in range(c.ranks)]
+        undo += [Action("UndoFail", r, a, step="Release") for r in range(c.ranks)
+                 for a in range(c.allocs)]
+        undo += [Action("UndoFail", r, a, m, step="Unmap") for r in range(c.ranks)
+                 for a in range(c.allocs) for m in ("plane", "alias")]
+        out += [act for act in undo if guard(c, s, act)]
     return out
 
 

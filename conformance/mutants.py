@@ -239,7 +239,7 @@ def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | Non
     lay = header.layout
     events: list[dict[str, Any]] = []
     for act, result in actions:
-        ev_action = act.step if act.name == "Fail" else act.name
+        ev_action = act.step if act.name in ("Fail", "UndoFail") else act.name
         objs = _objects(lay, act, ev_action) if lay is not None and act.rank is not None \
             else {}
         apply(c, s, act)
@@ -281,7 +281,7 @@ def _objects(lay: Layout, act: Action, action: str) -> dict[str, Any]:
     if a is None:
         return {"va": None, "size": None, "handle": None}
     n = lay.allocations[a].length
-    ok = act.name != "Fail"
+    ok = act.name not in ("Fail", "UndoFail")
     h = handle_id(r, a)  # type: ignore[arg-type]
     if action == "Create":
         return {"va": None, "size": n, "handle": h if ok else None}
@@ -526,6 +526,27 @@ def _header_forged_importer(evs: Raw, h: Header):
     return None
 
 
+def _complete_after_failed_undo(evs: Raw, h: Header):
+    """The runtime mutant "AbortComplete traced although an undo failed" (engine.py):
+    the last cuMemAddressFree before AbortComplete / ShutdownComplete fails (its rank
+    keeps the VA, as the runtime records it), and the attempt is still declared
+    complete. The model refuses the complete event (UndoFailureNeverCompletes)."""
+    j = _first(evs, lambda i, e: e["action"] in ("AbortComplete", "ShutdownComplete"))
+    if j is None:
+        return None
+    i = next((k for k in range(j - 1, -1, -1) if evs[k]["action"] == "Free"
+              and _ok(evs[k])), None)
+    if i is None:
+        return None
+    r = evs[i]["rank"]
+    before = next((e for e in reversed(evs[:i]) if e["rank"] == r), None)
+    evs[i]["result"] = "CUDA_ERROR_OUT_OF_MEMORY"
+    evs[i]["state"]["va"] = True
+    evs[i]["state"]["ready"] = bool(before and before["state"].get("ready"))
+    return evs, j, (f"cuMemAddressFree of rank {r} at event {i} failed, yet "
+                    f"{evs[j]['action']} is traced at event {j}")
+
+
 MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
     "drop_grant": _drop_grant,
     "grant_non_importer": _grant_non_importer,
@@ -534,6 +555,7 @@ MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
     "skip_release": _skip_release,
     "duplicate_event": _duplicate_event,
     "reorder_steps": _reorder_steps,
+    "complete_after_failed_undo": _complete_after_failed_undo,
 }
 #: Mutations of the objects an event names (version-2 traces only).
 OBJECT_MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {

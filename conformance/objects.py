@@ -14,8 +14,8 @@ same event. For every rank event:
 * Map / MapAlias: ``handle`` is the allocation's live handle; ``va`` = base + the
   allocation's plane (alias) offset, ``size`` = its length, inside the reservation;
 * Grant / Unmap: ``va`` and ``size`` are those of the live mapping the event names;
-* Release: ``handle`` is the allocation's live handle (the model already requires
-  that it has no live mapping).
+* Release: ``handle`` is the allocation's live handle, with no live mapping but one
+  whose cuMemUnmap failed (leaked; the model already requires the same).
 
 A failed driver call is checked for the fields it names. Grant devices are checked by
 the model against owner + importers derived from the header's import groups.
@@ -41,7 +41,7 @@ def _no_effect(*_args: Any) -> None:
 class ObjectChecker:
     """Live handles and mappings per rank, checked and updated event by event."""
 
-    __slots__ = ("h", "lay", "handles", "maps", "live", "check", "apply")
+    __slots__ = ("h", "lay", "handles", "maps", "live", "leaked", "check", "apply")
 
     def __init__(self, header: Header) -> None:
         on = header.layout is not None  # else a model-only behaviour made in memory
@@ -53,6 +53,8 @@ class ObjectChecker:
         self.handles: list[dict[int, int]] = [{} for _ in range(n)]   # alloc -> handle
         self.live: list[dict[int, int]] = [{} for _ in range(n)]      # handle -> alloc
         self.maps: list[dict[tuple[int, str], tuple[int, int]]] = [{} for _ in range(n)]
+        # mappings whose cuMemUnmap failed: still live, a Release may follow them
+        self.leaked: list[set[tuple[int, str]]] = [set() for _ in range(n)]
 
     # -- what the plan says ------------------------------------------------------------
     def _where(self, r: int, a: int, m: str) -> str:
@@ -152,7 +154,7 @@ class ObjectChecker:
                 return (f"rank {r}, alloc {a}: Release of handle {handle} but alloc {a}'s "
                         f"live handle is {live_h}")
             if ok:
-                held = [k for k in self.maps[r] if k[0] == a]
+                held = [k for k in self.maps[r] if k[0] == a and k not in self.leaked[r]]
                 if held:
                     return (f"rank {r}, alloc {a}: Release of handle {handle} while its "
                             f"{held[0][1]} mapping is live")
@@ -183,6 +185,8 @@ class ObjectChecker:
                          ev.size, ev.handle)
         if not why and ev.ok:
             self.apply(ev.rank, ev.action, ev.alloc, ev.mapping, ev.va, ev.size, ev.handle)
+        elif not why and ev.action == "Unmap":
+            self.leaked[ev.rank].add((ev.alloc, ev.mapping))
         return why
 
 
@@ -193,6 +197,8 @@ def objects_before(trace: Any, index: int) -> ObjectChecker:
     for ev in trace.events[:index]:
         if ev.rank is not None and ev.ok:
             objs.apply(ev.rank, ev.action, ev.alloc, ev.mapping, ev.va, ev.size, ev.handle)
+        elif ev.rank is not None and ev.action == "Unmap":
+            objs.leaked[ev.rank].add((ev.alloc, ev.mapping))
     return objs
 
 

@@ -2,12 +2,15 @@
 
 Each event must act on the object the header's plan names
 (:mod:`kvgrant.conformance.objects`: device, VA, size, handle), be an enabled action of
-the model (a failed driver call is ``Fail(r, x)``), a Grant -- a failed one too: it
+the model (a failed driver call is ``Fail(r, x)``, a failed undo -- cuMemUnmap,
+cuMemRelease, cuMemAddressFree -- is ``UndoFail``), a Grant -- a failed one too: it
 names the devices it was given -- must name exactly ``GrantSet(r, a, m)`` (importers
 derived from the header's import groups), and the
 event's recorded abstract state must equal the model's state after it. The trace is
 accepted when every event matches and the last state is terminal (Published,
-Aborted or Shutdown). A rejection names the first unmatched event with the model
+Aborted or Shutdown), or an unwinding that ended leaking (an undo failed, every rank
+ran every undo, and no AbortComplete / ShutdownComplete was traced: the spec's
+``UnwindEndedLeaking``). A rejection names the first unmatched event with the model
 state before it and the actions enabled there; the TLC engine
 (:mod:`kvgrant.conformance.tla_trace`) reports the same index.
 """
@@ -20,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, Action, Constants,
-                                       ModelState, apply, enabled, guard, initial_state,
-                                       step_guard)
+from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, UNDO_STEPS, Action,
+                                       Constants, ModelState, apply, enabled, guard,
+                                       initial_state, step_guard, unwind_ended_leaking)
 from kvgrant.conformance.objects import ObjectChecker, RowObjects, objects_before
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace, require_trace
 from kvgrant.gc_pause import gc_paused
@@ -62,8 +65,10 @@ class Verdict:
     def summary(self) -> str:
         """One line for humans."""
         if self.accepted:
+            leak = "" if self.final_phase in TERMINAL_PHASES or self.final_phase is None \
+                else " (an undo failed: the unwinding ended with objects left live)"
             return (f"accepted by {self.engine}: {self.events} events, {self.ranks} ranks, "
-                    f"final phase {self.final_phase}, {self.seconds:.3f} s")
+                    f"final phase {self.final_phase}{leak}, {self.seconds:.3f} s")
         what = self.event.describe() if self.event is not None else "end of trace"
         return (f"rejected by {self.engine} at event {self.index} (line {self.line}): "
                 f"{what}: {self.reason}")
@@ -79,9 +84,12 @@ class Verdict:
 
 
 def event_action(ev: Event) -> Action:
-    """The model action an event claims: a failed driver call is Fail(r, action)."""
+    """The model action an event claims: a failed driver call is Fail(r, action), a
+    failed undo (Unmap, Release, Free) UndoFail."""
     if ev.ok:
         return Action(ev.action, ev.rank, ev.alloc, ev.mapping)
+    if ev.action in UNDO_STEPS:
+        return Action("UndoFail", ev.rank, ev.alloc, ev.mapping, step=ev.action)
     return Action("Fail", ev.rank, ev.alloc, ev.mapping, step=ev.action)
 
 
@@ -94,10 +102,17 @@ def _mismatch(c: Constants, s: ModelState, ev: Event, act: Action,
     """Why ``ev`` is not an allowed step from ``s`` ('' when it is); ``s`` is unchanged."""
     if act.name == "Fail" and ev.action not in DRIVER_STEPS:
         return (f"{ev.action} returned {ev.result}: the model allows failures only at the "
-                "driver steps Reserve, Create, Map, MapAlias, Grant")
+                "driver steps Reserve, Create, Map, MapAlias, Grant and the undo steps "
+                "Unmap, Release, Free")
     if ev.result is not None and ev.action in _MODEL_ONLY:
         return f"{ev.action} is a model-only step but carries result {ev.result}"
     if not guard(c, s, act):
+        if act.name in ("AbortComplete", "ShutdownComplete") and any(
+                rs.leaked for rs in s.ranks):
+            lk = [r for r, rs in enumerate(s.ranks) if rs.leaked]
+            return (f"{act} after a failed undo: rank(s) {', '.join(map(str, lk))} "
+                    "still hold the objects whose undo failed, so the attempt never "
+                    "completes (UndoFailureNeverCompletes)")
         return f"{act} is not enabled in phase {s.phase}"
     if act.name == "Abort":  # (KVLifecycleTrace's IsAbort checks the same)
         named = ev.args.get("failed_rank")
@@ -259,7 +274,7 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     (an :class:`~kvgrant.errors.ArgumentError` when ``trace`` is not a Trace)."""
     require_trace(trace, "replay")
     t0 = time.perf_counter()
-    c = Constants.from_header(trace.header)
+    c = Constants.from_header(trace.header, None)
     s = initial_state(c)
     dev_to_rank: dict = trace.header.device_to_rank()  # also caches device lists
     objs = ObjectChecker(trace.header)
@@ -290,17 +305,18 @@ def replay(trace: Trace, *, engine: str = "python") -> Verdict:
                            index=ev.index, event=ev, reason=why, state_before=s.to_json(),
                            enabled=[str(a) for a in enabled(c, s)], final_phase=None)
     seconds = time.perf_counter() - t0
-    if s.phase not in TERMINAL_PHASES:
+    if s.phase not in TERMINAL_PHASES and not unwind_ended_leaking(s):
         return Verdict(False, engine, len(events), c.ranks, seconds, index=len(events),
                        event=None, reason=f"trace ends in phase {s.phase}, which is not "
-                       "terminal (Published, Aborted or Shutdown)", state_before=s.to_json(),
+                       "terminal (Published, Aborted or Shutdown, or an unwinding that "
+                       "ran every undo after one failed)", state_before=s.to_json(),
                        enabled=[str(a) for a in enabled(c, s)], final_phase=s.phase)
     return Verdict(True, engine, len(events), c.ranks, seconds, final_phase=s.phase)
 
 
 def state_before(trace: Trace, index: int) -> ModelState:
     """The model state after the first ``index`` events (assumed allowed)."""
-    c = Constants.from_header(trace.header)
+    c = Constants.from_header(trace.header, None)
     s = initial_state(c)
     if trace.rows is not None:
         for row in trace.rows[:index]:
@@ -319,6 +335,8 @@ def _row_action(row: tuple[str, ...]) -> Action:
     a = int(alloc) if alloc else None
     if result in ("null", _SUCCESS_JSON):
         return Action(action, r, a, mapping or None)
+    if action in UNDO_STEPS:
+        return Action("UndoFail", r, a, mapping or None, step=action)
     return Action("Fail", r, a, mapping or None, step=action)
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "GROUP_MUTANT_CONFIG_3",
     "GROUP_MUTANT_CONFIG_PLAIN",
     "GROUP_MUTANT_CONFIG_TWO_FAULTS",
+    "GROUP_MUTANT_CONFIG_UNDO",
     "GROUP_SAFETY_INVARIANTS",
     "GROUP_SPEC",
     "LIVENESS_PROPERTIES",
@@ -55,6 +56,7 @@ __all__ = [
     "MUTANTS",
     "MUTANT_CONFIG",
     "MUTANT_CONFIG_PLAIN",
+    "MUTANT_CONFIG_UNDO",
     "Mutant",
     "SAFETY_INVARIANTS",
     "apply_mutant",
@@ -103,7 +105,8 @@ class Mutant:
 SAFETY_INVARIANTS: tuple[str, ...] = (
     "TypeOK", "PublishOnlyWhenAllReady", "AccessOnlyOwnerAndImporters",
     "AliasNeverOutlivesBacking", "NothingLeftAfterAbort", "NothingLeftAfterShutdown",
-    "PublishAllOrNothing", "FailureNeverPublishes", "AbortOnlyOnFailure")
+    "PublishAllOrNothing", "FailureNeverPublishes", "AbortOnlyOnFailure",
+    "LeakedStayLive", "UndoFailureNeverCompletes")
 
 #: Safety properties of steps ([][A]_vars, checked as PROPERTIES; TLC names them).
 ACTION_PROPERTIES: tuple[str, ...] = ("OneAttempt", "NoRetryAfterFailure",
@@ -220,8 +223,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("release-skips-first", "FailureLeadsToAbort",
            "the unwind loop stops before allocation 0 (off by one): its handle is never "
            "released, so the VA is never freed and the abort never completes",
-           old="    /\\ a \\in created[r]\n    /\\ a \\notin mapped[r]  ",
-           new="    /\\ a \\in created[r] /\\ a > 0\n    /\\ a \\notin mapped[r]  "),
+           old="    /\\ a \\in created[r]\n    /\\ a \\notin mapped[r] ",
+           new="    /\\ a \\in created[r] /\\ a > 0\n    /\\ a \\notin mapped[r] "),
     Mutant("free-only-when-shutting-down", "FailureLeadsToAbort",
            "cuMemAddressFree only on shutdown: an abort never frees the VA",
            old="    /\\ Unwinding\n    /\\ va[r]\n",
@@ -257,6 +260,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "cuMemSetAccess outside Allocating: a new grant while the attempt unwinds",
            old="CanGrant(r, a, m) ==\n    /\\ phase = \"Allocating\"\n",
            new="CanGrant(r, a, m) ==\n    /\\ TRUE\n"),
+    # failed undo steps (2026-12-07; on MUTANT_CONFIG_UNDO: one failed undo)
+    Mutant("undo-never-retried", "LeakedStayLive",
+           "a mapping whose cuMemUnmap failed is unmapped after all (a silent retry): "
+           "what the runtime reports left live is gone"),
+    Mutant("free-after-unmap", "AliasNeverOutlivesBacking",
+           "cuMemAddressFree succeeds with a leaked mapping still in the VA range (the "
+           "driver refuses it)"),
+    Mutant("complete-after-every-undo", "UndoFailureNeverCompletes",
+           "AbortComplete / ShutdownComplete once every undo ran, failed ones too (the "
+           "runtime mutant 'AbortComplete traced although an undo failed')",
+           old=("    /\\ NothingLeft" + " " * 35 + "\\* @guard abort-complete-when-empty\n"),
+           new="    /\\ \\A r \\in Ranks : LiveObjects(r) \\subseteq leaked[r]\n"),
 )
 
 #: A small config for mutants: 2 ranks with asymmetric importers (rank 0 imports
@@ -283,6 +298,14 @@ INVARIANTS @INVARIANTS@
 MUTANT_CONFIG_PLAIN = MUTANT_CONFIG.replace("Aliased = {0, 1}\n    OwnerOnly = {0}",
                                             "Aliased = {1}\n    OwnerOnly = {}")
 _PLAIN = frozenset({"alias-only-aliased"})
+
+#: MUTANT_CONFIG with one failed undo step (specs/MCKVLifecycle_Undo.cfg's bound), for
+#: the mutants only a failed undo shows; the other mutants keep the spec's default (no
+#: undo fails), so their state spaces stay as they were.
+MUTANT_CONFIG_UNDO = MUTANT_CONFIG.replace(
+    "    DeclaredReaders <- MCDeclaredReaders\n",
+    "    DeclaredReaders <- MCDeclaredReaders\n    MaxUndoFailures <- MCOneUndoFailure\n")
+_UNDO = frozenset({"undo-never-retried", "free-after-unmap", "complete-after-every-undo"})
 
 
 def property_kind(name: str) -> str:
@@ -435,7 +458,8 @@ def run_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | None = 1
         raise ToolError(f"{root / BASE_SPEC} does not exist")
     text = apply_mutant((root / BASE_SPEC).read_text(), mutant)
     config = (live_config(root, LIVE_CONFIG) if property_kind(mutant.invariant) == "liveness"
-              else MUTANT_CONFIG_PLAIN if mutant.guard in _PLAIN else MUTANT_CONFIG)
+              else MUTANT_CONFIG_PLAIN if mutant.guard in _PLAIN
+              else MUTANT_CONFIG_UNDO if mutant.guard in _UNDO else MUTANT_CONFIG)
     return _check(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
                   config=config)
 
@@ -604,8 +628,8 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
     Mutant("release-skips-first", "SurvivorsEnd",
            "the unwind loop stops before allocation 0 (off by one): its handle is never "
            "released, so the VA is never freed and the abort never completes",
-           old="    /\\ imported[p] = {}\n    /\\ a \\in created[p]\n",
-           new="    /\\ imported[p] = {}\n    /\\ a \\in created[p] /\\ a > 0\n"),
+           old="    /\\ ImportsGone(p)\n    /\\ a \\in created[p]\n",
+           new="    /\\ ImportsGone(p)\n    /\\ a \\in created[p] /\\ a > 0\n"),
     Mutant("import-release-never", "SurvivorsEnd",
            "an imported handle is never released: own unwinding (after the imports) "
            "never starts",
@@ -613,8 +637,8 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
            new="    /\\ FALSE\n    /\\ <<o, a>> \\in imported[p]\n    /\\ \\A m \\in MappingKinds"),
     Mutant("free-only-when-aborting", "SurvivorsRelease",
            "cuMemAddressFree only while aborting: a shutdown never frees the VA",
-           old="    /\\ Unwinding(p)\n    /\\ imported[p] = {}\n    /\\ va[p]\n",
-           new="    /\\ phase[p] = \"Aborting\" /\\ Alive(p)\n    /\\ imported[p] = {}\n"
+           old="    /\\ Unwinding(p)\n    /\\ ImportsGone(p)\n    /\\ va[p]\n",
+           new="    /\\ phase[p] = \"Aborting\" /\\ Alive(p)\n    /\\ ImportsGone(p)\n"
                "    /\\ va[p]\n"),
     Mutant("unpublish-never", "SurvivorsRelease",
            "Unpublish never runs: a published process never releases its memory",
@@ -638,6 +662,19 @@ GROUP_MUTANTS: tuple[Mutant, ...] = (
     Mutant("abort-complete-when-empty", "SurvivorsRelease",
            "the abort declared complete while the process holds objects: unwinding stops "
            "there and they are never released"),
+    # failed undo steps (2026-12-07; on GROUP_MUTANT_CONFIG_UNDO: one failed undo)
+    Mutant("undo-never-retried", "LeakedStayLive",
+           "an imported mapping whose cuMemUnmap failed is unmapped after all (a silent "
+           "retry): what the runtime reports left live is gone"),
+    Mutant("free-after-unmap", "AliasNeverOutlivesBacking",
+           "cuMemAddressFree succeeds with a leaked own mapping still in the VA range (the "
+           "driver refuses it)"),
+    Mutant("complete-after-every-undo", "UndoFailureNeverCompletes",
+           "AbortComplete once every undo ran, failed ones too (the runtime mutant "
+           "'AbortComplete traced although an undo failed', group.py _abort)",
+           old=("    /\\ NothingLeftOn(p)" + " " * 30
+                + "\\* @guard abort-complete-when-empty\n"),
+           new="    /\\ LiveObjects(p) \\subseteq leaked[p]\n"),
 )
 
 #: Liveness properties of KVGroup (checked on GROUP_LIVE_CONFIG, one per run).
@@ -653,7 +690,8 @@ GROUP_SAFETY_INVARIANTS: tuple[str, ...] = (
     "TypeOK", "Agreement", "Validity", "OwnerGrantsOnlyOwnDevice",
     "ImporterGrantsOnlyOwnDevice", "ImportOnlyByImporters", "MapOnlyImported",
     "AccessOnlyOwnerAndImporters", "AliasNeverOutlivesBacking", "PublishedHoldsPlan",
-    "NothingLeftAfterAbort", "NothingLeftAfterShutdown", "AbortOnlyOnFault")
+    "NothingLeftAfterAbort", "NothingLeftAfterShutdown", "AbortOnlyOnFault",
+    "LeakedStayLive", "UndoFailureNeverCompletes")
 
 #: A small config for group mutants: 2 processes (rank 1 imports rank 0, rank 0 is an
 #: overdeclared reader of rank 1), both allocations aliased, allocation 1 owner-only,
@@ -703,6 +741,14 @@ GROUP_MUTANT_CONFIG_TWO_FAULTS = GROUP_MUTANT_CONFIG.replace(
     "CONSTRAINT MCOneFault", "CONSTRAINT MCTwoFaults")
 _GROUP_TWO_FAULTS = frozenset({"failed-votes-by-parity"})
 
+#: GROUP_MUTANT_CONFIG with one failed undo step (specs/MCKVGroup_Undo.cfg's bound), for
+#: the mutants only a failed undo shows.
+GROUP_MUTANT_CONFIG_UNDO = GROUP_MUTANT_CONFIG.replace(
+    "    DeclaredReaders <- MCDeclaredReaders\n",
+    "    DeclaredReaders <- MCDeclaredReaders\n    MaxUndoFailures <- MCOneUndoFailure\n")
+_GROUP_UNDO = frozenset({"undo-never-retried", "free-after-unmap",
+                         "complete-after-every-undo"})
+
 
 def _check_group(specdir: Path, text: str, invariants: tuple[str, ...], *,
                  timeout: float | None, workers: int,
@@ -733,6 +779,7 @@ def run_group_mutant(mutant: Mutant, specdir: str | Path, *, timeout: float | No
               else GROUP_MUTANT_CONFIG_3 if mutant.guard in _THREE_RANKS
               else GROUP_MUTANT_CONFIG_PLAIN if mutant.guard in _GROUP_PLAIN
               else GROUP_MUTANT_CONFIG_TWO_FAULTS if mutant.guard in _GROUP_TWO_FAULTS
+              else GROUP_MUTANT_CONFIG_UNDO if mutant.guard in _GROUP_UNDO
               else GROUP_MUTANT_CONFIG)
     return _check_group(root, text, (mutant.invariant,), timeout=timeout, workers=workers,
                         config=config)

@@ -239,6 +239,9 @@ def model_state_from_tlc(values: dict[str, Any], c: Constants) -> ModelState:
     if "undo" in values:  # the spec's history variable: the undo stack, oldest first
         for rs, seq in zip(ranks, _seq_fn(values["undo"], n)):
             rs.undo = [(str(o[0]), int(o[1])) for o in seq]
+    if "leaked" in values:  # objects whose undo failed
+        for rs, objs in zip(ranks, _seq_fn(values["leaked"], n)):
+            rs.leaked = {(str(o[0]), int(o[1])) for o in objs}
     return ModelState(values["phase"], ranks, set(values["published"]))
 
 
@@ -269,7 +272,7 @@ def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Ver
     two verdicts (e.g. a spec parse error); a rejected trace is a Verdict.
     """
     t = trace if isinstance(trace, Trace) else load_trace(trace)
-    c = Constants.from_header(t.header)
+    c = Constants.from_header(t.header, None)
     src = specs_dir()
     for name in ("KVLifecycle.tla", TRACE_SPEC, TRACE_CFG):
         if not (src / name).exists():
@@ -438,6 +441,8 @@ def group_state_from_tlc(values: dict[str, Any], c: Any) -> Any:
         "phase", "va", "created", "mapped", "aliasMapped", "access", "ready", "failed",
         "exported", "imported", "importMapped", "importAccess", "vote", "decision", "crashed")}
     sent = set(values["sent"])
+    # objects whose undo failed (absent from states printed before 2026-12-07's spec)
+    leaked = _seq_fn(values["leaked"], n) if "leaked" in values else [set()] * n
     procs = []
     for p in range(n):
         access: dict[tuple[int, str], frozenset[int]] = {}
@@ -460,7 +465,8 @@ def group_state_from_tlc(values: dict[str, Any], c: Any) -> Any:
             imported=list(imported), imported_set=set(imported),
             import_mapped={tuple(x) for x in f["importMapped"][p]}, import_access=iacc,
             import_grants=sum(len(v) for v in iacc.values()), vote=f["vote"][p],
-            decision=f["decision"][p], crashed=bool(f["crashed"][p])))
+            decision=f["decision"][p], crashed=bool(f["crashed"][p]),
+            leaked={(str(x[0]), int(x[1]), int(x[2])) for x in leaked[p]}))
     return GroupState(procs)
 
 
@@ -500,7 +506,8 @@ def check_group_tlc(t: Any, *, order: list[tuple[int, int]] | None = None,
         if final.get("l") != n + 1:
             raise ToolError(f"TLC reported acceptance at l = {final.get('l')}, expected {n + 1}")
         g = group_state_from_tlc(final, c)
-        ends = {p: ("crashed in " + s.phase) if s.crashed else s.phase
+        ends = {p: ("crashed in " + s.phase) if s.crashed else
+                (s.phase + " (an undo failed: objects left live)") if s.leaked else s.phase
                 for p, s in enumerate(g.procs)}
         return GroupVerdict(True, "tlc", gt.events, c.ranks, seconds, final=ends,
                             order=list(order))

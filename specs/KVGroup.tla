@@ -17,6 +17,10 @@
 (* allocation, RankReady, Vote, Decide, Publish or Abort; unwinding is    *)
 (* LIFO, imports first.  Any step of the forward path may fail (Fail); a  *)
 (* process that fails does nothing more before its Vote (ready: false).   *)
+(* An undo step may fail too (UndoFail, at most MaxUndoFailures in all):  *)
+(* the object is leaked (stays live, never undone again), the process     *)
+(* goes on with the rest of its undo stack in the same order, and never   *)
+(* reaches AbortComplete / ShutdownComplete.                              *)
 (* An importer whose owner will never send (crashed, or failed before     *)
 (* sending) gives up after the deadline: a failed Import, which is fair.  *)
 (*                                                                         *)
@@ -61,6 +65,21 @@ Decisions == {"none", "publish", "abort"}
 FailSteps == {"Reserve", "Create", "Map", "MapAlias", "Grant", "Export", "Send",
               "Import", "ImportMap", "ImportGrant"}
 
+\* The objects of a process as its undo stack names them, for the failed undos:
+\* own <<"va", p, 0>>, <<"handle", p, a>>, <<"plane", p, a>>, <<"alias", p, a>>;
+\* imported from owner o <<"ihandle", o, a>>, <<"iplane", o, a>>, <<"ialias", o, a>>.
+ObjectKinds == {"va", "handle", "plane", "alias", "ihandle", "iplane", "ialias"}
+LeakObjects == ObjectKinds \X Ranks \X Allocs
+ImportKind(m) == IF m = "handle" THEN "ihandle" ELSE IF m = "plane" THEN "iplane" ELSE "ialias"
+
+\* How many undo steps may fail in one run of the group, over all processes (a
+\* failed Free that the driver must refuse, because a leaked mapping is still
+\* in the VA range, is not counted).  A definition that a config overrides
+\* (MaxUndoFailures <- ...): the default 0 turns undo failures off (the
+\* liveness configs need that: a leaked object is never released); trace
+\* validation allows any number, MCKVGroup_Undo.cfg one.
+MaxUndoFailures == 0
+
 \* Owners whose memory rank p imports (p is one of their validated importers).
 \* (A constant function, so TLC evaluates it once.)
 SourcesOf == [p \in Ranks |-> {o \in Ranks : p \in Importers[o]}]
@@ -90,10 +109,12 @@ VARIABLES
     importAccess,  \* importAccess[p]: <<o, a, m, d>>: that mapping accessible by d
     vote,          \* vote[p]: what p contributed to the all-gather
     decision,      \* decision[p]: what p decided
-    crashed        \* crashed[p]: p died (takes no step again)
+    crashed,       \* crashed[p]: p died (takes no step again)
+    leaked         \* leaked[p]: objects of p whose undo failed (LeakObjects):
+                   \* still live, never undone again
 
 vars == <<phase, va, created, mapped, aliasMapped, access, ready, failed, exported,
-          sent, imported, importMapped, importAccess, vote, decision, crashed>>
+          sent, imported, importMapped, importAccess, vote, decision, crashed, leaked>>
 
 TypeOK ==
     /\ phase \in [Ranks -> Phases]
@@ -112,6 +133,7 @@ TypeOK ==
     /\ vote \in [Ranks -> Votes]
     /\ decision \in [Ranks -> Decisions]
     /\ crashed \in [Ranks -> BOOLEAN]
+    /\ leaked \in [Ranks -> SUBSET LeakObjects]
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -180,6 +202,7 @@ Init ==
     /\ vote = [p \in Ranks |-> "none"]
     /\ decision = [p \in Ranks |-> "none"]
     /\ crashed = [p \in Ranks |-> FALSE]
+    /\ leaked = [p \in Ranks |-> {}]
 
 -----------------------------------------------------------------------------
 (* Forward steps: guards shared by each step and its failure Fail(p, x).  *)
@@ -273,25 +296,29 @@ Reserve(p) ==
     /\ CanReserve(p)
     /\ va' = [va EXCEPT ![p] = TRUE]
     /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Create(p, a) ==
     /\ CanCreate(p, a)
     /\ created' = [created EXCEPT ![p] = @ \cup {a}]
     /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Map(p, a) ==
     /\ CanMap(p, a)
     /\ mapped' = [mapped EXCEPT ![p] = @ \cup {a}]
     /\ UNCHANGED <<phase, va, created, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 MapAlias(p, a) ==
     /\ CanMapAlias(p, a)
     /\ aliasMapped' = [aliasMapped EXCEPT ![p] = @ \cup {a}]
     /\ UNCHANGED <<phase, va, created, mapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 \* The owner grants its own device only (its importers grant theirs).
 Grant(p, a, m) ==
@@ -300,13 +327,15 @@ Grant(p, a, m) ==
           /\ D = {p}                                 \* @guard grant-own-device
           /\ access' = [access EXCEPT ![p] = @ \cup {<<a, m, d>> : d \in D}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Export(p, a) ==
     /\ CanExport(p, a)
     /\ exported' = [exported EXCEPT ![p] = @ \cup {a}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Send(p, a, i) ==
     /\ CanSend(p, a, i)
@@ -314,20 +343,22 @@ Send(p, a, i) ==
     /\ sent' = sent \cup {<<p, a, i>>}
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
                    exported, imported, importMapped, importAccess, vote, decision,
-                   crashed>>
+                   crashed, leaked>>
 
 Import(p, o, a) ==
     /\ CanImport(p, o, a)
     /\ <<o, a, p>> \in sent                          \* @guard import-after-send
     /\ imported' = [imported EXCEPT ![p] = @ \cup {<<o, a>>}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   exported, sent, importMapped, importAccess, vote, decision, crashed>>
+                   exported, sent, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 ImportMap(p, o, a, m) ==
     /\ CanImportMap(p, o, a, m)
     /\ importMapped' = [importMapped EXCEPT ![p] = @ \cup {<<o, a, m>>}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   exported, sent, imported, importAccess, vote, decision, crashed>>
+                   exported, sent, imported, importAccess, vote, decision, crashed,
+                   leaked>>
 
 \* An importer grants its own device only.
 ImportGrant(p, o, a, m) ==
@@ -336,7 +367,8 @@ ImportGrant(p, o, a, m) ==
           /\ D = {p}                                 \* @guard import-grant-own-device
           /\ importAccess' = [importAccess EXCEPT ![p] = @ \cup {<<o, a, m, d>> : d \in D}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   exported, sent, imported, importMapped, vote, decision, crashed>>
+                   exported, sent, imported, importMapped, vote, decision, crashed,
+                   leaked>>
 
 RankReady(p) ==
     /\ CanDrive(p)
@@ -344,7 +376,8 @@ RankReady(p) ==
     /\ OwnDone(p) /\ Shared(p) /\ ImportsDone(p)     \* @guard ready-after-imports
     /\ ready' = [ready EXCEPT ![p] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 \* Forward step x of p failed: nothing changes but the failure flag.
 Fail(p, x) ==
@@ -352,7 +385,8 @@ Fail(p, x) ==
     /\ StepEnabled(p, x)
     /\ failed' = [failed EXCEPT ![p] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 \* The deadline: an importer whose owner will never send (crashed, or failed
 \* before sending) stops waiting; its Import fails.  Fair, unlike Fail.
@@ -363,14 +397,16 @@ GiveUp(p) ==
           /\ crashed[o] \/ failed[o]
     /\ failed' = [failed EXCEPT ![p] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Crash(p) ==
     /\ Alive(p)
     /\ phase[p] \notin {"Aborted", "Shutdown"}
     /\ crashed' = [crashed EXCEPT ![p] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   exported, sent, imported, importMapped, importAccess, vote, decision>>
+                   exported, sent, imported, importMapped, importAccess, vote, decision,
+                   leaked>>
 
 -----------------------------------------------------------------------------
 (* The group decision: one all-gather of votes, then each process decides. *)
@@ -386,7 +422,7 @@ Vote(p, v) ==
     /\ vote' = [vote EXCEPT ![p] = v]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
                    exported, sent, imported, importMapped, importAccess, decision,
-                   crashed>>
+                   crashed, leaked>>
 
 \* Ranks without a vote (named missing) and ranks that voted failed.
 Missing == {q \in Ranks : vote[q] = "none"}
@@ -404,7 +440,8 @@ Decide(p, d) ==
     /\ d = "abort" => Missing # {} \/ FailedVoters # {}  \* @guard abort-only-on-fault
     /\ decision' = [decision EXCEPT ![p] = d]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   exported, sent, imported, importMapped, importAccess, vote, crashed>>
+                   exported, sent, imported, importMapped, importAccess, vote, crashed,
+                   leaked>>
 
 Publish(p) ==
     /\ phase[p] = "Allocating"
@@ -412,7 +449,8 @@ Publish(p) ==
     /\ decision[p] = "publish"
     /\ phase' = [phase EXCEPT ![p] = "Published"]
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Abort(p) ==
     /\ phase[p] = "Allocating"
@@ -420,50 +458,100 @@ Abort(p) ==
     /\ decision[p] = "abort"                          \* @guard abort-after-decision
     /\ phase' = [phase EXCEPT ![p] = "Aborting"]
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Unpublish(p) ==
     /\ phase[p] = "Published"
     /\ Alive(p)
     /\ phase' = [phase EXCEPT ![p] = "ShuttingDown"]
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 -----------------------------------------------------------------------------
 (* Unwinding (after Abort or Unpublish), LIFO: imports first, the last    *)
-(* import first; then own objects as in KVLifecycle.  Never fails.        *)
+(* import first; then own objects as in KVLifecycle.  An undo may fail    *)
+(* (UndoFail): its object is leaked (stays live, never undone again) and  *)
+(* the process goes on with the next undo, as the runtime's Transaction   *)
+(* does; the guards read a leaked object as gone for the order, but the   *)
+(* driver's own refusal stays: no VA is freed with a mapping in it.       *)
 
-\* No import later than <<o, a>> is still held.
+\* p's own object, and the object of p's import of o's a (kind m: "handle",
+\* "plane", "alias"), as leaked[p] names them.
+Own(p, k, a) == <<k, p, a>>
+Imp(o, a, m) == <<ImportKind(m), o, a>>
+
+\* No import later than <<o, a>> is still held (but a leaked one).
 LastImport(p, o, a) ==
-    \A x \in imported[p] : ~Before(o, a, x[1], x[2])
+    \A x \in imported[p] : ~Before(o, a, x[1], x[2]) \/ Imp(x[1], x[2], "handle") \in leaked[p]
 
-ImportUnmap(p, o, a, m) ==
+\* Every import is unwound (or leaked): own unwinding may start.
+ImportsGone(p) ==
+    \A x \in imported[p] : Imp(x[1], x[2], "handle") \in leaked[p]
+
+\* The undo of each object is due (shared by the step and its UndoFail).
+CanImportUnmap(p, o, a, m) ==
     /\ Unwinding(p)
     /\ <<o, a, m>> \in importMapped[p]
-    /\ m = "plane" => <<o, a, "alias">> \notin importMapped[p]  \* @guard import-unmap-alias-before-backing
+    /\ Imp(o, a, m) \notin leaked[p]                 \* @guard undo-never-retried
+    /\ m = "plane" => <<o, a, "alias">> \notin importMapped[p] \/ Imp(o, a, "alias") \in leaked[p]  \* @guard import-unmap-alias-before-backing
     /\ LastImport(p, o, a)                           \* @guard import-unmap-newest-first
+
+CanImportRelease(p, o, a) ==
+    /\ Unwinding(p)
+    /\ <<o, a>> \in imported[p]
+    /\ \A m \in MappingKinds : <<o, a, m>> \notin importMapped[p] \/ Imp(o, a, m) \in leaked[p]  \* @guard import-release-after-unmap
+    /\ Imp(o, a, "handle") \notin leaked[p]
+    /\ LastImport(p, o, a)
+
+CanUnmap(p, a, m) ==
+    /\ Unwinding(p)                                  \* @guard unmap-only-unwinding
+    /\ ImportsGone(p)                                \* @guard own-after-imports
+    /\ m \in MappingKinds
+    /\ HasMapping(p, a, m)
+    /\ Own(p, m, a) \notin leaked[p]
+    /\ m = "plane" => a \notin aliasMapped[p] \/ Own(p, "alias", a) \in leaked[p]  \* @guard unmap-alias-before-backing
+    /\ \A b \in Allocs : b > a => b \notin created[p] \/ Own(p, "handle", b) \in leaked[p]  \* @guard unmap-reverse-order
+
+CanRelease(p, a) ==
+    /\ Unwinding(p)
+    /\ ImportsGone(p)
+    /\ a \in created[p]
+    /\ a \notin mapped[p] \/ Own(p, "plane", a) \in leaked[p]
+    /\ a \notin aliasMapped[p] \/ Own(p, "alias", a) \in leaked[p]
+    /\ Own(p, "handle", a) \notin leaked[p]
+    /\ \A b \in Allocs : b > a => b \notin created[p] \/ Own(p, "handle", b) \in leaked[p]
+
+CanFree(p) ==
+    /\ Unwinding(p)
+    /\ ImportsGone(p)
+    /\ va[p]
+    /\ Own(p, "va", 0) \notin leaked[p]
+    /\ \A a \in created[p] : Own(p, "handle", a) \in leaked[p]
+    /\ \A a \in mapped[p] : Own(p, "plane", a) \in leaked[p]
+    /\ \A a \in aliasMapped[p] : Own(p, "alias", a) \in leaked[p]
+    /\ \A x \in importMapped[p] : Imp(x[1], x[2], x[3]) \in leaked[p]
+
+ImportUnmap(p, o, a, m) ==
+    /\ CanImportUnmap(p, o, a, m)
     /\ importMapped' = [importMapped EXCEPT ![p] = @ \ {<<o, a, m>>}]
     /\ importAccess' = [importAccess EXCEPT ![p] =
                            {g \in @ : ~(g[1] = o /\ g[2] = a /\ g[3] = m)}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   exported, sent, imported, vote, decision, crashed>>
+                   exported, sent, imported, vote, decision, crashed, leaked>>
 
+\* cuMemRelease of an imported handle; with a leaked mapping still live it
+\* succeeds (the memory goes with the last mapping).
 ImportRelease(p, o, a) ==
-    /\ Unwinding(p)
-    /\ <<o, a>> \in imported[p]
-    /\ \A m \in MappingKinds : <<o, a, m>> \notin importMapped[p]  \* @guard import-release-after-unmap
-    /\ LastImport(p, o, a)
+    /\ CanImportRelease(p, o, a)
     /\ imported' = [imported EXCEPT ![p] = @ \ {<<o, a>>}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-                   exported, sent, importMapped, importAccess, vote, decision, crashed>>
+                   exported, sent, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 Unmap(p, a, m) ==
-    /\ Unwinding(p)                                  \* @guard unmap-only-unwinding
-    /\ imported[p] = {}                              \* @guard own-after-imports
-    /\ m \in MappingKinds
-    /\ HasMapping(p, a, m)
-    /\ m = "plane" => a \notin aliasMapped[p]        \* @guard unmap-alias-before-backing
-    /\ \A b \in Allocs : b > a => b \notin created[p]  \* @guard unmap-reverse-order
+    /\ CanUnmap(p, a, m)
     /\ IF m = "plane"
           THEN /\ mapped' = [mapped EXCEPT ![p] = @ \ {a}]
                /\ UNCHANGED aliasMapped
@@ -471,28 +559,73 @@ Unmap(p, a, m) ==
                /\ UNCHANGED mapped
     /\ access' = [access EXCEPT ![p] = {g \in @ : ~(g[1] = a /\ g[2] = m)}]
     /\ UNCHANGED <<phase, va, created, ready, failed, exported, sent, imported,
-                   importMapped, importAccess, vote, decision, crashed>>
+                   importMapped, importAccess, vote, decision, crashed, leaked>>
 
 Release(p, a) ==
-    /\ Unwinding(p)
-    /\ imported[p] = {}
-    /\ a \in created[p]
-    /\ a \notin mapped[p]
-    /\ a \notin aliasMapped[p]
-    /\ \A b \in Allocs : b > a => b \notin created[p]
+    /\ CanRelease(p, a)
     /\ created' = [created EXCEPT ![p] = @ \ {a}]
     /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
+\* cuMemAddressFree; the driver refuses it while a (leaked) mapping, own or
+\* imported, is in the range.
 Free(p) ==
-    /\ Unwinding(p)
-    /\ imported[p] = {}
-    /\ va[p]
-    /\ created[p] = {}
+    /\ CanFree(p)
+    /\ mapped[p] = {} /\ aliasMapped[p] = {}         \* @guard free-after-unmap
+    /\ importMapped[p] = {}
     /\ va' = [va EXCEPT ![p] = FALSE]
     /\ ready' = [ready EXCEPT ![p] = FALSE]
     /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
+
+\* The objects p holds, as leaked[p] names them.
+LiveObjects(p) ==
+    (IF va[p] THEN {Own(p, "va", 0)} ELSE {})
+    \cup {Own(p, "handle", a) : a \in created[p]}
+    \cup {Own(p, "plane", a) : a \in mapped[p]}
+    \cup {Own(p, "alias", a) : a \in aliasMapped[p]}
+    \cup {Imp(x[1], x[2], "handle") : x \in imported[p]}
+    \cup {Imp(x[1], x[2], x[3]) : x \in importMapped[p]}
+
+\* A mapping (own or imported) of p is live: the driver refuses cuMemAddressFree.
+MappingLive(p) == mapped[p] \cup aliasMapped[p] # {} \/ importMapped[p] # {}
+
+\* The undo of object x of p is due.
+UndoDue(p, x) ==
+    CASE x[1] = "va"      -> x[2] = p /\ x[3] = 0 /\ CanFree(p)
+      [] x[1] = "handle"  -> x[2] = p /\ CanRelease(p, x[3])
+      [] x[1] = "plane"   -> x[2] = p /\ CanUnmap(p, x[3], "plane")
+      [] x[1] = "alias"   -> x[2] = p /\ CanUnmap(p, x[3], "alias")
+      [] x[1] = "ihandle" -> CanImportRelease(p, x[2], x[3])
+      [] x[1] = "iplane"  -> CanImportUnmap(p, x[2], x[3], "plane")
+      [] OTHER            -> CanImportUnmap(p, x[2], x[3], "alias")
+
+\* Undo failures so far, over all processes: leaked objects, less the VAs the
+\* driver had to refuse.
+UndoFailures ==
+    Cardinality(UNION {{<<q, x>> : x \in {y \in leaked[q] : y[1] # "va" \/ ~MappingLive(q)}}
+                       : q \in Ranks})
+
+\* The undo of x failed: x stays live and is leaked; the process goes on.
+UndoFail(p, x) ==
+    /\ x \in LeakObjects
+    /\ \/ MaxUndoFailures > 0 /\ UndoFailures < MaxUndoFailures
+       \/ x[1] = "va" /\ MappingLive(p)
+    /\ UndoDue(p, x)
+    /\ leaked' = [leaked EXCEPT ![p] = @ \cup {x}]
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
+                   exported, sent, imported, importMapped, importAccess, vote, decision,
+                   crashed>>
+
+\* p's unwinding ended leaking: an undo failed and p ran every undo (all it
+\* still holds is leaked).  The runtime traces no AbortComplete /
+\* ShutdownComplete then: p stays in Aborting or ShuttingDown.
+UnwindEndedLeaking(p) ==
+    /\ Unwinding(p)
+    /\ leaked[p] # {}
+    /\ LiveObjects(p) \subseteq leaked[p]
 
 AbortComplete(p) ==
     /\ phase[p] = "Aborting"
@@ -500,7 +633,8 @@ AbortComplete(p) ==
     /\ NothingLeftOn(p)                              \* @guard abort-complete-when-empty
     /\ phase' = [phase EXCEPT ![p] = "Aborted"]
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
 ShutdownComplete(p) ==
     /\ phase[p] = "ShuttingDown"
@@ -508,11 +642,14 @@ ShutdownComplete(p) ==
     /\ NothingLeftOn(p)                              \* @guard shutdown-complete-when-empty
     /\ phase' = [phase EXCEPT ![p] = "Shutdown"]
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, exported,
-                   sent, imported, importMapped, importAccess, vote, decision, crashed>>
+                   sent, imported, importMapped, importAccess, vote, decision, crashed,
+                   leaked>>
 
-\* Every process finished or dead: stutter, so this is not a deadlock.
+\* Every process finished, dead, or ended leaking: stutter, so this is not a
+\* deadlock.
 Done ==
     /\ \A p \in Ranks : crashed[p] \/ phase[p] \in {"Aborted", "Shutdown"}
+                         \/ UnwindEndedLeaking(p)
     /\ UNCHANGED vars
 
 -----------------------------------------------------------------------------
@@ -550,6 +687,7 @@ Next ==
     \/ Progress
     \/ \E p \in Ranks : CanDrive(p) /\ \E x \in FailSteps : Fail(p, x)
     \/ \E p \in Ranks : Crash(p)
+    \/ \E p \in Ranks : Unwinding(p) /\ \E x \in LeakObjects : UndoFail(p, x)
     \/ Done
 
 Spec == Init /\ [][Next]_vars /\ WF_vars(Progress)
@@ -584,9 +722,12 @@ ImportOnlyByImporters ==
     /\ \A p \in Ranks : \A x \in imported[p] : p \in Importers[x[1]]
     /\ \A s \in sent : s[2] \in exported[s[1]]
 
-\* No importer maps a handle it has not imported (or has released).
+\* No importer maps a handle it has not imported (or has released).  Exempt: a
+\* mapping whose cuMemUnmap failed (leaked); the runtime goes on and releases
+\* its handle, which the driver allows (the memory goes with the last mapping).
 MapOnlyImported ==
-    \A p \in Ranks : \A x \in importMapped[p] : <<x[1], x[2]>> \in imported[p]
+    \A p \in Ranks : \A x \in importMapped[p] :
+        <<x[1], x[2]>> \in imported[p] \/ <<ImportKind(x[3]), x[1], x[2]>> \in leaked[p]
 
 \* The devices that can reach mapping m of o's allocation a, over the whole
 \* group, are o and o's importers (an owner-only region: o alone); never a
@@ -606,14 +747,39 @@ AccessOnlyOwnerAndImporters ==
           /\ \A g \in importAccess[p] : <<g[1], g[2], g[3]>> \in importMapped[p]
 
 \* A region mapping exists only while its plane mapping, handle and VA do,
-\* for own and imported memory.
+\* for own and imported memory.  Exempt: an object whose own undo failed
+\* (leaked): the runtime goes on unwinding past it, so a leaked alias may
+\* outlive its plane mapping and handle, a leaked mapping its handle, a leaked
+\* handle the VA (the driver keeps a mapped allocation's memory; nothing is
+\* published then: UndoFailureNeverCompletes).  Never exempt: a VA freed under
+\* a live mapping, own or imported.
 AliasNeverOutlivesBacking ==
     \A p \in Ranks :
-        /\ aliasMapped[p] \subseteq mapped[p]
-        /\ mapped[p] \subseteq created[p]
-        /\ created[p] # {} => va[p]
+        /\ \A a \in aliasMapped[p] : a \in mapped[p] \/ <<"alias", p, a>> \in leaked[p]
+        /\ \A a \in mapped[p] : a \in created[p] \/ <<"plane", p, a>> \in leaked[p]
+        /\ {a \in created[p] : <<"handle", p, a>> \notin leaked[p]} # {} => va[p]
+        /\ mapped[p] \cup aliasMapped[p] # {} \/ importMapped[p] # {} => va[p]
         /\ \A x \in importMapped[p] :
-              x[3] = "alias" => <<x[1], x[2], "plane">> \in importMapped[p]
+              x[3] = "alias" => \/ <<x[1], x[2], "plane">> \in importMapped[p]
+                               \/ <<"ialias", x[1], x[2]>> \in leaked[p]
+
+\* An object whose undo failed stays live (the runtime reports it left live)
+\* and is never undone again (no silent retry).
+LeakedStayLive ==
+    \A p \in Ranks : \A x \in leaked[p] :
+        CASE x[1] = "va"      -> va[p]
+          [] x[1] = "handle"  -> x[3] \in created[p]
+          [] x[1] = "plane"   -> x[3] \in mapped[p]
+          [] x[1] = "alias"   -> x[3] \in aliasMapped[p]
+          [] x[1] = "ihandle" -> <<x[2], x[3]>> \in imported[p]
+          [] x[1] = "iplane"  -> <<x[2], x[3], "plane">> \in importMapped[p]
+          [] OTHER            -> <<x[2], x[3], "alias">> \in importMapped[p]
+
+\* A process whose undo failed never declares its attempt finished (no
+\* AbortComplete / ShutdownComplete: objects are left live) and is not
+\* published.
+UndoFailureNeverCompletes ==
+    \A p \in Ranks : leaked[p] # {} => phase[p] \in {"Aborting", "ShuttingDown"}
 
 \* A published process holds its whole part: own plan and every import.
 PublishedHoldsPlan ==
@@ -729,16 +895,24 @@ MadeInPlanOrder ==
 \* descending); then own allocations, the newest first; the VA last.
 UnwindInReverseOrder ==
     [][\A p \in Ranks :
-          LET goneImports == (imported[p] \ imported'[p])
+          LET new == leaked'[p] \ leaked[p]     \* an undo that failed is unwound too
+              isImp(x) == x[1] \in {"ihandle", "iplane", "ialias"}
+              goneImports == (imported[p] \ imported'[p])
                              \cup {<<x[1], x[2]>> : x \in importMapped[p] \ importMapped'[p]}
+                             \cup {<<x[2], x[3]>> : x \in {y \in new : isImp(y)}}
               goneOwn == (created[p] \ created'[p]) \cup (mapped[p] \ mapped'[p])
                          \cup (aliasMapped[p] \ aliasMapped'[p])
-              vaGone == va[p] /\ ~va'[p]
-          IN /\ \A x \in goneImports, y \in imported[p] :
+                         \cup {x[3] : x \in {y \in new : y[1] \in {"handle", "plane", "alias"}}}
+              vaGone == (va[p] /\ ~va'[p]) \/ \E x \in new : x[1] = "va"
+              \* what p still holds and has not leaked
+              held == {y \in imported[p] : <<"ihandle", y[1], y[2]>> \notin leaked[p]}
+              heldMaps == {y \in importMapped[p] : <<ImportKind(y[3]), y[1], y[2]>> \notin leaked[p]}
+              heldOwn == {b \in created[p] : <<"handle", p, b>> \notin leaked[p]}
+          IN /\ \A x \in goneImports, y \in held :
                    y[1] < x[1] \/ (y[1] = x[1] /\ y[2] <= x[2])
-             /\ goneOwn # {} \/ vaGone => imported[p] = {} /\ importMapped[p] = {}
-             /\ \A a \in goneOwn, b \in created[p] : b <= a
-             /\ vaGone => created[p] = {}
+             /\ goneOwn # {} \/ vaGone => held = {} /\ heldMaps = {}
+             /\ \A a \in goneOwn, b \in heldOwn : b <= a
+             /\ vaGone => heldOwn = {}
       ]_vars
 
 -----------------------------------------------------------------------------

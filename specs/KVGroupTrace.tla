@@ -42,6 +42,10 @@ traceVars == <<vars, l, hdl, ihdl>>
 
 TerminalPhases == {"Published", "Aborted", "Shutdown"}
 
+\* Trace validation allows any number of failed undo steps (TraceKVGroup.cfg
+\* binds the spec's MaxUndoFailures to it).
+TraceMaxUndoFailures == 1000000000
+
 TraceInit ==
     /\ Init
     /\ l = 1
@@ -93,7 +97,10 @@ ObjectsMatch(e) ==
         [] e.action \in {"Grant", "Unmap"} -> AtVA(e, 0, e.mapping)
         [] e.action = "Release" ->
              /\ Named(e.handle, hdl[e.p][e.alloc], e.ok)
-             /\ e.ok => (e.alloc \notin mapped[e.p] /\ e.alloc \notin aliasMapped[e.p])
+             \* (a mapping whose cuMemUnmap failed may still be live: leaked)
+             /\ e.ok => /\ e.alloc \in mapped[e.p] => Own(e.p, "plane", e.alloc) \in leaked[e.p]
+                        /\ e.alloc \in aliasMapped[e.p] =>
+                              Own(e.p, "alias", e.alloc) \in leaked[e.p]
         [] e.action = "Export" ->
              /\ Named(e.handle, hdl[e.p][e.alloc], e.ok)
              /\ Named(e.size, TraceLen[e.alloc], e.ok)
@@ -107,7 +114,8 @@ ObjectsMatch(e) ==
              AtVA(e, TraceSlotOf[e.p][e.owner], e.mapping)
         [] e.action = "ImportRelease" ->
              /\ Named(e.handle, ihdl[e.p][e.owner][e.alloc], e.ok)
-             /\ e.ok => \A m \in MappingKinds : <<e.owner, e.alloc, m>> \notin importMapped[e.p]
+             /\ e.ok => \A m \in MappingKinds : <<e.owner, e.alloc, m>> \in importMapped[e.p] =>
+                                                  Imp(e.owner, e.alloc, m) \in leaked[e.p]
         [] OTHER -> TRUE
 
 \* The live handles after e.
@@ -206,13 +214,27 @@ IsFail(e) ==
     /\ FailedCallCouldRun(e)
     /\ Fail(e.p, e.action)
 
+\* A failed undo (cuMemUnmap, cuMemRelease, cuMemAddressFree of own or
+\* imported memory): that object's undo was due, and it is leaked (UndoFail).
+UndoActions == {"Unmap", "Release", "Free", "ImportUnmap", "ImportRelease"}
+UndoObject(e) ==
+    CASE e.action = "Free"          -> Own(e.p, "va", 0)
+      [] e.action = "Release"       -> Own(e.p, "handle", e.alloc)
+      [] e.action = "Unmap"         -> Own(e.p, e.mapping, e.alloc)
+      [] e.action = "ImportRelease" -> Imp(e.owner, e.alloc, "handle")
+      [] OTHER                      -> Imp(e.owner, e.alloc, e.mapping)
+IsUndoFail(e) ==
+    /\ ~e.ok
+    /\ e.action \in UndoActions
+    /\ UndoFail(e.p, UndoObject(e))
+
 IsEvent(e) ==
     \/ IsReserve(e) \/ IsCreate(e) \/ IsMap(e) \/ IsMapAlias(e) \/ IsGrant(e)
     \/ IsExport(e) \/ IsSend(e) \/ IsImport(e) \/ IsImportMap(e) \/ IsImportGrant(e)
     \/ IsRankReady(e) \/ IsVote(e) \/ IsDecide(e) \/ IsPublish(e) \/ IsAbort(e)
     \/ IsUnpublish(e) \/ IsImportUnmap(e) \/ IsImportRelease(e) \/ IsUnmap(e)
     \/ IsRelease(e) \/ IsFree(e) \/ IsAbortComplete(e) \/ IsShutdownComplete(e)
-    \/ IsCrash(e) \/ IsFail(e)
+    \/ IsCrash(e) \/ IsFail(e) \/ IsUndoFail(e)
 
 TraceNext ==
     /\ l <= Len(Trace)
@@ -224,10 +246,12 @@ TraceNext ==
 
 TraceSpec == TraceInit /\ [][TraceNext]_traceVars
 
-\* Every record matched and every process ended (terminal phase or crash).
+\* Every record matched and every process ended (terminal phase, crash, or an
+\* unwinding that ended leaking: an undo failed, every undo ran, and no
+\* AbortComplete / ShutdownComplete).
 TraceAccepted ==
     /\ l = Len(Trace) + 1
-    /\ \A p \in Ranks : crashed[p] \/ phase[p] \in TerminalPhases
+    /\ \A p \in Ranks : crashed[p] \/ phase[p] \in TerminalPhases \/ UnwindEndedLeaking(p)
 
 \* Checked as an invariant: its violation is the verdict "accepted".
 TraceNotAccepted == ~TraceAccepted

@@ -11,7 +11,11 @@
 (* in creation order, some of them aliased (mapped a second time into a    *)
 (* region).  A driver step may fail at any point before Publish (Fail);    *)
 (* the group then aborts and every rank unwinds what it made in reverse    *)
-(* order.  Unwinding steps never fail.                                     *)
+(* order.  An unwinding step may fail too (UndoFail, at most            *)
+(* MaxUndoFailures of them in one attempt): the object stays live (it is  *)
+(* leaked, never undone again), the rank goes on with the rest of its     *)
+(* undo stack in the same order, and the attempt never completes (it ends *)
+(* in Aborting or ShuttingDown with the leaked objects: UnwindEndedLeaking).*)
 (*                                                                         *)
 (* Omitted: byte ranges, VA values and page geometry (the layout contract  *)
 (* is checked in Python, kvgrant.layout.contract); the driver-handle       *)
@@ -68,6 +72,16 @@ Objects == ({"va"} \X {0}) \cup ({"handle", "plane", "alias"} \X Allocs)
 \* The driver steps that can fail (the x of Fail(r, x)).
 FailSteps == {"Reserve", "Create", "Map", "MapAlias", "Grant"}
 
+\* The unwinding steps that can fail too (UndoFail), and how many may fail in
+\* one attempt, over all ranks (a failed Free that the driver must refuse,
+\* because a leaked mapping is still in the VA range, is not counted).  A
+\* definition, not a constant, so that only the configs that want undo
+\* failures name it (MaxUndoFailures <- ...): the default 0 turns them off
+\* (the liveness configs need that: a leaked object is never released); trace
+\* validation (KVLifecycleTrace) allows any number, MCKVLifecycle_Undo.cfg one.
+UndoSteps == {"Unmap", "Release", "Free"}
+MaxUndoFailures == 0
+
 \* Devices that mapping m of allocation a on rank r is granted to: the owner,
 \* plus the importers unless it is the alias of an owner-only region.
 GrantSet(r, a, m) ==
@@ -83,11 +97,13 @@ VARIABLES
     ready,        \* ready[r]: rank r finished its whole plan (RankReady)
     failed,       \* failed[r]: a driver step of rank r failed
     published,    \* ranks whose capacity (KV tokens, snapshot slots) is published
-    undo          \* undo[r]: history, the objects rank r made and has not yet
+    undo,         \* undo[r]: history, the objects rank r made and has not yet
                   \* unwound, oldest first (the runtime's undo stack)
+    leaked        \* leaked[r]: objects of rank r whose undo failed (UndoFail):
+                  \* still live, off the undo stack, never undone again
 
 vars == <<phase, va, created, mapped, aliasMapped, access, ready, failed,
-          published, undo>>
+          published, undo, leaked>>
 
 TypeOK ==
     /\ phase \in Phases
@@ -100,6 +116,7 @@ TypeOK ==
     /\ failed \in [Ranks -> BOOLEAN]
     /\ published \subseteq Ranks
     /\ undo \in [Ranks -> Seq(Objects)]
+    /\ leaked \in [Ranks -> SUBSET Objects]
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -155,6 +172,7 @@ Init ==
     /\ failed = [r \in Ranks |-> FALSE]
     /\ published = {}
     /\ undo = [r \in Ranks |-> <<>>]
+    /\ leaked = [r \in Ranks |-> {}]
 
 -----------------------------------------------------------------------------
 (* Allocation: the guards of each driver step, shared by the step itself  *)
@@ -207,28 +225,28 @@ Reserve(r) ==
     /\ va' = [va EXCEPT ![r] = TRUE]
     /\ Push(r, <<"va", 0>>)
     /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, ready, failed,
-                   published>>
+                   published, leaked>>
 
 Create(r, a) ==
     /\ CanCreate(r, a)
     /\ created' = [created EXCEPT ![r] = @ \cup {a}]
     /\ Push(r, <<"handle", a>>)
     /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed,
-                   published>>
+                   published, leaked>>
 
 Map(r, a) ==
     /\ CanMap(r, a)
     /\ mapped' = [mapped EXCEPT ![r] = @ \cup {a}]
     /\ Push(r, <<"plane", a>>)
     /\ UNCHANGED <<phase, va, created, aliasMapped, access, ready, failed,
-                   published>>
+                   published, leaked>>
 
 MapAlias(r, a) ==
     /\ CanMapAlias(r, a)
     /\ aliasMapped' = [aliasMapped EXCEPT ![r] = @ \cup {a}]
     /\ Push(r, <<"alias", a>>)
     /\ UNCHANGED <<phase, va, created, mapped, access, ready, failed,
-                   published>>
+                   published, leaked>>
 
 \* One cuMemSetAccess for mapping m of a.  The devices D are chosen by the
 \* runtime; the guard pins them to the owner and the validated importers
@@ -239,7 +257,7 @@ Grant(r, a, m) ==
           /\ D = GrantSet(r, a, m)                   \* @guard grant-owner-and-importers
           /\ access' = [access EXCEPT ![r] = @ \cup {<<a, m, d>> : d \in D}]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, ready, failed,
-                   published, undo>>
+                   published, undo, leaked>>
 
 RankReady(r) ==
     /\ phase = "Allocating"
@@ -252,7 +270,7 @@ RankReady(r) ==
     /\ AllMappingsGranted(r)                         \* @guard ready-after-grants
     /\ ready' = [ready EXCEPT ![r] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, failed,
-                   published, undo>>
+                   published, undo, leaked>>
 
 \* The capacity of every ready rank is published; the guard, not the effect,
 \* makes it every rank or none.
@@ -262,7 +280,8 @@ Publish ==
     /\ \A r \in Ranks : ~failed[r]
     /\ published' = {r \in Ranks : ready[r]}
     /\ phase' = "Published"
-    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, undo>>
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, undo,
+                   leaked>>
 
 \* Driver step x of rank r failed: nothing changes but the failure flag.
 Fail(r, x) ==
@@ -270,31 +289,64 @@ Fail(r, x) ==
     /\ StepEnabled(r, x)
     /\ failed' = [failed EXCEPT ![r] = TRUE]
     /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready,
-                   published, undo>>
+                   published, undo, leaked>>
 
 Abort ==
     /\ phase = "Allocating"
     /\ \E r \in Ranks : failed[r]                    \* @guard abort-only-on-failure
     /\ phase' = "Aborting"
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
-                   published, undo>>
+                   published, undo, leaked>>
 
 -----------------------------------------------------------------------------
-(* Shutdown and unwinding (after Abort or Unpublish); these never fail.   *)
+(* Shutdown and unwinding (after Abort or Unpublish).  Each undo runs in  *)
+(* LIFO order; it may fail (UndoFail): the object is leaked (stays live,   *)
+(* never undone again) and the rank goes on with the next undo, exactly    *)
+(* as the runtime's Transaction does.  The guards read a leaked object as  *)
+(* gone for the order; what the driver itself refuses stays refused: the  *)
+(* VA is never freed while a mapping in it is live.                       *)
 
 Unpublish ==
     /\ phase = "Published"
     /\ published' = {}
     /\ phase' = "ShuttingDown"
-    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, undo>>
+    /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed, undo,
+                   leaked>>
 
-\* cuMemUnmap of mapping m of a; the mapping's access goes with it.
-Unmap(r, a, m) ==
+\* The undo of mapping m of a is due: the mapping is live and not leaked, its
+\* alias is gone (unmapped, or leaked), and no newer handle is left (released,
+\* or leaked).  Shared by Unmap and its failure UndoFail.
+CanUnmap(r, a, m) ==
     /\ Unwinding                                     \* @guard unmap-only-unwinding
     /\ m \in MappingKinds
     /\ HasMapping(r, a, m)
-    /\ m = "plane" => a \notin aliasMapped[r]        \* @guard unmap-alias-before-backing
-    /\ \A b \in Allocs : b > a => b \notin created[r]  \* @guard unmap-reverse-order
+    /\ <<m, a>> \notin leaked[r]                     \* @guard undo-never-retried
+    /\ m = "plane" => a \notin aliasMapped[r] \/ <<"alias", a>> \in leaked[r]  \* @guard unmap-alias-before-backing
+    /\ \A b \in Allocs : b > a => b \notin created[r] \/ <<"handle", b>> \in leaked[r]  \* @guard unmap-reverse-order
+
+\* The undo of a's handle is due: live, not leaked, its mappings gone
+\* (unmapped, or leaked: cuMemRelease of a handle with a live mapping succeeds,
+\* the memory goes with the last mapping), no newer handle left.
+CanRelease(r, a) ==
+    /\ Unwinding
+    /\ a \in created[r]
+    /\ a \notin mapped[r] \/ <<"plane", a>> \in leaked[r]  \* @guard release-after-unmap
+    /\ a \notin aliasMapped[r] \/ <<"alias", a>> \in leaked[r]
+    /\ <<"handle", a>> \notin leaked[r]
+    /\ \A b \in Allocs : b > a => b \notin created[r] \/ <<"handle", b>> \in leaked[r]  \* reverse order
+
+\* The undo of the VA is due: every handle and mapping is gone or leaked.
+CanFree(r) ==
+    /\ Unwinding
+    /\ va[r]
+    /\ <<"va", 0>> \notin leaked[r]
+    /\ \A a \in created[r] : <<"handle", a>> \in leaked[r]  \* @guard free-after-release
+    /\ \A a \in mapped[r] : <<"plane", a>> \in leaked[r]
+    /\ \A a \in aliasMapped[r] : <<"alias", a>> \in leaked[r]
+
+\* cuMemUnmap of mapping m of a; the mapping's access goes with it.
+Unmap(r, a, m) ==
+    /\ CanUnmap(r, a, m)
     /\ IF m = "plane"
           THEN /\ mapped' = [mapped EXCEPT ![r] = @ \ {a}]
                /\ UNCHANGED aliasMapped
@@ -302,29 +354,60 @@ Unmap(r, a, m) ==
                /\ UNCHANGED mapped
     /\ access' = [access EXCEPT ![r] = {g \in @ : ~(g[1] = a /\ g[2] = m)}]
     /\ Drop(r, <<m, a>>)
-    /\ UNCHANGED <<phase, va, created, ready, failed, published>>
+    /\ UNCHANGED <<phase, va, created, ready, failed, published, leaked>>
 
-\* cuMemRelease of the handle of a, once it has no mapping.
+\* cuMemRelease of the handle of a, once it has no mapping (but a leaked one).
 Release(r, a) ==
-    /\ Unwinding
-    /\ a \in created[r]
-    /\ a \notin mapped[r]                            \* @guard release-after-unmap
-    /\ a \notin aliasMapped[r]
-    /\ \A b \in Allocs : b > a => b \notin created[r]  \* reverse order
+    /\ CanRelease(r, a)
     /\ created' = [created EXCEPT ![r] = @ \ {a}]
     /\ Drop(r, <<"handle", a>>)
     /\ UNCHANGED <<phase, va, mapped, aliasMapped, access, ready, failed,
-                   published>>
+                   published, leaked>>
 
-\* cuMemAddressFree of the rank's reservation, once no handle is left.
+\* cuMemAddressFree of the rank's reservation, once no handle is left (but
+\* leaked ones); the driver refuses it while a (leaked) mapping is in the range.
 Free(r) ==
-    /\ Unwinding
-    /\ va[r]
-    /\ created[r] = {}                               \* @guard free-after-release
+    /\ CanFree(r)
+    /\ mapped[r] = {}                                \* @guard free-after-unmap
+    /\ aliasMapped[r] = {}
     /\ va' = [va EXCEPT ![r] = FALSE]
     /\ ready' = [ready EXCEPT ![r] = FALSE]
     /\ Drop(r, <<"va", 0>>)
     /\ UNCHANGED <<phase, created, mapped, aliasMapped, access, failed,
+                   published, leaked>>
+
+\* The objects rank r holds (as they are named on its undo stack).
+LiveObjects(r) ==
+    (IF va[r] THEN {<<"va", 0>>} ELSE {})
+    \cup {<<"handle", a>> : a \in created[r]}
+    \cup {<<"plane", a>> : a \in mapped[r]}
+    \cup {<<"alias", a>> : a \in aliasMapped[r]}
+
+\* The undo of object o of rank r is due (its step's guard, as for Fail).
+UndoDue(r, o) ==
+    CASE o[1] = "va"     -> CanFree(r)
+      [] o[1] = "handle" -> CanRelease(r, o[2])
+      [] OTHER           -> CanUnmap(r, o[2], o[1])
+
+\* The undo failures of the attempt so far: leaked objects, less the VAs the
+\* driver had to refuse (a leaked mapping is still in them).
+UndoFailures ==
+    Cardinality(UNION {{<<r, o>> : o \in {x \in leaked[r] :
+                                              x[1] # "va" \/ mapped[r] \cup aliasMapped[r] = {}}}
+                       : r \in Ranks})
+
+\* The undo of o failed (cuMemUnmap, cuMemRelease or cuMemAddressFree returned
+\* an error): o stays live and is leaked; the runtime drops it from its undo
+\* stack and goes on with the next one.  At most MaxUndoFailures in one
+\* attempt, plus the Free the driver must refuse after a leaked mapping.
+UndoFail(r, o) ==
+    /\ o \in Objects
+    /\ \/ MaxUndoFailures > 0 /\ UndoFailures < MaxUndoFailures
+       \/ o[1] = "va" /\ mapped[r] \cup aliasMapped[r] # {}
+    /\ UndoDue(r, o)
+    /\ leaked' = [leaked EXCEPT ![r] = @ \cup {o}]
+    /\ Drop(r, o)
+    /\ UNCHANGED <<phase, va, created, mapped, aliasMapped, access, ready, failed,
                    published>>
 
 AbortComplete ==
@@ -332,18 +415,27 @@ AbortComplete ==
     /\ NothingLeft                                   \* @guard abort-complete-when-empty
     /\ phase' = "Aborted"
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
-                   published, undo>>
+                   published, undo, leaked>>
 
 ShutdownComplete ==
     /\ phase = "ShuttingDown"
     /\ NothingLeft                                   \* @guard shutdown-complete-when-empty
     /\ phase' = "Shutdown"
     /\ UNCHANGED <<va, created, mapped, aliasMapped, access, ready, failed,
-                   published, undo>>
+                   published, undo, leaked>>
 
-\* Terminal phases stutter, so a finished attempt is not a deadlock.
+\* An unwinding that ended leaking: an undo failed, and every rank has run every
+\* undo (all it still holds is leaked).  The runtime traces no AbortComplete /
+\* ShutdownComplete then; the attempt ends here, in Aborting or ShuttingDown.
+UnwindEndedLeaking ==
+    /\ Unwinding
+    /\ \E r \in Ranks : leaked[r] # {}
+    /\ \A r \in Ranks : LiveObjects(r) \subseteq leaked[r]
+
+\* Terminal phases stutter, so a finished attempt is not a deadlock; so does an
+\* unwinding that ended leaking.
 Done ==
-    /\ phase \in {"Aborted", "Shutdown"}
+    /\ phase \in {"Aborted", "Shutdown"} \/ UnwindEndedLeaking
     /\ UNCHANGED vars
 
 -----------------------------------------------------------------------------
@@ -368,9 +460,11 @@ Progress ==
 Next ==
     \/ Progress
     \/ \E r \in Ranks, x \in FailSteps : Fail(r, x)
+    \/ \E r \in Ranks, o \in Objects : UndoFail(r, o)
     \/ Done
 
-\* Failures may or may not happen; everything else is weakly fair.
+\* Failures (of driver and undo steps) may or may not happen; everything else is
+\* weakly fair.
 Spec == Init /\ [][Next]_vars /\ WF_vars(Progress)
 
 -----------------------------------------------------------------------------
@@ -413,11 +507,37 @@ AccessOnlyOwnerAndImporters ==
 
 \* Protects against dangling aliases: a region mapping exists only while
 \* the plane mapping of the same allocation, its handle and the VA exist.
+\* Exempt: an object whose own undo failed (leaked).  The runtime goes on
+\* unwinding past it, so a leaked alias can outlive its plane mapping and
+\* handle, and a leaked mapping its handle, and a leaked handle the VA: the
+\* driver keeps the memory of a live mapping (cuMemRelease frees it with the
+\* last mapping), nothing is published by then (UndoFailureNeverCompletes),
+\* and the attempt never completes.  Never exempt: a VA with a live mapping
+\* in it (cuMemAddressFree under a mapping).
 AliasNeverOutlivesBacking ==
     \A r \in Ranks :
-        /\ aliasMapped[r] \subseteq mapped[r]
-        /\ mapped[r] \subseteq created[r]
-        /\ created[r] # {} => va[r]
+        /\ \A a \in aliasMapped[r] : a \in mapped[r] \/ <<"alias", a>> \in leaked[r]
+        /\ \A a \in mapped[r] : a \in created[r] \/ <<"plane", a>> \in leaked[r]
+        /\ mapped[r] \cup aliasMapped[r] # {} => va[r]
+        /\ {a \in created[r] : <<"handle", a>> \notin leaked[r]} # {} => va[r]
+
+\* Protects the accounting of a failed undo (no silent retry): an object whose
+\* undo failed stays live (the runtime reports it left live) and is never
+\* undone again.
+LeakedStayLive ==
+    \A r \in Ranks : \A o \in leaked[r] :
+        CASE o[1] = "va"     -> va[r]
+          [] o[1] = "handle" -> o[2] \in created[r]
+          [] o[1] = "plane"  -> o[2] \in mapped[r]
+          [] OTHER           -> o[2] \in aliasMapped[r]
+
+\* Protects users from an attempt declared finished while objects are left
+\* live: once an undo failed on some rank, the attempt never reaches Aborted
+\* or Shutdown (no AbortComplete / ShutdownComplete), and nothing is published.
+UndoFailureNeverCompletes ==
+    (\E r \in Ranks : leaked[r] # {}) =>
+        /\ phase \in {"Aborting", "ShuttingDown"}
+        /\ published = {}
 
 \* Rank r holds no VA, handle, mapping or grant, and its undo stack is empty.
 \* Written out for the properties below, apart from the guard's NothingLeftOn,

@@ -26,7 +26,8 @@
 (* (alias) offset with its length, inside the reservation; Grant/Unmap     *)
 (* name that mapping's VA and size; Create returns a handle not live on    *)
 (* any rank (the ranks share one process, whose handles are unique);      *)
-(* Release names the live handle of an unmapped allocation.                *)
+(* Release names the live handle of an unmapped allocation (or of one     *)
+(* whose mapping leaked: its cuMemUnmap failed).                          *)
 (* The same rules as kvgrant.conformance.objects (the Python engine).      *)
 (* TLC's integers are 32-bit: VAs come as granules from the rank's base,   *)
 (* sizes in granules, handles by order of appearance (-1 null, -2 a value  *)
@@ -49,6 +50,10 @@ VARIABLE hdl   \* hdl[r][a]: id of allocation a's live handle on rank r (-1: non
 traceVars == <<vars, l, hdl>>
 
 TerminalPhases == {"Published", "Aborted", "Shutdown"}
+
+\* Trace validation allows any number of failed undo steps (the config binds
+\* the spec's MaxUndoFailures to it).
+TraceMaxUndoFailures == 1000000000
 
 TraceInit ==
     /\ Init
@@ -88,8 +93,10 @@ ObjectsMatch(e) ==
                  /\ Named(e.size, TraceLen[e.alloc], e.ok)
             [] e.action = "Release" ->
                  /\ Named(e.handle, hdl[e.rank][e.alloc], e.ok)
-                 /\ e.ok => /\ e.alloc \notin mapped[e.rank]
-                            /\ e.alloc \notin aliasMapped[e.rank]
+                 /\ e.ok => /\ e.alloc \in mapped[e.rank] =>
+                                  <<"plane", e.alloc>> \in leaked[e.rank]
+                            /\ e.alloc \in aliasMapped[e.rank] =>
+                                  <<"alias", e.alloc>> \in leaked[e.rank]
             [] OTHER -> TRUE
 
 \* The live handles after e.
@@ -157,13 +164,21 @@ IsUnpublish(e) == e.action = "Unpublish" /\ ModelOnly(e) /\ Unpublish
 IsUnmap(e)     == e.action = "Unmap"     /\ e.ok /\ Unmap(e.rank, e.alloc, e.mapping)
 IsRelease(e)   == e.action = "Release"   /\ e.ok /\ Release(e.rank, e.alloc)
 IsFree(e)      == e.action = "Free"      /\ e.ok /\ Free(e.rank)
+\* A failed cuMemUnmap / cuMemRelease / cuMemAddressFree: the undo of that
+\* object was due, and it is leaked (UndoFail).
+UndoObject(e) ==
+    CASE e.action = "Free"    -> <<"va", 0>>
+      [] e.action = "Release" -> <<"handle", e.alloc>>
+      [] OTHER                -> <<e.mapping, e.alloc>>
+IsUndoFail(e)  == ~e.ok /\ e.action \in UndoSteps /\ e.rank \in Ranks
+                  /\ UndoFail(e.rank, UndoObject(e))
 IsAbortComplete(e)    == e.action = "AbortComplete"    /\ ModelOnly(e) /\ AbortComplete
 IsShutdownComplete(e) == e.action = "ShutdownComplete" /\ ModelOnly(e) /\ ShutdownComplete
 
 IsEvent(e) ==
     \/ IsReserve(e) \/ IsCreate(e) \/ IsMap(e) \/ IsMapAlias(e) \/ IsGrant(e)
     \/ IsRankReady(e) \/ IsPublish(e) \/ IsFail(e) \/ IsAbort(e) \/ IsUnpublish(e)
-    \/ IsUnmap(e) \/ IsRelease(e) \/ IsFree(e) \/ IsAbortComplete(e)
+    \/ IsUnmap(e) \/ IsRelease(e) \/ IsFree(e) \/ IsUndoFail(e) \/ IsAbortComplete(e)
     \/ IsShutdownComplete(e)
 
 TraceNext ==
@@ -176,8 +191,10 @@ TraceNext ==
 
 TraceSpec == TraceInit /\ [][TraceNext]_traceVars
 
-\* Every event matched and the model is in a terminal phase.
-TraceAccepted == l = Len(Trace) + 1 /\ phase \in TerminalPhases
+\* Every event matched and the model is in a terminal phase, or its unwinding
+\* ended leaking (an undo failed; every rank ran every undo; no
+\* AbortComplete / ShutdownComplete).
+TraceAccepted == l = Len(Trace) + 1 /\ (phase \in TerminalPhases \/ UnwindEndedLeaking)
 
 \* Checked as an invariant: its violation is the verdict "accepted".
 TraceNotAccepted == ~TraceAccepted

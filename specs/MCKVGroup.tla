@@ -54,4 +54,10 @@ MCTwoFaults ==
 MCCrashBeforeDecide ==
     \A p \in Ranks : (crashed'[p] /\ ~crashed[p]) => decision[p] = "none"
 
+\* One failed undo step (cuMemUnmap, cuMemRelease, cuMemAddressFree, or an
+\* import's ImportUnmap / ImportRelease) in all, plus the cuMemAddressFree the
+\* driver then refuses (MCKVGroup_Undo.cfg: MaxUndoFailures <- MCOneUndoFailure).
+\* The other configs keep the spec's 0.
+MCOneUndoFailure == 1
+
 =============================================================================

@@ -33,4 +33,12 @@ MCStateConstraint ==
 MCTwoFailures ==
     Cardinality({r \in Ranks : failed[r]}) <= 2
 
+\* One failed undo step (cuMemUnmap, cuMemRelease or cuMemAddressFree) in an
+\* attempt, plus the cuMemAddressFree the driver then refuses
+\* (MCKVLifecycle_Undo.cfg: MaxUndoFailures <- MCOneUndoFailure).  The other
+\* configs keep the spec's 0: one failed undo multiplies the unwinding states
+\* (MCKVLifecycle.cfg: 32,733 -> 213,504), and a leaked object is never
+\* released, which the liveness properties rightly reject.
+MCOneUndoFailure == 1
+
 =============================================================================

@@ -58,7 +58,7 @@ def test_score_counts_misses() -> None:
 def test_mutation_catalogue_is_complete() -> None:
     assert sorted(MUTATIONS) == sorted([
         "drop_grant", "grant_non_importer", "publish_early", "unmap_backing_first",
-        "skip_release", "duplicate_event", "reorder_steps"])
+        "skip_release", "duplicate_event", "reorder_steps", "complete_after_failed_undo"])
     # issue #14: at least 20 trace mutants, at least half of them object-identity ones
     assert len(MUTATIONS) + len(OBJECT_MUTATIONS) >= 20
     assert len(OBJECT_MUTATIONS) >= len(MUTATIONS)

@@ -100,12 +100,15 @@ def test_devices_are_read_through_the_header_map() -> None:
     assert replay(trace_from_events(h, raw)).index == grant.index
 
 
-def test_failure_during_unwinding_is_rejected(header) -> None:
+def test_failed_undo_that_records_its_object_gone_is_rejected(header) -> None:
+    """A failed undo leaks its object (UndoFail, 2026-12-07): a failed Release whose
+    recorded state says the handle is gone disagrees with the model there. (Until
+    2026-12-07 any failed undo was refused: "failures only at the driver steps".)"""
     raw = _raw(reference_trace(header))
     i = next(k for k, e in enumerate(raw) if e["action"] == "Release")
     raw[i]["result"] = "CUDA_ERROR_INVALID_VALUE"
     v = replay(trace_from_events(header, raw))
-    assert v.index == i and "only at the driver steps" in v.reason
+    assert v.index == i and "recorded state disagrees" in v.reason and "created" in v.reason
 
 
 def test_model_only_step_with_a_result_is_rejected(header) -> None:

@@ -444,8 +444,8 @@ def test_public_names_are_pinned() -> None:
         "ACTION_PROPERTIES", "BASE_SPEC", "GROUP_ACTION_PROPERTIES",
         "GROUP_LIVENESS_PROPERTIES", "GROUP_LIVE_CONFIG", "GROUP_MUTANTS",
         "GROUP_MUTANT_CONFIG", "GROUP_MUTANT_CONFIG_3", "GROUP_MUTANT_CONFIG_PLAIN",
-        "GROUP_MUTANT_CONFIG_TWO_FAULTS", "GROUP_SAFETY_INVARIANTS", "GROUP_SPEC", "LIVENESS_PROPERTIES", "LIVE_CONFIG",
-        "MUTANTS", "MUTANT_CONFIG", "MUTANT_CONFIG_PLAIN", "Mutant", "SAFETY_INVARIANTS",
+        "GROUP_MUTANT_CONFIG_TWO_FAULTS", "GROUP_MUTANT_CONFIG_UNDO", "GROUP_SAFETY_INVARIANTS", "GROUP_SPEC", "LIVENESS_PROPERTIES", "LIVE_CONFIG",
+        "MUTANTS", "MUTANT_CONFIG", "MUTANT_CONFIG_PLAIN", "MUTANT_CONFIG_UNDO", "Mutant", "SAFETY_INVARIANTS",
         "apply_mutant", "caught", "find_guards", "live_config", "mutate", "property_kind",
         "run_group_mutant", "run_group_unmutated", "run_mutant", "run_unmutated"]
     assert verify.__all__ == ["add_parser", "default_specdir", "run", "verify_specs"]

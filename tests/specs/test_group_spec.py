@@ -100,6 +100,7 @@ def test_group_configs_are_discovered_and_check_every_claim() -> None:
     cfgs = [c for _, c in discover_models(SPECS) if c.name.startswith("MCKVGroup")]
     assert {c.name for c in cfgs} == {"MCKVGroup.cfg", "MCKVGroup_TwoAllocs.cfg",
                                       "MCKVGroup_Plain.cfg", "MCKVGroup_TwoFaults.cfg",
+                                      "MCKVGroup_Undo.cfg",
                                       "MCKVGroup_Live.cfg"}
     checked: set[str] = set()
     for c in cfgs:
