@@ -61,6 +61,7 @@ __all__ = [
     "LEDGER_FORMAT",
     "LEDGER_VERSION",
     "Lease",
+    "binding_limits",
     "default_ledger_path",
     "env_ledger_path",
 ]
@@ -350,6 +351,31 @@ def _check_count(name: str, value: object) -> int:
     return value
 
 
+def binding_limits(budget: int, reserve: int, holders: Sequence[Holder]
+                   ) -> tuple[int, int, str]:
+    """The budget and reserve a new share is checked against: the smallest budget and
+    the largest reserve of ``budget``/``reserve`` and of every checked holder's, and
+    a clause naming the holder that set them ("" when the caller's own bind).
+
+    Why: each holder was admitted by the check ``held + handles + reserve <= budget``
+    with its own figures; a later process with a larger budget (or a smaller reserve)
+    must not push the host past what an earlier holder was promised. Holders recorded
+    with the pre-flight off promised nothing and do not bind."""
+    checked = [o for o in holders if o.checked]
+    low = min(checked, key=lambda o: o.budget, default=None)
+    high = max(checked, key=lambda o: o.reserve, default=None)
+    said = []
+    if low is not None and low.budget < budget:
+        budget = low.budget
+        said.append(f"the budget pid {low.pid} was admitted with")
+    if high is not None and high.reserve > reserve:
+        reserve = high.reserve
+        said.append(f"the reserve pid {high.pid} was admitted with")
+    why = (f" ({' and '.join(said)}: the strictest figures of the holders bind)"
+           if said else "")
+    return budget, reserve, why
+
+
 class HostLedger:
     """The ledger file of one host (see the module docstring).
 
@@ -551,18 +577,19 @@ class HostLedger:
 
     def _refuse_unless_fits(self, others: list[Holder], h: Holder) -> None:
         held = sum(o.handles for o in others)
-        total = held + h.handles + h.reserve
-        if total <= h.budget:
+        budget, reserve, why = binding_limits(h.budget, h.reserve, others)
+        total = held + h.handles + reserve
+        if total <= budget:
             return
         who = "; ".join(o.describe() for o in others) or "none"
         raise HandleBudgetError(
             f"{h.geometry!r} ({h.label}) needs {h.handles:,} driver handles, but this host's "
-            f"budget is {h.budget:,} and {held:,} are already reserved in its ledger by "
-            f"[{who}], with a reserve of {h.reserve:,} for users kvgrant cannot see: "
-            f"{held:,} + {h.handles:,} + {h.reserve:,} = {total:,}, over by "
-            f"{total - h.budget:,}. The budget is one pool for every process and GPU of the "
+            f"budget is {budget:,}{why} and {held:,} are already reserved in its ledger by "
+            f"[{who}], with a reserve of {reserve:,} for users kvgrant cannot see: "
+            f"{held:,} + {h.handles:,} + {reserve:,} = {total:,}, over by "
+            f"{total - budget:,}. The budget is one pool for every process and GPU of the "
             f"host ({self.name}; `kvgrant budget` lists it)",
-            demand=h.handles, budget=h.budget, reserve=h.reserve, held=held,
+            demand=h.handles, budget=budget, reserve=reserve, held=held,
             holders=[o.as_dict() for o in others])
 
     def _update(self, lease: "Lease", handles: int | None, check: bool) -> Holder | None:

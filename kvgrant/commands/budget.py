@@ -50,7 +50,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgrant.runtime.ledger import HostLedger
+    from kvgrant.runtime.ledger import HostLedger, binding_limits
 
     check_ledger_path(args.ledger)  # a missing folder is bad input (exit 2), not a failure
     ledger = HostLedger(args.ledger)
@@ -68,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
     notes.update(ledger.notes)
     verdicts = ledger.verdicts
     held = sum(h.handles for h in holders)
-    margin = args.handle_budget - held - args.handle_reserve
+    # the figures the next reservation is checked against: a holder admitted with a
+    # smaller budget or a larger reserve than asked here binds (ledger.binding_limits)
+    budget, reserve, why = binding_limits(args.handle_budget, args.handle_reserve, holders)
+    margin = budget - held - reserve
 
     def state(h: Any) -> str:
         v = verdicts.get(h.id)
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         "holders": [{**h.as_dict(), "state": state(h), "note": ledger.notes.get(h.id)}
                     for h in holders],
         "held": held, "budget": args.handle_budget, "reserve": args.handle_reserve,
-        "margin": margin,
+        "binding_budget": budget, "binding_reserve": reserve, "margin": margin,
         "reaped": [{**h.as_dict(), "note": notes.get(h.id)} for h in reaped],
         "earlier_boot": len(earlier),
         "dropped": [h.as_dict() for h in dropped],
@@ -112,9 +115,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {h.pid:>8} {h.geometry[:24]:<24} {h.label[:10]:<10} "
                   f"{','.join(map(str, h.devices))[:12]:<12} {h.handles:>10,}  {since}{flag}"
                   f"{mark}")
-    print(f"  held {held:,} + reserve {args.handle_reserve:,} of budget "
-          f"{args.handle_budget:,}: margin {margin:+,}" + ("" if margin >= 0 else
-                                                           "  (OVERCOMMITTED)"))
+    print(f"  held {held:,} + reserve {reserve:,} of budget {budget:,}{why}: margin "
+          f"{margin:+,}" + ("" if margin >= 0 else "  (OVERCOMMITTED)"))
     unknown = [h for h in holders if state(h) == "unknown"]
     if unknown:
         print(f"  {len(unknown)} holder(s) of another pid namespace that this process cannot "

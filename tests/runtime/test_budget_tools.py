@@ -143,6 +143,14 @@ def test_budget_command_lists_holders_total_and_margin(tmp_path: Path, capsys: A
     assert cli_main(["budget", "--ledger", str(path), "--handle-budget", "1000"]) == 0
     text = capsys.readouterr().out
     assert "dcp8" in text and "1,234" in text and "OVERCOMMITTED" in text
+    # asked with a larger budget than the holder was admitted with: the holder's binds
+    assert cli_main(["budget", "--ledger", str(path), "--handle-budget", "20000",
+                     "--handle-reserve", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["budget"], out["binding_budget"], out["margin"]) == (20_000, 10_000, 8766)
+    assert cli_main(["budget", "--ledger", str(path), "--handle-budget", "20000"]) == 0
+    assert f"budget 10,000 (the budget pid {os.getpid()} was admitted with" in \
+        capsys.readouterr().out
     lease.release()
 
 

@@ -93,6 +93,35 @@ def test_refusal_names_every_holder_the_budget_reserve_and_overdraw(book: HostLe
     a.release(), b.release()
 
 
+def test_a_holder_admitted_with_a_smaller_budget_binds_a_later_larger_one(
+        book: HostLedger) -> None:
+    """Audit: each caller's check used its own budget, so a process started with a larger
+    budget pushed the host past what an earlier holder was admitted with."""
+    first = _take(book, 600, budget=1000, name="first")
+    with pytest.raises(HandleBudgetError) as info:
+        _take(book, 500, budget=5000, name="later")       # 1,100 > the first's 1,000
+    err = info.value
+    assert (err.budget, err.overdraw) == (1000, 100)
+    assert f"the budget pid {os.getpid()} was admitted with" in str(err)
+    _take(book, 400, budget=5000).release()               # within 1,000: fits
+    first.release()
+    _take(book, 1100, budget=5000).release()              # the first is gone: its own
+
+
+def test_a_holder_admitted_with_a_larger_reserve_binds_a_later_smaller_one(
+        book: HostLedger) -> None:
+    first = _take(book, 100, budget=1000, reserve=500)
+    with pytest.raises(HandleBudgetError) as info:
+        _take(book, 401, budget=1000, reserve=0)
+    assert info.value.reserve == 500 and "the reserve pid" in str(info.value)
+    first.release()
+
+
+def test_a_holder_recorded_with_the_pre_flight_off_does_not_bind(book: HostLedger) -> None:
+    book.reserve(10, geometry="g", label="naive", budget=20, reserve=0, check=False)
+    _take(book, 900, budget=1000).release()               # 10 + 900 <= 1,000
+
+
 def test_unchecked_reservation_is_recorded_even_when_it_overdraws(book: HostLedger) -> None:
     _take(book, 900)
     lease = book.reserve(500, geometry="g", label="naive", budget=1000, reserve=0, check=False)
