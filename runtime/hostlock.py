@@ -110,11 +110,13 @@ class Verdict:
 class _Proc:
     hpid: int                    # the pid as this /proc names it
     ns: str | None               # its pid namespace; None: not readable (another user)
-    nspid: tuple[int, ...]       # NSpid: its pid in each namespace; () when unreadable
 
 
 class _Scan:
-    """One pass over ``/proc`` (made once per :class:`judge` call group, on first need)."""
+    """``/proc`` as one :class:`judge` call group sees it: the namespace it shows, then
+    (on first need) its processes and their namespaces, and (per process, on need) its
+    ``NSpid``. Why lazy: the scan runs under the ledger's lock, and a host may run
+    thousands of processes; only the candidates' status files are read."""
 
     def __init__(self) -> None:
         me = current_process()
@@ -127,39 +129,52 @@ class _Scan:
         #: /proc lists every process of the host (it is the initial namespace's, and not
         #: mounted with hidepid=2, which hides /proc/1 from other users)
         self.complete = self.proc_ns == INIT_PIDNS and os.path.isdir("/proc/1")
-        self.procs: list[_Proc] = []
-        try:
-            names = os.listdir("/proc")
-        except OSError:
-            names = []
-            self.complete = False
-        for name in names:
-            if not name.isdigit():
-                continue
+        self._procs: list[_Proc] | None = None
+        self._nspid: dict[int, tuple[int, ...] | None] = {}
+
+    @property
+    def procs(self) -> list[_Proc]:
+        """Every process /proc lists, with its pid namespace (read once)."""
+        if self._procs is None:
+            self._procs = []
             try:
-                ns: str | None = os.readlink(f"/proc/{name}/ns/pid")
-            except FileNotFoundError:
-                continue  # exited meanwhile
-            except OSError as e:
-                if e.errno == errno.ENOENT:
+                names = os.listdir("/proc")
+            except OSError:
+                names = []
+                self.complete = False
+            for name in names:
+                if not name.isdigit():
                     continue
-                ns = None
-            if ns is not None and ns == self.proc_ns:
-                # in the namespace /proc shows: its pid there is its /proc name
-                self.procs.append(_Proc(int(name), ns, (int(name),)))
-                continue
-            nspid: tuple[int, ...] = ()
+                try:
+                    ns: str | None = os.readlink(f"/proc/{name}/ns/pid")
+                except FileNotFoundError:
+                    continue  # exited meanwhile
+                except OSError as e:
+                    if e.errno == errno.ENOENT:
+                        continue
+                    ns = None
+                self._procs.append(_Proc(int(name), ns))
+        return self._procs
+
+    def nspid(self, p: _Proc) -> tuple[int, ...] | None:
+        """Its pid in each namespace (``NSpid``), innermost last; ``()`` when not
+        readable, None when it has exited."""
+        if p.ns is not None and p.ns == self.proc_ns:
+            return (p.hpid,)  # in the namespace /proc shows: its pid is its /proc name
+        if p.hpid not in self._nspid:
+            got: tuple[int, ...] | None = ()
             try:
-                with open(f"/proc/{name}/status") as f:
+                with open(f"/proc/{p.hpid}/status") as f:
                     for line in f:
                         if line.startswith("NSpid:"):
-                            nspid = tuple(int(x) for x in line.split()[1:])
+                            got = tuple(int(x) for x in line.split()[1:])
                             break
             except FileNotFoundError:
-                continue
+                got = None
             except (OSError, ValueError):
                 pass
-            self.procs.append(_Proc(int(name), ns, nspid))
+            self._nspid[p.hpid] = got
+        return self._nspid[p.hpid]
 
 
 def _start_comparable(hpid: int) -> bool:
@@ -230,16 +245,18 @@ class judge:
             # /proc is that namespace's (we are in a child of it without our own /proc):
             # its pid N is /proc/N
             return self._found(pid, start, where, pid, f"no process {pid} in it any more")
-        members = [p for p in s.procs if p.ns == pidns]
-        match = [p for p in members if p.nspid and p.nspid[-1] == pid]
+        members = [(p, ids) for p in s.procs if p.ns == pidns
+                   for ids in [s.nspid(p)] if ids is not None]
+        match = [p for p, ids in members if ids and ids[-1] == pid]
         if match:
             return self._found(match[0].hpid, start, where, pid, "")
-        if any(not p.nspid for p in members):
+        if any(not ids for _, ids in members):
             return Verdict("unknown", f"{where}, cannot tell: the pids of its "
                                       "processes there (NSpid) are not readable")
         # a process whose namespace this user may not read could be it
-        maybe = [p for p in s.procs if p.ns is None and (
-            not p.nspid or (p.nspid[-1] == pid and (len(p.nspid) > 1 or s.proc_ns is None)))]
+        maybe = [p for p in s.procs if p.ns is None
+                 for ids in [s.nspid(p)] if ids is not None and (
+                     not ids or (ids[-1] == pid and (len(ids) > 1 or s.proc_ns is None)))]
         if maybe:
             return Verdict("unknown", f"{where}, cannot tell: {len(maybe)} process(es) "
                                       "that could be it do not let this user read their "

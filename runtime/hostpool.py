@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from kvgrant.errors import LedgerError, LedgerLockTimeout
-from kvgrant.runtime.hostlock import (ShortWrite, current_process, locked, process_state,
+from kvgrant.runtime.hostlock import (ShortWrite, current_process, judge, locked,
                                       write_fully)
 
 __all__ = ["HostPool", "POOL_ENV"]
@@ -149,10 +149,11 @@ class HostPool:
     def _reap(self, slots: list[tuple[int, int, int, int, int]]) -> int:
         """Zero the slots of dead processes; return the grants they held."""
         freed = 0
+        alive = judge()  # one /proc scan for every slot, when one is needed at all
         for off, pid, start, ns, grants in slots:
             if pid == 0 or pid == self._pid:
                 continue
-            if process_state(pid, start, f"pid:[{ns}]" if ns else "", "") == "dead":
+            if alive(pid, start, f"pid:[{ns}]" if ns else "", "").state == "dead":
                 self._put(off, _SLOT.pack(0, 0, 0, 0), _SLOT.pack(pid, start, ns, grants))
                 freed += grants
         return freed

@@ -353,27 +353,23 @@ def _check_count(name: str, value: object) -> int:
 
 def binding_limits(budget: int, reserve: int, holders: Sequence[Holder]
                    ) -> tuple[int, int, str]:
-    """The budget and reserve a new share is checked against: the smallest budget and
-    the largest reserve of ``budget``/``reserve`` and of every checked holder's, and
-    a clause naming the holder that set them ("" when the caller's own bind).
+    """The budget and reserve a new share is checked against: of the caller's pair and
+    every checked holder's, the one that leaves kvgrant the fewest handles (least
+    ``budget - reserve``), and a clause naming that holder ("" when the caller's own
+    pair binds).
 
     Why: each holder was admitted by the check ``held + handles + reserve <= budget``
-    with its own figures; a later process with a larger budget (or a smaller reserve)
-    must not push the host past what an earlier holder was promised. Holders recorded
-    with the pre-flight off promised nothing and do not bind."""
-    checked = [o for o in holders if o.checked]
-    low = min(checked, key=lambda o: o.budget, default=None)
-    high = max(checked, key=lambda o: o.reserve, default=None)
-    said = []
-    if low is not None and low.budget < budget:
-        budget = low.budget
-        said.append(f"the budget pid {low.pid} was admitted with")
-    if high is not None and high.reserve > reserve:
-        reserve = high.reserve
-        said.append(f"the reserve pid {high.pid} was admitted with")
-    why = (f" ({' and '.join(said)}: the strictest figures of the holders bind)"
-           if said else "")
-    return budget, reserve, why
+    with its own figures, and that stays true for it only while every later share
+    passes its check too; so a process started with a larger budget (or a smaller
+    reserve) must not push the host past what an earlier holder was admitted with.
+    Holders recorded with the pre-flight off promised nothing and do not bind."""
+    tightest = min((o for o in holders if o.checked),
+                   key=lambda o: o.budget - o.reserve, default=None)
+    if tightest is None or tightest.budget - tightest.reserve >= budget - reserve:
+        return budget, reserve, ""
+    return (tightest.budget, tightest.reserve,
+            f" (the budget and reserve pid {tightest.pid} was admitted with: each "
+            "holder's own check must stay true)")
 
 
 class HostLedger:
@@ -386,8 +382,9 @@ class HostLedger:
         use, readable and writable by every user (mode 0666): the pool is the host's.
     lock_timeout_s
         How long an operation waits for the lock before
-        :class:`~kvgrant.errors.LedgerLockTimeout` (operations take microseconds; a
-        lock held for seconds belongs to a stuck process).
+        :class:`~kvgrant.errors.LedgerLockTimeout` (an operation takes well under a
+        second: a read, a write, and a ``/proc`` scan when a holder is of another pid
+        namespace; a lock held for seconds belongs to a stuck process).
     """
 
     def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
@@ -698,8 +695,8 @@ class _Session:
                 "the holder could not be found in /proc/locks"
             raise LedgerLockTimeout(
                 f"{self.ledger.name}: its lock is still held after "
-                f"{self.ledger.lock_timeout_s:g} s ({who}); a kvgrant process holds it only "
-                f"for microseconds, so that process is stuck: end it, then retry",
+                f"{self.ledger.lock_timeout_s:g} s ({who}); a kvgrant process holds it for "
+                f"well under a second, so that process is stuck: end it, then retry",
                 path=str(self.ledger.path), holder_pid=pid,
                 waited_s=getattr(e, "waited_s", 0.0)) from None
         return _File(self.ledger, self.fd)

@@ -35,6 +35,7 @@ own, such as a group's ``timeout_s``, passes it), and a wait that runs out raise
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -337,6 +338,8 @@ def _who(holder_pid: int | None, holder: dict[str, Any] | None) -> str:
     host = holder.get("host")
     if host and host != socket.gethostname():
         text += f" on host {host!r}"
+    elif holder.get("pidns") and holder["pidns"] != current_process().pidns:
+        text += f" of pid namespace {holder['pidns']} (a container: its pid there)"
     if "geometry" in holder:
         text += f", planning {holder['geometry']!r}"
     since = holder.get("since")
@@ -439,19 +442,27 @@ def cached_packed_plan(g: Geometry, plan: Callable[[Geometry], PhysicalPlan],
     lock_path = folder / f"{key}.lock"
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        # O_NOFOLLOW: the holder record is written into the lock file, so a link there
+        # (a shared cache folder) must not make kvgrant empty the file it points to
         lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
-                          | os.O_CLOEXEC, 0o644)
-    except OSError:
+                          | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            say(f"{lock_path} is a symbolic link, not a lock file: the cache is not used "
+                "for this layout; planning in this process (remove it to use the cache)")
         return plan(g)  # a folder we cannot write: plan here, cache nothing
     try:
-        mode = os.fstat(lock_fd).st_mode
-        if not stat.S_ISREG(mode):
-            say(f"{lock_path} is {_kind(mode)}, not a lock file: the cache is not used for "
-                "this layout; planning in this process (remove it to use the cache)")
+        st = os.fstat(lock_fd)
+        if not stat.S_ISREG(st.st_mode):
+            say(f"{lock_path} is {_kind(st.st_mode)}, not a lock file: the cache is not used "
+                "for this layout; planning in this process (remove it to use the cache)")
             return plan(g)
+        # a hard link, or another user's file: locked, but its content is not ours to write
+        ours = st.st_nlink == 1 and st.st_uid == os.geteuid()
         _lock(lock_fd, path, lock_path, wait, say)
         try:
-            _claim(lock_fd, g)
+            if ours:
+                _claim(lock_fd, g)
             hit, reason = _read(path, g, key)  # another process planned while we waited
             if hit is not None:
                 return hit
@@ -464,7 +475,8 @@ def cached_packed_plan(g: Geometry, plan: Callable[[Geometry], PhysicalPlan],
                 pass  # a full or read-only disk: the plan is still good
             return out
         finally:
-            _unclaim(lock_fd)
+            if ours:
+                _unclaim(lock_fd)
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
     finally:
         os.close(lock_fd)

@@ -233,6 +233,9 @@ class Published:
         DriverError
             An undo failed; the remaining undos still ran and every further failure
             is attached (``cleanup_errors``).
+        KeyboardInterrupt
+            A Ctrl-C came during the teardown (raised once it ran; failed undos are
+            attached as ``cleanup_errors``).
         """
         if self.released:
             return
@@ -248,12 +251,14 @@ class Published:
                 self.release_s = time.perf_counter() - t0
             if self._owns_driver:
                 self.driver.close()
+        if interrupt.pending:  # the Ctrl-C goes on, carrying any undo that failed
+            stop = KeyboardInterrupt()
+            attach_cleanup_errors(stop, errors)
+            raise stop
         if errors:
             first = errors[0]
             attach_cleanup_errors(first, errors[1:])
             raise first
-        if interrupt.pending:
-            raise KeyboardInterrupt
 
     def __enter__(self) -> "Published":
         self._live("with")

@@ -7,7 +7,8 @@ plan needs, the largest conflict set, and the pre-flight: the driver-handle dema
 all ranks against the host's budget (one pool for every process and GPU of the
 host) less the reserve for users kvgrant cannot see (default 4,096, set with
 --handle-reserve N as for kvgrant alloc, so "fits" here means alloc's pre-flight
-accepts the plan), with grants to
+accepts the plan on a host where no other kvgrant process holds handles: their
+shares, in the host ledger, are what ``kvgrant budget`` lists), with grants to
 owner + importers and to every declared reader, so a user sees before start-up
 whether it will fail. ``--json`` prints the same plus the packed plan as a plan
 document that ``kvgrant alloc --plan FILE`` reuses (``--json`` writes JSON on an
@@ -44,6 +45,7 @@ def add_parser(subparsers: Any) -> None:
                         f"(default {DEFAULT_HANDLE_BUDGET:,}, measured on an H200 with driver 580)")
     # the name, type (validation) and help of kvgrant alloc's option: the pre-flight
     # counts the same reserve, so "fits" here means alloc's pre-flight accepts the plan
+    # (the ledger's other holders aside)
     p.add_argument("--handle-reserve", type=count, default=None, metavar="N",
                    help="handles kept for users kvgrant cannot see (NCCL, PyTorch, other "
                         f"engines; default {DEFAULT_HANDLE_RESERVE:,})")

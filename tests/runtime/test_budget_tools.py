@@ -149,7 +149,7 @@ def test_budget_command_lists_holders_total_and_margin(tmp_path: Path, capsys: A
     out = json.loads(capsys.readouterr().out)
     assert (out["budget"], out["binding_budget"], out["margin"]) == (20_000, 10_000, 8766)
     assert cli_main(["budget", "--ledger", str(path), "--handle-budget", "20000"]) == 0
-    assert f"budget 10,000 (the budget pid {os.getpid()} was admitted with" in \
+    assert f"budget 10,000 (the budget and reserve pid {os.getpid()} was admitted with" in \
         capsys.readouterr().out
     lease.release()
 

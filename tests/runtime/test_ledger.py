@@ -101,8 +101,8 @@ def test_a_holder_admitted_with_a_smaller_budget_binds_a_later_larger_one(
     with pytest.raises(HandleBudgetError) as info:
         _take(book, 500, budget=5000, name="later")       # 1,100 > the first's 1,000
     err = info.value
-    assert (err.budget, err.overdraw) == (1000, 100)
-    assert f"the budget pid {os.getpid()} was admitted with" in str(err)
+    assert (err.budget, err.reserve, err.overdraw) == (1000, 0, 100)
+    assert f"the budget and reserve pid {os.getpid()} was admitted with" in str(err)
     _take(book, 400, budget=5000).release()               # within 1,000: fits
     first.release()
     _take(book, 1100, budget=5000).release()              # the first is gone: its own
@@ -112,9 +112,21 @@ def test_a_holder_admitted_with_a_larger_reserve_binds_a_later_smaller_one(
         book: HostLedger) -> None:
     first = _take(book, 100, budget=1000, reserve=500)
     with pytest.raises(HandleBudgetError) as info:
-        _take(book, 401, budget=1000, reserve=0)
-    assert info.value.reserve == 500 and "the reserve pid" in str(info.value)
+        _take(book, 401, budget=1000, reserve=0)          # 501 > 1,000 - 500
+    assert (info.value.budget, info.value.reserve) == (1000, 500)
+    _take(book, 400, budget=1000, reserve=0).release()
     first.release()
+
+
+def test_each_holder_binds_with_its_own_pair_not_a_mix_of_two(book: HostLedger) -> None:
+    """Review: the smallest budget of one holder and the largest reserve of another
+    refused shares that kept every holder's own check true."""
+    a = _take(book, 10, budget=100, reserve=0)
+    _take(book, 10, budget=1000, reserve=900).release()   # a: 20 <= 100; b: 920 <= 1,000
+    with pytest.raises(HandleBudgetError) as info:
+        _take(book, 91, budget=1000, reserve=0)           # a: 101 > 100
+    assert (info.value.budget, info.value.reserve) == (100, 0)
+    a.release()
 
 
 def test_a_holder_recorded_with_the_pre_flight_off_does_not_bind(book: HostLedger) -> None:

@@ -380,3 +380,36 @@ def test_resolve_plan_bounds_the_cache_wait_as_asked(monkeypatch: pytest.MonkeyP
     assert prepare.resolve_plan(g, "packed", cache_wait_s=7.5) == "plan"
     assert prepare.resolve_plan(g, "packed") == "plan"
     assert seen == [7.5, None]
+
+
+# -- review: the holder record never writes through a link ----------------------------
+
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_link_at_the_lock_path_never_has_its_target_written(g, tmp_path, link):
+    """The lock file holds the holder's record (written, then emptied); a link there, in
+    a shared cache folder, emptied the file it pointed to."""
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    lock = _entry(folder, g).with_suffix(".lock")
+    (os.symlink if link == "symbolic" else os.link)(victim, lock)
+    said: list[str] = []
+    plans: list[str] = []
+    out = cached_packed_plan(g, _counting(plans), LIMITS, env={PLAN_CACHE_ENV: str(folder)},
+                             progress=said.append)
+    assert out.allocations and plans == [g.name]
+    assert victim.read_text() == "keep me"
+    if link == "symbolic":
+        assert any("is a symbolic link" in m for m in said), said
+
+
+def test_a_holder_of_another_pid_namespace_is_named_with_it() -> None:
+    """Review: the timeout told the waiter to stop "pid N", a pid of a container's
+    namespace that means another process here."""
+    import socket
+
+    holder = {"pid": 7, "pidns": "pid:[1]", "host": socket.gethostname(), "geometry": "g"}
+    assert plancache._who(7, holder).startswith("pid 7 of pid namespace pid:[1] (a container")
+    here = dict(holder, pidns=plancache.current_process().pidns)
+    assert plancache._who(7, here).startswith("pid 7, planning 'g'")

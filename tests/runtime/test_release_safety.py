@@ -144,3 +144,17 @@ def test_a_group_set_up_query_failure_says_call_result_and_device() -> None:
     assert _err_text(e).startswith("cuMemGetInfo failed with CUDA_ERROR_INVALID_DEVICE "
                                    "(device 3) before anything was created")
     assert _err_text(OSError("x")) == "OSError: x"
+
+
+class _InterruptedAndFailing(_InterruptedOnce):
+    """SIGINT inside the first cuMemUnmap, and the first cuMemRelease fails."""
+
+
+def test_ctrl_c_during_a_release_whose_undo_failed_is_not_lost() -> None:
+    drv = _InterruptedAndFailing(devices=3, faults=Fault(call="cuMemRelease"))
+    pub = allocate(small_geometry(), plan=chunk_plan, driver=drv)
+    with pytest.raises(KeyboardInterrupt) as info:
+        pub.release()
+    (failed,) = info.value.cleanup_errors  # type: ignore[attr-defined]
+    assert isinstance(failed, DriverError) and failed.call == "cuMemRelease"
+    assert pub.released
