@@ -25,11 +25,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 from dataclasses import dataclass
 
-__all__ = ["INIT_PIDNS", "ProcessId", "ShortWrite", "Verdict", "current_process", "judge",
-           "lock_holder_pid", "locked", "process_state", "write_fully"]
+__all__ = ["INIT_PIDNS", "ProcessId", "ShortWrite", "Verdict", "current_process", "file_kind",
+           "judge", "lock_holder_pid", "locked", "process_state", "write_fully"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #: The host's (initial) pid namespace: its inode is fixed by the kernel
@@ -308,6 +309,17 @@ class ShortWrite(OSError):
             why = str(self.cause) + (f" ({code})" if code else "")
         return (f"wrote {self.written:,} of {self.expected:,} bytes at offset "
                 f"{self.offset:,}: {why}")
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words ("a FIFO", "a character
+    device", ...): the ledger and the plan cache refuse such paths by name."""
+    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return word
+    return f"not a regular file (mode {stat.filemode(mode)})"
 
 
 def write_fully(fd: int, data: bytes, offset: int) -> None:

@@ -50,8 +50,8 @@ from typing import Any, Sequence
 
 from kvgrant.errors import ArgumentError, HandleBudgetError, LedgerError, LedgerLockTimeout
 from kvgrant.runtime.arguments import is_switch_word
-from kvgrant.runtime.hostlock import (ShortWrite, Verdict, current_process, judge, locked,
-                                      write_fully)
+from kvgrant.runtime.hostlock import (ShortWrite, Verdict, current_process, file_kind, judge,
+                                      locked, write_fully)
 
 __all__ = [
     "DEFAULT_LEDGER_PATH",
@@ -465,12 +465,8 @@ class HostLedger:
                 path=str(self.path))
         if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
             # (a folder: os.open says "Is a directory", with the usual advice)
-            kind = ("a character device" if stat.S_ISCHR(st.st_mode) else
-                    "a block device" if stat.S_ISBLK(st.st_mode) else
-                    "a FIFO" if stat.S_ISFIFO(st.st_mode) else
-                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
             raise LedgerError(
-                f"{self._named} is not a regular file ({kind}), so it is not read (a "
+                f"{self._named} is not a regular file ({file_kind(st.st_mode)}), so it is not read (a "
                 f"device or FIFO may never end, or block) and --repair cannot make it one: "
                 f"the ledger must be a regular file "
                 f"that every kvgrant process on the host can lock and rewrite; name another "

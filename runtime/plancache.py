@@ -54,7 +54,7 @@ from kvgrant.errors import ArgumentError, PlanCacheTimeout, PlanError
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planfile import geometry_hash, plan_document, plan_from_document
-from kvgrant.runtime.hostlock import current_process, locked
+from kvgrant.runtime.hostlock import current_process, file_kind, locked
 from kvgrant.strict_json import strict_json_loads
 
 __all__ = ["NOTICE_S", "PLAN_CACHE_ENV", "PLAN_CACHE_WAIT_S", "PlanCacheTimeout", "cache_dir",
@@ -152,16 +152,6 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def _kind(mode: int) -> str:
-    """What a non-regular file is, in words."""
-    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return word
-    return f"not a regular file (mode {stat.filemode(mode)})"
-
-
 def _special(path: Path) -> str | None:
     """What ``path`` is when it exists and is not a regular file (symbolic links
     followed), else None (missing, a file, or not stat-able: then reading it fails
@@ -170,7 +160,7 @@ def _special(path: Path) -> str | None:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
-    return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+    return None if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
 
 
 def _read(path: Path, g: Geometry, key: str) -> tuple[PhysicalPlan | None, str | None]:
@@ -194,7 +184,7 @@ def _read(path: Path, g: Geometry, key: str) -> tuple[PhysicalPlan | None, str |
         try:
             mode = os.fstat(fh.fileno()).st_mode
             if not stat.S_ISREG(mode):
-                return None, f"it is {_kind(mode)}, not a plan file"
+                return None, f"it is {file_kind(mode)}, not a plan file"
             raw = fh.read(MAX_FILE_BYTES + 1)
         except OSError as err:
             return None, f"cannot read it: {err.strerror or err}"
@@ -454,8 +444,8 @@ def cached_packed_plan(g: Geometry, plan: Callable[[Geometry], PhysicalPlan],
     try:
         st = os.fstat(lock_fd)
         if not stat.S_ISREG(st.st_mode):
-            say(f"{lock_path} is {_kind(st.st_mode)}, not a lock file: the cache is not used "
-                "for this layout; planning in this process (remove it to use the cache)")
+            say(f"{lock_path} is {file_kind(st.st_mode)}, not a lock file: the cache is not "
+                "used for this layout; planning in this process (remove it to use the cache)")
             return plan(g)
         # a hard link, or another user's file: locked, but its content is not ours to write
         ours = st.st_nlink == 1 and st.st_uid == os.geteuid()
