@@ -232,6 +232,13 @@ class RowObjects:
             self.alias_va.append(["" if b is None or o < 0 else str(b + o)
                                   for o in lay.alias_off])
 
+    @staticmethod
+    def _range_ok(ok: bool, va: str, size: str, want: str, n: str) -> bool:
+        """Each field the event names is the plan's (a failed call may name neither, or
+        its size alone: the size is checked then too, as ObjectChecker does)."""
+        return ((va == want if ok or va != "null" else True)
+                and (size == n if ok or size != "null" else True))
+
     def step(self, r: int, action: str, ok: bool, a: int | None, m: str | None, dv: str,
              va: str, size: str, hd: str) -> bool:
         """True when the event passes (and, if it succeeded, its effect is applied)."""
@@ -259,10 +266,10 @@ class RowObjects:
             want = (self.map_va if action == "Map" else self.alias_va)[r][a]
             if (ok or hd != "null") and hd != self.handles[r].get(a, "null"):
                 return False
-            return not (ok or va != "null") or (va == want and size == n)
+            return self._range_ok(ok, va, size, want, n)
         if action == "Grant" or action == "Unmap":
             want = (self.map_va if m == "plane" else self.alias_va)[r][a]
-            return not (ok or va != "null") or (va == want and size == n)
+            return self._range_ok(ok, va, size, want, n)
         if action == "Release":
             if (ok or hd != "null") and hd != self.handles[r].get(a, "null"):
                 return False

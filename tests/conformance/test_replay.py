@@ -9,16 +9,18 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kvgrant.commands import conform
 from kvgrant.conformance.model import Action, Constants, apply, enabled, initial_state
 from kvgrant.conformance.mutants import (make_header, reference_trace, trace_from_actions,
                                          trace_from_events)
 from kvgrant.conformance.replay import replay
-from kvgrant.conformance.trace_io import DRIVER_STEPS
+from kvgrant.errors import TraceError
+from kvgrant.conformance.trace_io import DRIVER_STEPS, parse_trace, parse_trace_lines
 
 from _conform_support import small_header
+from test_trace_io import writer_text
 
 
 def _raw(trace) -> list[dict]:
@@ -308,9 +310,6 @@ def test_fast_rows_give_the_same_verdict_as_events(header) -> None:
     """The replay of writer-format rows (trace_io fast path) and of parsed events agree on
     every verdict field, for valid traces, failures and every trace mutant."""
     from kvgrant.conformance.mutants import mutants
-    from kvgrant.conformance.trace_io import parse_trace, parse_trace_lines
-
-    from test_trace_io import writer_text
 
     base = reference_trace(header)
     traces = [base, reference_trace(header, shutdown=False)]
@@ -330,3 +329,40 @@ def test_fast_rows_give_the_same_verdict_as_events(header) -> None:
         assert _verdict_key(fast_v) == _verdict_key(slow_v), (tr.source, fast_v.summary())
         rejected += not fast_v.accepted
     assert rejected >= len(mutants(base)) + 2
+
+
+_EDITS = {"va": (None, 1 << 21, -(1 << 21)), "size": (None, 1 << 21, -(1 << 21)),
+          "handle": (None, 1, 99), "device": (None, 1, 7)}
+
+
+@settings(max_examples=400, deadline=None)
+@given(fail_at=st.one_of(st.none(), st.integers(0, 60)), pick=st.integers(0, 10 ** 6),
+       failed_one=st.booleans(),
+       edits=st.dictionaries(st.sampled_from(sorted(_EDITS)), st.integers(0, 2),
+                             min_size=1, max_size=3))
+def test_the_row_replay_and_the_event_replay_agree_on_any_object_edit(
+        fail_at: int | None, pick: int, failed_one: bool, edits: dict[str, int]) -> None:
+    """The row replay (writer-format lines) has its own object checker (RowObjects) for
+    speed; edited fields of one event, failed events included, must get the same
+    verdict from both (a failed Map naming no VA and a wrong size passed the rows alone,
+    CI of bff8f93)."""
+    t = reference_trace(small_header(), fail_at=fail_at)
+    evs = _raw(t)
+    rank_events = [i for i, e in enumerate(evs) if e["rank"] is not None]
+    failed = [i for i in rank_events if evs[i]["result"] != "CUDA_SUCCESS"]
+    pool = failed if failed_one and failed else rank_events  # (failed calls: rare, looser)
+    i = pool[pick % len(pool)]
+    for field, choice in edits.items():
+        old, edit = evs[i][field], _EDITS[field][choice]
+        evs[i][field] = None if edit is None else (
+            edit if field in ("handle", "device") else (old or 0) + edit)
+    try:
+        text = writer_text(trace_from_events(t.header, evs))
+    except TraceError:  # a field the action never carries: malformed, not a verdict
+        assume(False)
+    fast, slow = parse_trace(text), parse_trace_lines(text.split("\n")[:-1])
+    slow_v = replay(slow)
+    if fast.rows is None:  # the fast reader sent the text to the detailed one
+        return
+    fast_v = replay(fast)
+    assert _verdict_key(fast_v) == _verdict_key(slow_v), (i, edits, evs[i], fast_v.summary())
