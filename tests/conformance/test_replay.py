@@ -4,6 +4,7 @@ its own index with the state before it and the actions enabled there."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 from pathlib import Path
@@ -19,7 +20,7 @@ from kvgrant.conformance.replay import replay
 from kvgrant.errors import TraceError
 from kvgrant.conformance.trace_io import DRIVER_STEPS, parse_trace, parse_trace_lines
 
-from _conform_support import small_header
+from _conform_support import record_small_trace, small_header
 from test_trace_io import writer_text
 
 
@@ -335,18 +336,35 @@ _EDITS = {"va": (None, 1 << 21, -(1 << 21)), "size": (None, 1 << 21, -(1 << 21))
           "handle": (None, 1, 99), "device": (None, 1, 7)}
 
 
+@functools.lru_cache(maxsize=None)
+def _sim_trace(fail_at: int):
+    """A sim trace of examples/small.json failing at driver call ``fail_at`` (from 103
+    on, an undo step: the trace has UndoFail and leaked objects)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        return parse_trace_lines(record_small_trace(Path(d), "--fail-at", str(fail_at)))
+
+
+_SOURCES = st.one_of(st.none(), st.integers(0, 60),
+                     st.sampled_from([("sim", k) for k in (11, 40, 104, 120, 140, 160)]))
+
+
 @settings(max_examples=400, deadline=None)
-@given(fail_at=st.one_of(st.none(), st.integers(0, 60)), pick=st.integers(0, 10 ** 6),
+@given(fail_at=_SOURCES, pick=st.integers(0, 10 ** 6),
        failed_one=st.booleans(),
        edits=st.dictionaries(st.sampled_from(sorted(_EDITS)), st.integers(0, 2),
                              min_size=1, max_size=3))
 def test_the_row_replay_and_the_event_replay_agree_on_any_object_edit(
-        fail_at: int | None, pick: int, failed_one: bool, edits: dict[str, int]) -> None:
+        fail_at: int | tuple[str, int] | None, pick: int, failed_one: bool,
+        edits: dict[str, int]) -> None:
     """The row replay (writer-format lines) has its own object checker (RowObjects) for
     speed; edited fields of one event, failed events included, must get the same
     verdict from both (a failed Map naming no VA and a wrong size passed the rows alone,
-    CI of bff8f93)."""
-    t = reference_trace(small_header(), fail_at=fail_at)
+    CI of bff8f93). The traces: the model's reference ones, and the sim's, failed undo
+    steps included."""
+    t = _sim_trace(fail_at[1]) if isinstance(fail_at, tuple) else \
+        reference_trace(small_header(), fail_at=fail_at)
     evs = _raw(t)
     rank_events = [i for i, e in enumerate(evs) if e["rank"] is not None]
     failed = [i for i in rank_events if evs[i]["result"] != "CUDA_SUCCESS"]
