@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kvgrant.conformance.group_gen import simulate_group, write_group
 from kvgrant.conformance.group_io import load_group
@@ -408,3 +409,53 @@ def test_a_folder_with_a_one_process_trace_says_to_pass_the_file(tmp_path: Path)
     one.write_text((root / "fixtures" / "h200" / "small-packed-2rank.ndjson").read_text())
     with pytest.raises(TraceError, match="give a one-process trace as a file"):
         load_group([tmp_path])
+
+
+_GROUP_EDITS = {"va": (None, 1 << 21, -(1 << 21)), "size": (None, 1 << 21, -(1 << 21)),
+                "handle": (None, 1, 99), "device": (None, 1, 7)}
+_EDITED_GROUPS = {"C3": (C3, {}), "C3-published": (C3, {"shutdown": False}), "C4": (C4, {}),
+                  "C3-fails-early": (C3, {"fail_at": {1: 3}}),
+                  "C3-fails-late": (C3, {"fail_at": {1: 20}}),
+                  "C3-crash": (C3, {"fail_at": {1: 16}, "crash_after": {0: 30}})}
+
+
+@settings(max_examples=300, deadline=None)
+@given(group=st.sampled_from(sorted(_EDITED_GROUPS)), pick=st.integers(0, 10 ** 6),
+       edits=st.dictionaries(st.sampled_from(sorted(_GROUP_EDITS)), st.integers(0, 2),
+                             min_size=1, max_size=3))
+def test_the_fast_path_accepts_an_edited_group_only_where_the_replay_does(
+        group: str, pick: int, edits: dict[str, int]) -> None:
+    """Both hot paths judge an edit of one event's objects as the plain replay does:
+    group_fast.fast_accept (which compares text with the clean run it renders) accepts
+    only what the replay accepts, and FAST_STEPS gives the replay's verdict (the
+    one-process row replay once kept a hole its event replay had closed)."""
+    import tempfile
+
+    from kvgrant.conformance.group_fast import fast_accept_texts
+    from kvgrant.conformance.group_mutants import to_texts
+
+    c, kw = _EDITED_GROUPS[group]
+    heads, evs = parse_texts(simulate_group(c, **kw))
+    rank_events = [(r, k) for r in range(len(evs)) for k in range(len(evs[r]))]
+    r, k = rank_events[pick % len(rank_events)]
+    ev = evs[r][k]
+    for field, choice in edits.items():
+        edit = _GROUP_EDITS[field][choice]
+        ev[field] = None if edit is None else (
+            edit if field in ("handle", "device") else (ev[field] or 0) + edit)
+    texts = to_texts(heads, evs)
+    fast = fast_accept_texts((f"rank{p}.ndjson", t) for p, t in enumerate(texts))
+    with tempfile.TemporaryDirectory() as d:
+        write_group(texts, Path(d) / "g")
+        try:
+            t = load_group([Path(d) / "g"])
+        except TraceError:  # malformed: the reader refuses it, the fast path must too
+            assert fast is None
+            return
+    full, stepped = replay_group(t, fast=False), replay_group(t)
+    assert (stepped.accepted, stepped.rank, stepped.index, stepped.reason, stepped.order,
+            stepped.state_before, stepped.enabled) == \
+        (full.accepted, full.rank, full.index, full.reason, full.order, full.state_before,
+         full.enabled)
+    if fast is not None:
+        assert full.accepted and fast.order == full.order, full.summary()
