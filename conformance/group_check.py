@@ -25,9 +25,13 @@ def is_group_input(paths: Sequence[str]) -> bool:
         (len(paths) == 1 and is_group_trace(paths[0]))
 
 
-def check_group(paths: Sequence[str | Path], engine: str = "python") -> list[GroupVerdict]:
+def check_group(paths: Sequence[str | Path], engine: str = "python", *,
+                tlc_timeout: float = 300.0, tlc_max_events: int = 0) -> list[GroupVerdict]:
     """One verdict per engine (Python first). TLC checks the interleaving the Python
-    engine followed, so both judge the same event. Raises TraceError / ToolError."""
+    engine followed, so both judge the same event. Raises TraceError / ToolError (also
+    when the group has more events than ``tlc_max_events``, 0: no limit, and TLC is
+    asked for: ``kvgrant conform --tlc-max-events``; ``tlc_timeout``: ``--tlc-timeout``,
+    both ignored for groups before 2026-12-07)."""
     if engine not in ("python", "tlc", "both"):
         raise ValueError(f"engine = {engine!r}: must be 'python', 'tlc' or 'both'")
     from kvgrant.conformance.group_fast import fast_accept
@@ -43,7 +47,13 @@ def check_group(paths: Sequence[str | Path], engine: str = "python") -> list[Gro
     if engine in ("tlc", "both"):
         from kvgrant.conformance.tla_trace import check_group_tlc
 
-        out.append(check_group_tlc(t or load_group(paths), order=py.order))
+        t = t or load_group(paths)
+        if tlc_max_events and t.events > tlc_max_events:
+            raise ToolError(f"the group has {t.events:,} events, more than the "
+                            f"{tlc_max_events:,} TLC checks within its timeout: check it "
+                            "with --engine python, or raise --tlc-max-events and "
+                            "--tlc-timeout")
+        out.append(check_group_tlc(t, order=py.order, timeout=tlc_timeout))
     return out
 
 
@@ -62,10 +72,12 @@ def _print(v: GroupVerdict) -> None:
     print(f"  enabled for rank {v.rank} there: " + (", ".join(v.enabled) or "(none)"))
 
 
-def run_group(paths: Sequence[str], engine: str, as_json: bool) -> int:
+def run_group(paths: Sequence[str], engine: str, as_json: bool, *,
+              tlc_timeout: float = 300.0, tlc_max_events: int = 0) -> int:
     """The command: exit 0 accepted, 1 rejected, 2 malformed / TLC failed / disagreement."""
     try:
-        verdicts = check_group(paths, engine)
+        verdicts = check_group(paths, engine, tlc_timeout=tlc_timeout,
+                               tlc_max_events=tlc_max_events)
     except TraceError as err:
         _error(paths, engine, as_json, f"malformed trace: {err}", "malformed", err.line,
                error_class=TraceError)

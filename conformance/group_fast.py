@@ -375,8 +375,9 @@ def _check_file(source: str, text: str, shapes: "_Shapes") -> "_Checked | None":
     if "null" in made or len(set(made)) != len(made) or \
             itemgetter(*shape.href)(hds) != hds[:-1]:
         return None
-    return p, pkey, c, _Plan(n, shape.vote, shape.decide, imports, sends,
-                             "Shutdown" if shutdown else "Published")
+    # (the files of one group share its plan and its run id)
+    return p, (pkey, h.extra.get("run")), c, _Plan(
+        n, shape.vote, shape.decide, imports, sends, "Shutdown" if shutdown else "Published")
 
 
 def fast_accept_texts(named: Iterable[tuple[str, str]]) -> GroupVerdict | None:

@@ -80,9 +80,10 @@ def _base(p: int) -> int:
 
 
 def group_header(c: GroupConstants, rank: int, devices: Mapping[int, int] | None = None,
-                 base: int | None = None, **extra: Any) -> dict[str, Any]:
+                 base: int | None = None, *, reserved: bool = True,
+                 **extra: Any) -> dict[str, Any]:
     """The header line of ``rank``'s file (``base``: its reservation's, default the
-    generator's)."""
+    generator's; null when not ``reserved``: its Reserve failed)."""
     devs = dict(devices) if devices is not None else {r: r for r in range(c.ranks)}
     plan = sim_plan(c)
     slot = plan.pop("slot")
@@ -92,8 +93,9 @@ def group_header(c: GroupConstants, rank: int, devices: Mapping[int, int] | None
                            "devices": {str(r): d for r, d in sorted(devs.items())},
                            "host": "sim", "pid": 1000 + rank}
     obj.update(plan)
-    obj["reservations"] = {str(r): [(_base(r) if base is None else base) if r == rank
-                                    else None, slot * (1 + len(c.sources[r]))]
+    obj["reservations"] = {str(r): [(_base(r) if base is None else base)
+                                    if r == rank and reserved else None,
+                                    slot * (1 + len(c.sources[r]))]
                            for r in range(c.ranks)}
     obj.update(extra)
     return obj
@@ -125,8 +127,8 @@ class _Objects:
 
     def of(self, action: str, e: Args, ok: bool) -> tuple[Any, Any, Any]:
         """(va, size, handle) of the event; applies its effect when ``ok``."""
-        if action in ("Reserve", "Free"):
-            return self.base, self.res, None
+        if action in ("Reserve", "Free"):   # (a failed Reserve got no VA, as the runtime's)
+            return (self.base if ok or action == "Free" else None), self.res, None
         if e.alloc is None or action == "Send":
             return None, None, None
         n = self.length[e.alloc]
@@ -290,7 +292,8 @@ def simulate_group(c: GroupConstants, *, fail_at: Mapping[int, int] | None = Non
     procs = [_Proc(c, p, (fail_at or {}).get(p), (crash_after or {}).get(p), shutdown)
              for p in range(c.ranks)]
     objects = [_Objects(c, p) for p in range(c.ranks)]
-    lines: list[list[str]] = [[json.dumps(group_header(c, p, devs))] for p in range(c.ranks)]
+    lines: list[list[str]] = [[json.dumps(group_header(
+        c, p, devs, reserved=(fail_at or {}).get(p) != 0))] for p in range(c.ranks)]
     moved = True
     while moved:
         moved = False

@@ -22,6 +22,9 @@ handle) for :mod:`kvgrant.conformance.group_objects`.
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -29,13 +32,13 @@ from typing import Any, Iterable, Mapping
 
 from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
 from kvgrant.conformance.trace_io import (PHASES, _parse_lifecycle_header, null_field_rule,
-                                          null_fields, unreadable_json)
+                                          null_fields, unknown_event_key, unreadable_json)
 from kvgrant.conformance.trace_plan import Layout, rank_key_error
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import json_error_text, show_value, unique_keys_loads
-from kvgrant.traceformat import (GROUP_FAST_ARGS, GROUP_FAST_EVENT, GROUP_SHAPES,
-                                 GROUP_STATE_KEYS, GROUP_VERSION)
+from kvgrant.traceformat import (EVENT_FIELDS, GROUP_FAST_ARGS, GROUP_FAST_EVENT,
+                                 GROUP_SHAPES, GROUP_STATE_KEYS, GROUP_VERSION)
 
 __all__ = [
     "GroupHeader",
@@ -53,6 +56,10 @@ __all__ = [
 MAX_HEADER_BYTES = 64 << 20
 #: Keys of an event's ``state`` in the writer's order, with their types.
 STATE_KEYS: tuple[tuple[str, type], ...] = GROUP_STATE_KEYS
+_STATE_KEY_NAMES = tuple(k for k, _ in STATE_KEYS)
+#: A group run's id (header ``run``): rank 0's random token, shared at the hello.
+_RUN_ID = re.compile(r"[0-9a-f]{16}")
+_EVENT_KEYS = frozenset(EVENT_FIELDS)
 _SUCCESS = frozenset({"CUDA_SUCCESS", "SUCCESS"})
 #: Arguments each action needs (kvgrant.traceformat.GROUP_SHAPES; a Vote's ``error`` is
 #: optional).
@@ -89,6 +96,11 @@ Objs = tuple["int | None", "int | None", "int | None", "int | None"]
 #: The same, as positions in :class:`Args` (for the fast reader).
 _NEED_IDX: Mapping[str, tuple[int, ...]] = {
     k: tuple(Args._fields.index(f) for f in v) for k, v in _ARGS.items()}
+#: Per action, the fast reader's args positions (owner, alloc, mapping, devices, to) it
+#: does not take: one set there sends the line to the checked path, which refuses it.
+_NOT_TAKEN_IDX: Mapping[str, tuple[int, ...]] = {
+    k: tuple(i for i, f in enumerate(("owner", "alloc", "mapping", "devices", "to"))
+             if f not in s.args) for k, s in GROUP_SHAPES.items()}
 
 
 @dataclass(frozen=True)
@@ -163,8 +175,13 @@ def _fail(source: str, line: int, msg: str) -> TraceError:
 
 
 def is_group_trace(path: str | Path) -> bool:
-    """True when the file's first line is a header with ``mode: "group"``."""
+    """True when the file's first line is a header with ``mode: "group"``. A pipe (or
+    any file that is not a regular one) is not peeked at: it can be read only once, and
+    the trace reader needs its first line (``conform <(cat t.ndjson)`` was refused as
+    "not valid JSON" after this read had taken the header)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, encoding="utf-8") as f:
             first = f.readline(1 << 16)  # bounded: /dev/zero has no newline
         obj = unique_keys_loads(first)
@@ -177,8 +194,8 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
     if not isinstance(obj, dict):
         raise _fail(source, 1, "line 1 must be the header object")
     if obj.get("mode") != "group":
-        one = (" (this is a one-process trace: a folder is read as the traces of one "
-               "process group, so give a one-process trace as a file)"
+        one = (" (this is a one-process trace: a folder, or several files, are read as "
+               "the traces of one process group, so give one one-process trace at a time)"
                if obj.get("kind") == "header" and "mode" not in obj else "")
         raise _fail(source, 1, f"header.mode = {obj.get('mode')!r}: a group trace has "
                                f"mode 'group'{one}")
@@ -189,7 +206,7 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
         raise _fail(source, 1, f"header.version = {version!r}: a group trace must be version "
                                f"{GROUP_VERSION}{old}")
     body = {k: v for k, v in obj.items() if k != "devices"}
-    h = _parse_lifecycle_header(body, 1, source)  # the plan; constants derived from it
+    h = _parse_lifecycle_header(body, 1, source, group=True)  # the plan; constants from it
     rank, procs = obj.get("rank"), obj.get("procs")
     if type(rank) is not int or not 0 <= rank < h.ranks:
         raise _fail(source, 1, f"header.rank = {rank!r}: must be a rank in 0..{h.ranks - 1}")
@@ -226,6 +243,10 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
             raise _fail(source, 1, f"header.reservations[{r}].base = {base:#x}: must be "
                                    f"null (a file names only its own process's base, rank "
                                    f"{rank})")
+    run = obj.get("run")
+    if run is not None and (type(run) is not str or not _RUN_ID.fullmatch(run)):
+        raise _fail(source, 1, f"header.run = {show_value(run)}: must be the run id, 16 "
+                               "lowercase hex digits")
     extra = {k: v for k, v in h.extra.items() if k not in ("mode", "rank", "procs")}
     return GroupHeader(c, rank, devices, extra, lay)
 
@@ -268,6 +289,15 @@ class _ArgsReader:
     def check(self, action: str, obj: Any, line: int) -> Args:
         if type(obj) is not dict:
             raise _fail(self.source, line, f"args = {obj!r}: must be an object")
+        takes = GROUP_SHAPES[action].args
+        extra = sorted((k for k in obj if k not in takes), key=str)
+        if extra:  # (was: ignored; the one-process reader refuses them too)
+            raise _fail(self.source, line, f"args.{extra[0]} = {show_value(obj[extra[0]])}: "
+                                           f"{action} takes no {extra[0]} (its args: "
+                                           f"{', '.join(takes) or 'none'})")
+        if action == "Vote" and obj.get("ready") is True and obj.get("error") is not None:
+            raise _fail(self.source, line, f"args.error = {show_value(obj['error'])}: a ready "
+                                           "vote carries no error (docs/group-trace.md)")
         for k in _ARGS[action]:
             if k not in obj:
                 raise _fail(self.source, line, f"args.{k} is missing: {action} needs "
@@ -337,6 +367,12 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
         if bad:
             raise TraceError(f"{source}:1: header.{bad} differs from {group.source} (the "
                              "files of one group share its constants)", line=1)
+        run, first_run = h.extra.get("run"), group.header.extra.get("run")
+        if run != first_run:   # (was: files of two runs of one geometry read as one group)
+            raise TraceError(f"{source}:1: header.run = {show_value(run)} but {group.source} "
+                             f"has run {show_value(first_run)}: the files come from "
+                             "different runs (every process of one run writes rank 0's "
+                             "run id)", line=1)
     reader = _ArgsReader(h, source)
     if shared is not None:
         reader.shared = shared
@@ -349,6 +385,15 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
             if len(m) == n:
                 got = _fast_rows(m, h, reader, source)
     rows, objs = got if got is not None else _slow_rows(body, h, reader, source)
+    base = h.layout.reservations[h.rank][0] if h.layout is not None else None
+    if base is not None and rows and not any(
+            row[0] == "Reserve" and row[2] in _SUCCESS for row in rows):
+        # (a file cut before its first event is a crash: its base may stand alone)
+        failed = next((k + 2 for k, row in enumerate(rows) if row[0] == "Reserve"), None)
+        how = (f"its Reserve failed at line {failed}" if failed is not None else
+               "the file has no successful Reserve")
+        raise _fail(source, 1, f"header.reservations[{h.rank}].base = {base:#x}: must be "
+                               f"null: rank {h.rank} never reserved ({how})")
     return ProcTrace(source, h, rows, text, objs)
 
 
@@ -365,7 +410,7 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
     cache = reader.cache
     fast_args = _ARGS_FAST.fullmatch
     n, allocs, dev_rank = reader.n, reader.allocs, reader.dev_rank
-    need = _NEED_IDX
+    need, not_taken = _NEED_IDX, _NOT_TAKEN_IDX
     # whole-file checks in C; any failure: the detailed reader names the line
     if list(map(_SEQ, m)) != list(map(str, range(len(m)))) or \
             set(map(_RANK, m)) != {rank} or not set(map(_ACTION, m)) <= _GROUP_ACTIONS:
@@ -409,8 +454,9 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
                 a = Args(None if o is None else int(o), None if al is None else int(al), mp,
                          devs, None if to is None else int(to))
                 if (a[1] is not None and a[1] >= allocs) or (a[0] is not None and a[0] >= n) \
-                        or (a[4] is not None and a[4] >= n) or (dv is not None and devs is None):
-                    a = None
+                        or (a[4] is not None and a[4] >= n) or (dv is not None and devs is None) \
+                        or any(a[i] is not None for i in not_taken[action]):
+                    a = None   # (a key the action does not take: from_text names it)
                 else:
                     for i in need[action]:
                         if a[i] is None:
@@ -448,6 +494,8 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
         if type(obj) is not dict or obj.get("kind") != "event":
             raise _fail(source, ln, "every line after the header must be an event object "
                                     "(kind = 'event')")
+        if not obj.keys() <= _EVENT_KEYS:
+            raise _fail(source, ln, unknown_event_key(obj))
         if obj.get("seq") != k or type(obj.get("seq")) is not int:
             kind = "" if type(obj.get("seq")) is int else "the integer "
             raise _fail(source, ln, f"seq = {show_value(obj.get('seq'))}: expected {kind}{k} "
@@ -485,6 +533,10 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
         if state["phase"] not in PHASES:
             raise _fail(source, ln, f"state.phase = {state['phase']!r}: must be one of "
                                     f"{', '.join(PHASES)}")
+        if len(state) != len(STATE_KEYS):
+            key = min((k for k in state if k not in _STATE_KEY_NAMES), key=str)
+            raise _fail(source, ln, f"state.{key} = {show_value(state[key])}: unknown key (a "
+                                    f"group event's state is {', '.join(_STATE_KEY_NAMES)})")
         ob = []
         for key in ("device", "va", "size", "handle"):
             if key not in obj:

@@ -16,6 +16,7 @@ wait for a GPU.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -225,14 +226,28 @@ def reference_trace(header: Header, *, fail_at: int | None = None,
     return trace_from_actions(header, acts, source)
 
 
+def _bases_of(header: Header, reserved: set[int | None]) -> Header:
+    """``header`` with the bases of ranks that never reserved made null, as the runtime
+    writes them (a base names a reservation the trace made)."""
+    lay = header.layout
+    if lay is None or all(r in reserved for r in lay.reservations):
+        return header
+    res = {r: (b if r in reserved else None, n) for r, (b, n) in lay.reservations.items()}
+    return dataclasses.replace(header, layout=dataclasses.replace(lay, reservations=res))
+
+
 def trace_from_actions(header: Header, actions: Iterable[tuple[Action, str | None]],
                        source: str = "<actions>") -> Trace:
     """Run model actions from Init and record each as a trace event (runtime format).
 
     ``actions`` pairs each action with its driver result (None for model-only steps);
     a ``Fail`` action needs ``step`` and the failed call's arguments. The recorded
-    states come from the model, so the actions must be enabled in turn.
+    states come from the model, so the actions must be enabled in turn. A rank with no
+    successful Reserve among them gets a null base, as the runtime writes its header.
     """
+    actions = list(actions)
+    header = _bases_of(header, {a.rank for a, result in actions  # type: ignore[misc]
+                                if a.name == "Reserve" and result == "CUDA_SUCCESS"})
     c = Constants.from_header(header)
     s = initial_state(c)
     rank_dev = dict(header.devices)

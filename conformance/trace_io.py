@@ -23,9 +23,9 @@ from kvgrant.conformance.trace_plan import (Layout, derive_importers, parse_layo
 from kvgrant.errors import ArgumentError, TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import DuplicateKeyError, json_error_text, show_value, unique_keys_loads
-from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, FAST_EVENT, GROUP_ACTIONS,
-                                 LIFECYCLE_VERSION, PHASES, RANK_ACTIONS, RANK_COUNTERS, ROW,
-                                 ROW_FIELDS, SETUP_CALLS, TRACE_BACKENDS)
+from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, EVENT_FIELDS, FAST_EVENT,
+                                 GROUP_ACTIONS, LIFECYCLE_VERSION, PHASES, RANK_ACTIONS,
+                                 RANK_COUNTERS, ROW, ROW_FIELDS, SETUP_CALLS, TRACE_BACKENDS)
 
 __all__ = [
     "DRIVER_STEPS",
@@ -44,6 +44,8 @@ __all__ = [
     "load_trace",
     "parse_trace",
     "parse_trace_lines",
+    "unknown_event_key",
+    "unreserved_base",
 ]
 
 # The format's tables live in kvgrant.traceformat (one owner); re-exported here.
@@ -289,7 +291,36 @@ def parse_trace_lines(lines: Iterable[str], source: str = "<trace>", *,
             events.append(_parse_event(obj, lineno, len(events), header, source))
     if header is None:
         raise TraceError(f"{source}: empty trace: line 1 must be the header", line=1)
+    reserved = {e.rank for e in events if e.action == "Reserve" and e.ok}
+    why = unreserved_base(header, reserved, {e.rank: e.line for e in reversed(events)
+                                             if e.action == "Reserve" and not e.ok},
+                          any(e.action in _ENDS for e in events))
+    if why:
+        raise _fail(source, 1, why)
     return Trace(header=header, events=tuple(events), source=source)
+
+
+#: Events after which every rank that will ever reserve has (the trace is not cut short
+#: among the Reserve events the runtime writes right after the header).
+_ENDS = frozenset({"Publish", "AbortComplete", "ShutdownComplete"})
+
+
+def unreserved_base(h: Header, reserved: set[int | None],
+                    failed_at: Mapping[int | None, int], ended: bool) -> str:
+    """Why the header gives a base to a rank whose Reserve never succeeded ('' when it
+    gives none). docs/INTERFACES.md: the base is null when the rank never reserved (its
+    reserve failed or an earlier one did); a failed Reserve naming no VA was never
+    compared with it, and a rank with no Reserve at all had nothing to compare. A rank
+    with no Reserve counts only in a trace that ``ended`` (a cut one is judged as such)."""
+    if h.layout is None:
+        return ""
+    for r, (base, _) in sorted(h.layout.reservations.items()):
+        if base is not None and r not in reserved and (ended or r in failed_at):
+            how = (f"its Reserve failed at line {failed_at[r]}" if r in failed_at
+                   else "the trace has no successful Reserve of it")
+            return (f"header.reservations[{r}].base = {base:#x}: must be null: rank {r} "
+                    f"never reserved ({how})")
+    return ""
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -440,9 +471,15 @@ def _check_run_fields(obj: Mapping[str, Any], lineno: int, source: str) -> None:
                                     + " (the driver backend that ran)")
 
 
-def _parse_lifecycle_header(obj: dict[str, Any], lineno: int, source: str) -> Header:
+def _parse_lifecycle_header(obj: dict[str, Any], lineno: int, source: str, *,
+                            group: bool = False) -> Header:
     """A one-process trace's header: version 2 (the plan, reservations and topology;
-    the model's constants are derived from them)."""
+    the model's constants are derived from them). ``group``: the plan part of a group
+    file's header (conformance.group_io), which has ``mode: "group"``."""
+    if not group and obj.get("mode") == "group":  # (was: refused at line 2, state.exported)
+        raise _fail(source, lineno, "header.mode = 'group': this is one process's file of a "
+                                    "group trace: give the group's folder (or all its "
+                                    "files, as paths: a pipe is read as a one-process trace)")
     if obj.get("kind") != "header":
         raise _fail(source, lineno, f"kind = {obj.get('kind')!r}: line 1 must be the header "
                                     "(kind = 'header')")
@@ -665,12 +702,23 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
     for key in _NULL_FIELDS[action]:
         if get(key) is not None:
             raise _fail(source, lineno, null_field_rule(key, get(key), action))
+    if not obj.keys() <= _EVENT_KEYS:  # (was: ignored, read by nothing)
+        raise _fail(source, lineno, unknown_event_key(obj))
     return Event(index, lineno, seq, rank, action, args, call, result, state, obj,
                  alloc, mapping, *objs)
 
 
 #: The fields naming an event's objects (CUDA ordinal, VA, bytes, handle id).
 _OBJECT_FIELDS = ("device", "va", "size", "handle")
+#: Every key an event line has (kvgrant.traceformat; group events have the same).
+_EVENT_KEYS = frozenset(EVENT_FIELDS)
+
+
+def unknown_event_key(obj: Mapping[str, Any]) -> str:
+    """The message for an event object with a key the format does not have."""
+    key = min((k for k in obj if k not in _EVENT_KEYS), key=str)
+    return (f"{key} = {show_value(obj[key])}: unknown key (an event has "
+            f"{', '.join(EVENT_FIELDS)})")
 
 
 def null_fields(shapes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -777,6 +825,14 @@ def _parse_fast(text: str, source: str) -> Trace | None:
         action_at = ROW["action"]
         if any(row[i] != "null" for row in rows for i in _NULL_IDX[row[action_at]]):
             return None   # the detailed reader names the field
+        rank_at, result_at = ROW["rank"], ROW["result"]
+        ok = '"' + SUCCESS + '"'
+        reserves = [(int(row[rank_at]), row[result_at] == ok) for row in rows
+                    if row[action_at] == "Reserve"]
+        if unreserved_base(header, {r for r, good in reserves if good},
+                           {r: 0 for r, good in reserves if not good},
+                           any(row[action_at] in _ENDS for row in rows)):
+            return None   # the detailed reader names the line of the failed Reserve
         return Trace(header=header, events=_LazyEvents(text, nl + 1, n, header, source),
                      source=source, rows=tuple(rows))
 

@@ -123,6 +123,16 @@ def _first_overlap(spans: list[tuple[int, int, int]]
     return None
 
 
+def _first_gap(spans: list[tuple[int, int, int]], size: int) -> tuple[int, int] | None:
+    """The first byte range of [0, size) that no span covers (spans do not overlap)."""
+    at = 0
+    for lo, hi, _ in sorted(spans):
+        if lo > at:
+            return at, lo
+        at = max(at, hi)
+    return (at, size) if at < size else None
+
+
 def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
                  source: str) -> Layout:
     """Read and check the plan fields of a version-2 header (TraceError names the
@@ -228,6 +238,15 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
             (lo1, hi1, a1), (lo2, a2) = hit
             raise fail(f"header.allocations[{a2}]: {where} bytes from {lo2:#x} overlap "
                        f"allocation {a1}'s [{lo1:#x}, {hi1:#x})")
+    for kind, table, point in (("plane", planes, "1: every plane's bytes are covered "
+                                "exactly once"), ("region", regions, "2: every region byte "
+                                "is backed exactly once")):
+        for i, (n, item) in enumerate(table.items()):
+            gap = _first_gap(used.get(f"{kind} {n}", []), item[1])
+            if gap is not None:
+                raise fail(f"header.{kind}s[{i}] {n!r}: bytes [{gap[0]:#x}, {gap[1]:#x}) of "
+                           f"its {item[1]:#x} are in no allocation (layout contract point "
+                           f"{point})")
 
     res_raw = obj.get("reservations")
     if not isinstance(res_raw, dict):

@@ -36,6 +36,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -471,10 +472,11 @@ class _GroupRun:
         if self.trace.enabled:
             self.trace.flush()
 
-    def header(self, procs: int, host: str) -> None:
+    def header(self, procs: int, host: str, run_id: str) -> None:
         """The header (version 2, docs/group-trace.md), written with the first event:
         it names this process's reservation base, known once Reserve has returned
-        (null when it never did)."""
+        (null when it never did), and the run id every process of the run shares (rank
+        0's hello token), so files of two runs are not read as one group."""
         if not self.trace.enabled:
             return
         g = self.g
@@ -482,7 +484,7 @@ class _GroupRun:
             ranks=g.topology.ranks, allocs=len(self.allocs), geometry=g.name,
             plan=self.plan.label, backend=self.backend,
             devices={str(r): d for r, d in enumerate(self.devices)}, mode="group",
-            rank=self.rank, procs=procs, host=host, pid=os.getpid())
+            rank=self.rank, procs=procs, host=host, pid=os.getpid(), run=run_id)
 
     def write_header(self) -> None:
         """Write the header now if it is still pending (the first event, or a close
@@ -888,7 +890,7 @@ def _hello(rank: int, host: str, *, addr: Any = None, device: int | None = None,
     """This process's hello record (what :func:`_join` reads of every rank)."""
     return {"rank": rank, "pid": os.getpid(), "uid": os.getuid(), "host": host,
             "pidns": _pidns(), "addr": addr, "device": device, "demand": demand,
-            "digests": digests, "error": error}
+            "digests": digests, "error": error, "run": secrets.token_hex(8)}
 
 
 def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = None, *,
@@ -1184,7 +1186,7 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
             # driver call, it traces the failed Reserve and votes
             assert driver is not None or fail is not None
             run = _GroupRun(g, the_plan, driver, rank, devices, tw, interrupt, backend=name)
-            run.header(n, host)
+            run.header(n, host, str(recs[0]["run"]))
             if fail is not None:
                 # stopped before its first step (its own set-up failed, or another
                 # rank's did): the model's failed Reserve, nothing was made

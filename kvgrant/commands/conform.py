@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
                     f"every header keeps the layout contract of {args.geometry}")
                 if rc is not None:
                     return rc
-            return run_group(args.trace, args.engine, args.json)
+            return run_group(args.trace, args.engine, args.json,
+                             tlc_timeout=args.tlc_timeout, tlc_max_events=args.tlc_max_events)
         args.trace = args.trace[0]
         return _run(args)
 

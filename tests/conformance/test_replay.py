@@ -123,10 +123,11 @@ def test_model_only_step_with_a_result_is_rejected(header) -> None:
 
 def test_failed_call_must_be_able_to_run(header) -> None:
     # Fail(r0, "Create") is enabled, but the trace claims Create(r0, a2) failed first
-    raw = _raw(reference_trace(header, fail_at=1))
+    t = reference_trace(header, fail_at=1)
+    raw = _raw(t)
     assert raw[1]["action"] == "Create" and raw[1]["result"] != "CUDA_SUCCESS"
     raw[1]["args"]["alloc"] = 2
-    v = replay(trace_from_events(header, raw))
+    v = replay(trace_from_events(t.header, raw))  # (ranks 1, 2 never reserved: no base)
     assert v.index == 1 and "could not run here" in v.reason
 
 
@@ -134,10 +135,11 @@ def test_abort_without_failure_and_publish_after_failure_rejected(header) -> Non
     c = Constants.from_header(header)
     s = initial_state(c)
     assert Action("Abort") not in enabled(c, s)
-    raw = _raw(reference_trace(header, fail_at=3))
+    t = reference_trace(header, fail_at=3)
+    raw = _raw(t)
     i = next(k for k, e in enumerate(raw) if e["action"] == "Abort")
     raw[i] = {**raw[i], "action": "Publish", "args": {}, "state": {"phase": "Published"}}
-    assert replay(trace_from_events(header, raw)).index == i
+    assert replay(trace_from_events(t.header, raw)).index == i
 
 
 def _random_walk(c: Constants, rng: random.Random, stop_published: bool) -> list:

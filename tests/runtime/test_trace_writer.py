@@ -387,7 +387,10 @@ def test_every_action_written_is_read_back_field_for_field() -> None:
     from kvgrant.conformance.trace_io import header_to_json, parse_trace, parse_trace_lines
     from kvgrant.traceformat import (ROW, event_template, format_event, state_template)
 
-    header = json.dumps(header_to_json(make_header(2, 3, aliased=[2])))
+    head = header_to_json(make_header(2, 3, aliased=[2]))
+    for res in head["reservations"].values():
+        res[0] = None  # (one of each action, no Reserve kept: a base needs its Reserve)
+    header = json.dumps(head)
     cases = list(_one_of_each())
     generic = io.StringIO()
     tw = TraceWriter(generic)
