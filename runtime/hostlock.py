@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import stat
 import time
 from dataclasses import dataclass
 
-__all__ = ["INIT_PIDNS", "ProcessId", "ShortWrite", "Verdict", "current_process", "file_kind",
-           "judge", "lock_holder_pid", "locked", "process_state", "write_fully"]
+__all__ = ["INIT_PIDNS", "PID_MAX_LIMIT", "ProcessId", "ShortWrite", "Verdict", "clock_text",
+           "current_process", "file_kind", "judge", "lock_holder_pid", "locked",
+           "process_state", "write_fully"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #: The host's (initial) pid namespace: its inode is fixed by the kernel
@@ -185,6 +187,23 @@ def _start_comparable(hpid: int) -> bool:
     return theirs is None or mine is None or theirs == mine
 
 
+#: The largest pid Linux can hand out (PID_MAX_LIMIT, the ceiling of kernel.pid_max).
+PID_MAX_LIMIT = 1 << 22
+
+
+def clock_text(since: object, fmt: str, *, utc: bool = False) -> str | None:
+    """``since`` (seconds since the epoch, as a record says) in ``fmt``; None when it is
+    no time a clock can show (NaN, infinite, out of range, not a number). Why: a record
+    in a shared file may be damaged, and showing it must not crash the command that
+    shows or repairs it."""
+    if type(since) not in (int, float) or not math.isfinite(since):  # type: ignore[arg-type]
+        return None
+    try:
+        return time.strftime(fmt, (time.gmtime if utc else time.localtime)(since))  # type: ignore[arg-type]
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 class judge:
     """``judge()(pid, start, pidns, boot_id) -> Verdict``: is that process alive?
 
@@ -217,8 +236,9 @@ class judge:
         me = self._me
         if boot_id and me.boot_id and boot_id != me.boot_id:
             return Verdict("dead", "recorded in an earlier boot")
-        if pid <= 0:
-            return Verdict("dead", f"pid {pid} is not a process")
+        if not 0 < pid <= PID_MAX_LIMIT:  # (a larger one made os.kill raise OverflowError)
+            return Verdict("dead", f"pid {pid} is not a process (Linux pids are "
+                                   f"1..{PID_MAX_LIMIT})")
         if not pidns or not me.pidns or pidns == me.pidns:
             if _readlink("/proc/self") == str(os.getpid()) or not os.path.isdir("/proc"):
                 return self._own(pid, start)

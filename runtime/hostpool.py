@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 import tempfile
 from pathlib import Path
 
 from kvgrant.errors import LedgerError, LedgerLockTimeout
-from kvgrant.runtime.hostlock import (ShortWrite, current_process, judge, locked,
+from kvgrant.runtime.hostlock import (ShortWrite, current_process, file_kind, judge, locked,
                                       write_fully)
 
 __all__ = ["HostPool", "POOL_ENV"]
@@ -87,6 +88,13 @@ class HostPool:
             except OSError as e:
                 raise LedgerError(f"sim host pool {self.path}: cannot open it: {e}",
                                   path=str(self.path)) from None
+        mode = os.fstat(self._fd).st_mode
+        if not stat.S_ISREG(mode):  # (a FIFO made pread raise ESPIPE, a traceback)
+            os.close(self._fd)
+            self._fd = -1
+            raise LedgerError(f"sim host pool {self.path} is not a regular file "
+                              f"({file_kind(mode)}): give the path of a pool file (made "
+                              "when missing)", path=str(self.path))
         head = os.pread(self._fd, _HEADER.size, 0)
         if len(head) < _HEADER.size:
             raise LedgerError(f"sim host pool {self.path}: truncated header "

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import socket
 import stat
@@ -161,6 +162,8 @@ def _holder(obj: object, i: int) -> Holder:
                              f"{getattr(typ, '__name__', typ)}")
     if obj["handles"] < 0 or not all(isinstance(d, int) for d in obj["devices"]):
         raise ValueError(f"holders[{i}]: handles < 0 or devices not integers")
+    if not math.isfinite(obj["since"]):  # (json reads NaN; budget --json wrote it back)
+        raise ValueError(f"holders[{i}].since = {obj['since']!r}: not a finite time")
     return Holder(**{k: obj[k] for k in _FIELDS if k != "devices"},
                   devices=tuple(obj["devices"]))
 

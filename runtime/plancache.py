@@ -54,7 +54,7 @@ from kvgrant.errors import ArgumentError, PlanCacheTimeout, PlanError
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planfile import geometry_hash, plan_document, plan_from_document
-from kvgrant.runtime.hostlock import current_process, file_kind, locked
+from kvgrant.runtime.hostlock import clock_text, current_process, file_kind, locked
 from kvgrant.strict_json import strict_json_loads
 
 __all__ = ["NOTICE_S", "PLAN_CACHE_ENV", "PLAN_CACHE_WAIT_S", "PlanCacheTimeout", "cache_dir",
@@ -333,10 +333,10 @@ def _who(holder_pid: int | None, holder: dict[str, Any] | None) -> str:
     if "geometry" in holder:
         text += f", planning {holder['geometry']!r}"
     since = holder.get("since")
-    if since is not None:
-        ago = max(0.0, time.time() - since)
-        text += (f" since {time.strftime('%H:%M:%S UTC', time.gmtime(since))} "
-                 f"({_secs(ago)} ago)")
+    shown = clock_text(since, "%H:%M:%S UTC", utc=True)
+    if shown is not None:  # (a damaged record's time is left out, not a traceback)
+        ago = max(0.0, time.time() - since)  # type: ignore[operator]
+        text += f" since {shown} ({_secs(ago)} ago)"
     return text
 
 

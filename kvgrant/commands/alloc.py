@@ -173,6 +173,11 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
                                 f"{args.procs}, one distinct CUDA ordinal per rank "
                                 f"({args.procs} of them, not {len(devices)})",
                                 argument="devices", value=devices)
+        if args.fail_rank is not None and args.fail_at is None:
+            # was: ignored, the group ran without a fault (exit 0)
+            raise ArgumentError(f"--fail-rank = {args.fail_rank}: only with --fail-at K (it "
+                                "says which rank's K-th driver call fails)",
+                                argument="fail-rank", value=args.fail_rank)
         if fail_rank >= args.procs:
             # was: the fault went to no process, and the group published (exit 0)
             raise ArgumentError(f"--fail-rank = {fail_rank}: must be a rank of the group, "

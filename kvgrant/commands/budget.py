@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 from kvgrant.commands._args import check_ledger_path, count, path_arg, positive_int
@@ -50,6 +49,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvgrant.runtime.hostlock import clock_text
     from kvgrant.runtime.ledger import HostLedger, binding_limits
 
     check_ledger_path(args.ledger)  # a missing folder is bad input (exit 2), not a failure
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if holders:
         print(f"  {'pid':>8} {'geometry':<24} {'plan':<10} {'devices':<12} {'handles':>10}  since")
         for h in holders:
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.since))
+            since = clock_text(h.since, "%Y-%m-%d %H:%M:%S") or "?"
             flag = "" if h.checked else "  (pre-flight off)"
             note = ledger.notes.get(h.id)
             mark = f"  [{note}]" if note else ""

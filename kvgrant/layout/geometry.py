@@ -283,6 +283,7 @@ class Geometry(_Strict):
         """``len(granted_devices(rank, region, declared=declared))`` without building
         the tuple: pre-flight and the bounds ask it for every rank, and building
         ranks x group-size tuples made a 4,096-rank import group take a minute."""
+        self.check_rank(rank)  # (was: rank 99 of 2 counted 1, a list raised TypeError)
         if region is not None and self.named_region(region).access == "owner":
             return 1
         if declared and rank in self._declared_count:
@@ -318,7 +319,9 @@ class Geometry(_Strict):
         return self
 
 
-_DECIMAL = re.compile(r"[0-9]{1,6}")
+#: An owner key: ASCII decimal, leading zeros allowed ("0000001" was refused as "not a
+#: rank" while "000000" was read as rank 0); zeros capped so int() stays cheap.
+_DECIMAL = re.compile(r"0{0,64}[0-9]{1,6}")
 def _unknown_name(kind: str, name: object, known: Mapping[str, object]) -> GeometryError:
     names = list(known)
     shown = ", ".join(map(repr, names[:8])) + (f", ... {len(names) - 8} more"
