@@ -195,7 +195,8 @@ def _parse_group_header(obj: Any, source: str) -> GroupHeader:
         raise _fail(source, 1, "line 1 must be the header object")
     if obj.get("mode") != "group":
         one = (" (this is a one-process trace: a folder, or several files, are read as "
-               "the traces of one process group, so give one one-process trace at a time)"
+               "the traces of one process group, so give a one-process trace as a file, "
+               "one at a time)"
                if obj.get("kind") == "header" and "mode" not in obj else "")
         raise _fail(source, 1, f"header.mode = {obj.get('mode')!r}: a group trace has "
                                f"mode 'group'{one}")

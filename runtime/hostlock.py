@@ -236,15 +236,17 @@ class judge:
         me = self._me
         if boot_id and me.boot_id and boot_id != me.boot_id:
             return Verdict("dead", "recorded in an earlier boot")
-        if not 0 < pid <= PID_MAX_LIMIT:  # (a larger one made os.kill raise OverflowError)
-            return Verdict("dead", f"pid {pid} is not a process (Linux pids are "
-                                   f"1..{PID_MAX_LIMIT})")
+        if pid <= 0:
+            return Verdict("dead", f"pid {pid} is not a process")
         if not pidns or not me.pidns or pidns == me.pidns:
             if _readlink("/proc/self") == str(os.getpid()) or not os.path.isdir("/proc"):
                 return self._own(pid, start)
         return self._other(pid, start, pidns or me.pidns)
 
     def _own(self, pid: int, start: int) -> Verdict:
+        if pid > PID_MAX_LIMIT:  # (os.kill raised OverflowError past a C int)
+            return Verdict("dead", f"pid {pid} is not a process (Linux pids are "
+                                   f"1..{PID_MAX_LIMIT})")
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
