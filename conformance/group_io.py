@@ -32,7 +32,8 @@ from typing import Any, Iterable, Mapping
 
 from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
 from kvgrant.conformance.trace_io import (PHASES, _parse_lifecycle_header, null_field_rule,
-                                          null_fields, unknown_event_key, unreadable_json)
+                                          null_fields, unknown_event_key, unnamed_undo_field,
+                                          unreadable_json)
 from kvgrant.conformance.trace_plan import Layout, rank_key_error
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
@@ -61,6 +62,10 @@ _STATE_KEY_NAMES = tuple(k for k, _ in STATE_KEYS)
 _RUN_ID = re.compile(r"[0-9a-f]{16}")
 _EVENT_KEYS = frozenset(EVENT_FIELDS)
 _SUCCESS = frozenset({"CUDA_SUCCESS", "SUCCESS"})
+#: Undo steps, and those that name a range (va, size) or a handle even when they fail.
+_UNDO_STEPS = frozenset({"ImportUnmap", "ImportRelease", "Unmap", "Release", "Free"})
+_UNDO_RANGE = frozenset(a for a in _UNDO_STEPS if GROUP_SHAPES[a].va)
+_UNDO_HANDLE = frozenset(a for a in _UNDO_STEPS if GROUP_SHAPES[a].handle)
 #: Arguments each action needs (kvgrant.traceformat.GROUP_SHAPES; a Vote's ``error`` is
 #: optional).
 _ARGS: Mapping[str, tuple[str, ...]] = {
@@ -425,6 +430,10 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
     for k, (seq, r, action, args, call, result, _dv, _va, _sz, _hd, state) in enumerate(m):
         if (result == nul) is (action in _CALLED):  # the detailed reader names the line
             return None
+        if action in _UNDO_STEPS and result[1:-1] not in _SUCCESS and (
+                ((_va == nul or _sz == nul) and action in _UNDO_RANGE)
+                or (_hd == nul and action in _UNDO_HANDLE)):
+            return None   # a failed undo naming no object: the detailed reader names it
         nulls = _NULL_FIELDS[action]
         if nulls and ((_va != nul and "va" in nulls) or (_sz != nul and "size" in nulls)
                       or (_hd != nul and "handle" in nulls)):
@@ -549,6 +558,10 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
             if v is not None and key in _NULL_FIELDS[action]:
                 raise _fail(source, ln, null_field_rule(key, v, action))
             ob.append(v)
+        if action in _UNDO_STEPS and result not in _SUCCESS:
+            why = unnamed_undo_field(action, obj.get)
+            if why:
+                raise _fail(source, ln, why)
         out.append((action, args, result, state))
         objs.append(tuple(ob))  # type: ignore[arg-type]
     return tuple(out), tuple(objs)

@@ -24,8 +24,9 @@ from kvgrant.errors import ArgumentError, TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import DuplicateKeyError, json_error_text, show_value, unique_keys_loads
 from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, EVENT_FIELDS, FAST_EVENT,
-                                 GROUP_ACTIONS, LIFECYCLE_VERSION, PHASES, RANK_ACTIONS,
-                                 RANK_COUNTERS, ROW, ROW_FIELDS, SETUP_CALLS, TRACE_BACKENDS)
+                                 GROUP_ACTIONS, GROUP_SHAPES, LIFECYCLE_VERSION, PHASES,
+                                 RANK_ACTIONS, RANK_COUNTERS, ROW, ROW_FIELDS, SETUP_CALLS,
+                                 TRACE_BACKENDS)
 
 __all__ = [
     "DRIVER_STEPS",
@@ -45,6 +46,7 @@ __all__ = [
     "parse_trace",
     "parse_trace_lines",
     "unknown_event_key",
+    "unnamed_undo_field",
     "unreserved_base",
 ]
 
@@ -704,12 +706,33 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
             raise _fail(source, lineno, null_field_rule(key, get(key), action))
     if not obj.keys() <= _EVENT_KEYS:  # (was: ignored, read by nothing)
         raise _fail(source, lineno, unknown_event_key(obj))
+    if action in _UNDO_NAMES and result != SUCCESS and h.layout is not None:
+        why = unnamed_undo_field(action, get)  # (a model-only trace names no objects)
+        if why:
+            raise _fail(source, lineno, why)
     return Event(index, lineno, seq, rank, action, args, call, result, state, obj,
                  alloc, mapping, *objs)
 
 
 #: The fields naming an event's objects (CUDA ordinal, VA, bytes, handle id).
 _OBJECT_FIELDS = ("device", "va", "size", "handle")
+#: The undo steps and the object fields their line sets (one-process and group actions).
+_UNDO_NAMES = {a: tuple(k for k in ("va", "size", "handle") if getattr(sh, k))
+               for a, sh in {**ACTIONS, **GROUP_SHAPES}.items()
+               if a in ("Unmap", "Release", "Free", "ImportUnmap", "ImportRelease")}
+
+
+def unnamed_undo_field(action: str, get: Any) -> str:
+    """Why a failed undo step's line leaves out the object it was undoing ('' when it
+    names it). A forward step that failed may name no VA (none was made), but an undo
+    acts on a live object the runtime knows: a failed Release without its handle, or
+    a failed Unmap or Free without its range, hid what was leaked (review 2026-12-07,
+    a runtime mutant that traced failed undos with null fields conformed)."""
+    for key in _UNDO_NAMES[action]:
+        if get(key) is None:
+            return (f"{key} = null: a failed {action} names its {key} (the object it was "
+                    "undoing, which stays live)")
+    return ""
 #: Every key an event line has (kvgrant.traceformat; group events have the same).
 _EVENT_KEYS = frozenset(EVENT_FIELDS)
 
@@ -827,6 +850,12 @@ def _parse_fast(text: str, source: str) -> Trace | None:
             return None   # the detailed reader names the field
         rank_at, result_at = ROW["rank"], ROW["result"]
         ok = '"' + SUCCESS + '"'
+        if header.layout is not None and any(
+                row[action_at] in _UNDO_NAMES and row[result_at] != ok
+                and unnamed_undo_field(row[action_at],
+                                       lambda k, row=row: None if row[ROW[k]] == "null" else 1)
+                for row in rows):
+            return None   # a failed undo naming no object: the detailed reader names it
         reserves = [(int(row[rank_at]), row[result_at] == ok) for row in rows
                     if row[action_at] == "Reserve"]
         if unreserved_base(header, {r for r, good in reserves if good},

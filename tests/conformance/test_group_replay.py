@@ -321,6 +321,7 @@ def test_fast_path_leaves_everything_else_to_the_replay(tmp_path: Path) -> None:
 
 def _group_cases():
     """One event of every group action, as runtime/group.py's _GroupRun.ev gets them."""
+    from kvgrant.conformance.group_model import UNDO_STEPS
     from kvgrant.traceformat import GROUP_SHAPES
 
     vals = {"owner": 0, "alloc": 1, "mapping": "alias", "devices": [5], "to": 0,
@@ -329,11 +330,13 @@ def _group_cases():
     for action, shape in GROUP_SHAPES.items():
         args = {k: vals[k] for k in shape.args}
         ok = "SUCCESS" if action in ("Send", "Vote") else "CUDA_SUCCESS"
-        yield (action, args, shape.call, None if shape.call is None else ok,
-               (1 << 44) + (6 << 21) if shape.va else None, (2 << 21) if shape.size else None,
-               4242 if shape.handle else None)
+        objs = ((1 << 44) + (6 << 21) if shape.va else None,
+                (2 << 21) if shape.size else None, 4242 if shape.handle else None)
+        yield (action, args, shape.call, None if shape.call is None else ok, *objs)
         if shape.call is not None and action not in ("Send", "Vote"):  # a failed call
-            yield (action, args, shape.call, "CUDA_ERROR_OUT_OF_MEMORY", None, None, None)
+            # (a failed forward step may name nothing; a failed undo names its object)
+            yield (action, args, shape.call, "CUDA_ERROR_OUT_OF_MEMORY",
+                   *(objs if action in UNDO_STEPS else (None, None, None)))
 
 
 def test_every_group_action_written_is_read_back_field_for_field() -> None:

@@ -1,7 +1,7 @@
 """Group files the readers took although the format forbids them (review 2026-12-07, a
 hunt for conform holes): args, state or event keys the format does not have, a ready
-vote with an error, a base for a process whose Reserve failed, and the files of two
-runs read as one group. The fast reader (writer lines) and the checked one refuse
+vote with an error, a base for a process whose Reserve failed, the files of two runs
+read as one group, and a failed undo naming no object. The fast reader (writer lines) and the checked one refuse
 them alike."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvgrant.cli import main
-from kvgrant.conformance.group_io import load_group
+from kvgrant.conformance.group_gen import simulate_group, write_group
+from kvgrant.conformance.group_io import load_group, parse_proc_trace
+from kvgrant.conformance.group_model import constants_from
 from kvgrant.errors import TraceError
 from kvgrant.traceformat import format_group_event
 
@@ -129,3 +131,32 @@ def test_files_of_two_runs_are_not_one_group(tmp_path: Path, recorded: Path) -> 
     assert "the files come from different runs" in str(err.value)
     assert main(["conform", str(mixed)]) == 2
     assert main(["conform", str(a)]) == 0
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["writer-lines", "sorted-keys"])
+def test_a_failed_group_undo_must_name_its_object(tmp_path: Path, fast: bool) -> None:
+    # a group whose rank 1 fails late, then every failed-undo shape by hand: the reader
+    # refuses an ImportUnmap / Release of a failed undo that names no range / handle
+    c3 = constants_from(3, 2, [0, 1], [1], {0: [1], 1: [0], 2: []},
+                        {r: [0, 1, 2] for r in range(3)})
+    d = tmp_path / "g"
+    write_group(simulate_group(c3, fail_at={1: 20}), d)
+    for action, key in (("ImportUnmap", "va"), ("Release", "handle")):
+        for f in sorted(d.glob("*.ndjson")):
+            lines = f.read_text().splitlines()
+            evs = [json.loads(x) for x in lines[1:]]
+            k = next((i for i, e in enumerate(evs) if e["action"] == action), None)
+            if k is None:
+                continue
+            bad = dict(evs[k], result="CUDA_ERROR_OUT_OF_MEMORY", **{key: None})
+            text = (format_group_event(bad) if fast else json.dumps(bad, sort_keys=True))
+            (tmp_path / "h").mkdir(exist_ok=True)
+            one = tmp_path / "h" / f.name
+            one.write_text("\n".join(lines[:k + 1] + [text] + lines[k + 2:]) + "\n")
+            with pytest.raises(TraceError) as err:
+                parse_proc_trace(one.read_text(), str(one))
+            assert err.value.line == k + 2
+            assert f"{key} = null: a failed {action} names its {key}" in str(err.value)
+            break
+        else:
+            pytest.fail(f"no {action} in the group")

@@ -96,3 +96,21 @@ def test_an_event_key_the_format_does_not_have_is_refused(tmp_path: Path) -> Non
         parse_trace(_text(head, evs, False))
     assert err.value.line == k + 2
     assert "published_by = 0: unknown key (an event has kind, seq, t," in str(err.value)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["writer-lines", "sorted-keys"])
+@pytest.mark.parametrize("fail_at, action, key", [
+    (104, "Release", "handle"), (120, "Unmap", "va"), (160, "Free", "size")])
+def test_a_failed_undo_must_name_the_object_it_leaves_live(
+        tmp_path: Path, fast: bool, fail_at: int, action: str, key: str) -> None:
+    # review 2026-12-07, a runtime mutant: a failed undo traced with null fields (which
+    # handle or range stays live, unsaid) conformed; a failed forward step may name none
+    head, evs = _split(record_small_trace(tmp_path, "--fail-at", str(fail_at)))
+    k = next(i for i, e in enumerate(evs) if e["result"] not in (None, "CUDA_SUCCESS"))
+    assert evs[k]["action"] == action and evs[k][key] is not None
+    parse_trace(_text(head, evs, fast))   # as recorded: read
+    evs[k][key] = None
+    with pytest.raises(TraceError) as err:
+        parse_trace(_text(head, evs, fast))
+    assert err.value.line == k + 2
+    assert f"{key} = null: a failed {action} names its {key}" in str(err.value), err.value

@@ -3,6 +3,7 @@ match the Python engine (tlc mark: needs Java)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -88,9 +89,13 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
     bad_state = [dict(e) for e in raw]
     assert raw[6]["action"] == "MapAlias"
     bad_state[6] = {**raw[6], "state": {**raw[6]["state"], "alias_mapped": 0}}
-    # a well-formed Create line (no va: its shape leaves it null) before any Reserve
-    first = trace_from_events(h, [{**raw[0], "action": "Create", "args": {"alloc": 0},
-                                   "call": "cuMemCreate", "va": None}] + raw[1:])
+    # a well-formed Create line (no va: its shape leaves it null) before any Reserve; rank
+    # 0 then never reserves, so its header base is null (the reader refuses one)
+    lay = h.layout
+    no_base = dataclasses.replace(h, layout=dataclasses.replace(
+        lay, reservations={**lay.reservations, 0: (None, lay.reservations[0][1])}))
+    first = trace_from_events(no_base, [{**raw[0], "action": "Create", "args": {"alloc": 0},
+                                         "call": "cuMemCreate", "va": None}] + raw[1:])
     traces = good + [cut, trace_from_events(h, bad_state), first]
     tlc = check_traces_tlc(traces, jobs=2)
     for t, v in zip(traces, tlc):
