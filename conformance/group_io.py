@@ -30,10 +30,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from kvgrant.conformance.group_model import GROUP_ACTIONS, Args, GroupConstants
+from kvgrant.conformance.group_model import GROUP_ACTIONS, UNDO_STEPS, Args, GroupConstants
 from kvgrant.conformance.trace_io import (PHASES, _parse_lifecycle_header, null_field_rule,
                                           null_fields, unknown_event_key, unnamed_undo_field,
-                                          unreadable_json)
+                                          unreadable_json, unreserved_base)
 from kvgrant.conformance.trace_plan import Layout, rank_key_error
 from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
@@ -62,10 +62,6 @@ _STATE_KEY_NAMES = tuple(k for k, _ in STATE_KEYS)
 _RUN_ID = re.compile(r"[0-9a-f]{16}")
 _EVENT_KEYS = frozenset(EVENT_FIELDS)
 _SUCCESS = frozenset({"CUDA_SUCCESS", "SUCCESS"})
-#: Undo steps, and those that name a range (va, size) or a handle even when they fail.
-_UNDO_STEPS = frozenset({"ImportUnmap", "ImportRelease", "Unmap", "Release", "Free"})
-_UNDO_RANGE = frozenset(a for a in _UNDO_STEPS if GROUP_SHAPES[a].va)
-_UNDO_HANDLE = frozenset(a for a in _UNDO_STEPS if GROUP_SHAPES[a].handle)
 #: Arguments each action needs (kvgrant.traceformat.GROUP_SHAPES; a Vote's ``error`` is
 #: optional).
 _ARGS: Mapping[str, tuple[str, ...]] = {
@@ -391,15 +387,12 @@ def parse_proc_trace(text: str, source: str = "<trace>", *,
             if len(m) == n:
                 got = _fast_rows(m, h, reader, source)
     rows, objs = got if got is not None else _slow_rows(body, h, reader, source)
-    base = h.layout.reservations[h.rank][0] if h.layout is not None else None
-    if base is not None and rows and not any(
-            row[0] == "Reserve" and row[2] in _SUCCESS for row in rows):
-        # (a file cut before its first event is a crash: its base may stand alone)
-        failed = next((k + 2 for k, row in enumerate(rows) if row[0] == "Reserve"), None)
-        how = (f"its Reserve failed at line {failed}" if failed is not None else
-               "the file has no successful Reserve")
-        raise _fail(source, 1, f"header.reservations[{h.rank}].base = {base:#x}: must be "
-                               f"null: rank {h.rank} never reserved ({how})")
+    reserves = [(k + 2, row[2] in _SUCCESS) for k, row in enumerate(rows) if row[0] == "Reserve"]
+    # (a file cut before its first event is a crash: its base may stand alone)
+    why = unreserved_base(h, {h.rank} if any(ok for _, ok in reserves) else set(),  # type: ignore[arg-type]
+                          {h.rank: ln for ln, ok in reserves[:1] if not ok}, bool(rows))
+    if why:
+        raise _fail(source, 1, why)
     return ProcTrace(source, h, rows, text, objs)
 
 
@@ -430,9 +423,9 @@ def _fast_rows(m: list[tuple[str, ...]], h: GroupHeader, reader: _ArgsReader,
     for k, (seq, r, action, args, call, result, _dv, _va, _sz, _hd, state) in enumerate(m):
         if (result == nul) is (action in _CALLED):  # the detailed reader names the line
             return None
-        if action in _UNDO_STEPS and result[1:-1] not in _SUCCESS and (
-                ((_va == nul or _sz == nul) and action in _UNDO_RANGE)
-                or (_hd == nul and action in _UNDO_HANDLE)):
+        if action in UNDO_STEPS and result[1:-1] not in _SUCCESS and unnamed_undo_field(
+                action, {"va": _va != nul or None, "size": _sz != nul or None,
+                         "handle": _hd != nul or None}.get):
             return None   # a failed undo naming no object: the detailed reader names it
         nulls = _NULL_FIELDS[action]
         if nulls and ((_va != nul and "va" in nulls) or (_sz != nul and "size" in nulls)
@@ -558,7 +551,7 @@ def _slow_rows(body: str, h: GroupHeader, reader: _ArgsReader,
             if v is not None and key in _NULL_FIELDS[action]:
                 raise _fail(source, ln, null_field_rule(key, v, action))
             ob.append(v)
-        if action in _UNDO_STEPS and result not in _SUCCESS:
+        if action in UNDO_STEPS and result not in _SUCCESS:
             why = unnamed_undo_field(action, obj.get)
             if why:
                 raise _fail(source, ln, why)
