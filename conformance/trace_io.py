@@ -494,7 +494,7 @@ def _parse_lifecycle_header(obj: dict[str, Any], lineno: int, source: str, *,
                        where="header.")
     allocs = _int_field(obj, "allocs", lineno, source, lo=1, hi=MAX_TRACE_ALLOCS + 1,
                         where="header.")
-    lay = parse_layout(obj, ranks, allocs, lineno, source)
+    lay = parse_layout(obj, ranks, allocs, lineno, source, one_slot=not group)
     aliased = frozenset(a for a, p in enumerate(lay.allocations) if p.region is not None)
     owner_only = frozenset(a for a in aliased
                            if lay.regions[lay.allocations[a].region][2] == "owner")  # type: ignore[index]

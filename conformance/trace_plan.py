@@ -134,9 +134,11 @@ def _first_gap(spans: list[tuple[int, int, int]], size: int) -> tuple[int, int] 
 
 
 def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
-                 source: str) -> Layout:
+                 source: str, *, one_slot: bool = True) -> Layout:
     """Read and check the plan fields of a version-2 header (TraceError names the
-    field, the value and the rule)."""
+    field, the value and the rule). ``one_slot``: a reservation holds the layout and
+    nothing else (one process's ranks); a group process reserves a slot per rank it
+    maps, which conformance.group_io checks, so there it must only hold the layout."""
     def fail(msg: str) -> TraceError:
         if len(msg) > 400:
             msg = msg[:400] + " ... (cut)"
@@ -265,9 +267,11 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
         if base is not None:
             aligned(base, name + ".base", 1)
         aligned(size, name + ".size", 1)
-        if size < span_end:
-            raise fail(f"header.{name}.size = {size:#x}: smaller than the layout "
-                       f"({span_end:#x} bytes of planes and regions)")
+        if size < span_end or (one_slot and size != span_end):  # docs/INTERFACES.md
+            raise fail(f"header.{name}.size = {size:#x}: must be the layout's "
+                       f"{span_end:#x} bytes of planes and regions (a reservation holds "
+                       f"them{' and nothing else' if one_slot else ''}), "
+                       f"{'smaller' if size < span_end else 'larger'}")
         reservations[r] = (base, size)
     for k in res_raw:
         why = rank_key_error(k, ranks, "header.reservations")

@@ -84,7 +84,10 @@ def _mutate(header, line: int, fn) -> str:
     (1, lambda o: o["regions"][0].__setitem__(3, "everyone"), "access"),
     (1, lambda o: o["regions"][0].__setitem__(1, 0), "overlaps"),
     (1, lambda o: o["reservations"].pop("2"), "reservations[2]"),
-    (1, lambda o: o["reservations"]["1"].__setitem__(1, 2 << 20), "smaller than the layout"),
+    (1, lambda o: o["reservations"]["1"].__setitem__(1, 2 << 20), "bytes of planes and "
+     "regions (a reservation holds them and nothing else), smaller"),
+    (1, lambda o: o["reservations"]["1"].__setitem__(1, o["reservations"]["1"][1] + (2 << 20)),
+     "bytes of planes and regions (a reservation holds them and nothing else), larger"),
     (1, lambda o: o["reservations"]["1"].__setitem__(0, o["reservations"]["0"][0]),
      "overlaps rank 0"),
     (1, lambda o: o["topology"]["import_groups"].append([1, 2]), "two groups"),
