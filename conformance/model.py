@@ -248,6 +248,8 @@ def _g_create(c: Constants, s: ModelState, r: int | None, a: int | None,
     if not (rs is not None and a is not None and rs.va and a not in rs.created
             and len(rs.created) == a):
         return False
+    if not all(other.va for other in s.ranks):  # every rank reserves before any creates
+        return False
     return a == 0 or _complete(c, rs, a - 1)
 
 

@@ -151,9 +151,8 @@ def trace_from_events(header: Header, events: Sequence[dict[str, Any]],
 
 
 def _plan_actions(c: Constants) -> list[Action]:
-    out: list[Action] = []
+    out: list[Action] = [Action("Reserve", r) for r in range(c.ranks)]
     for r in range(c.ranks):
-        out.append(Action("Reserve", r))
         for a in range(c.allocs):
             out += [Action("Create", r, a), Action("Map", r, a)]
             if a in c.aliased:

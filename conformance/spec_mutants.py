@@ -110,7 +110,7 @@ SAFETY_INVARIANTS: tuple[str, ...] = (
 
 #: Safety properties of steps ([][A]_vars, checked as PROPERTIES; TLC names them).
 ACTION_PROPERTIES: tuple[str, ...] = ("OneAttempt", "NoRetryAfterFailure",
-                                      "UnwindInReverseOrder")
+                                      "UnwindInReverseOrder", "ReservedBeforeAnyCreate")
 
 #: Liveness properties (TLC 2.15 does not name a violated one: one per run).
 LIVENESS_PROPERTIES: tuple[str, ...] = ("AttemptEnds", "ShutdownEnds",
@@ -160,6 +160,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "creating ahead of mapping: the plan-order unwind is no longer LIFO"),
     Mutant("unmap-reverse-order", "UnwindInReverseOrder",
            "unmapping an older allocation while a newer handle is live"),
+    Mutant("reserve-all-before-create", "ReservedBeforeAnyCreate",
+           "a rank creates memory while another rank has no VA yet"),
     # --- operator changes ---------------------------------------------------------------
     Mutant("grantset-declared-readers", "AccessOnlyOwnerAndImporters",
            "the field failure: GrantSet grants every declared reader, not the importers",
@@ -683,7 +685,10 @@ GROUP_LIVENESS_PROPERTIES: tuple[str, ...] = ("SurvivorsDecide", "SurvivorsEnd",
 
 #: The action properties of KVGroup: the lifecycle's, stated per process, and the plan
 #: order of making (which the lifecycle's undo stack holds).
-GROUP_ACTION_PROPERTIES: tuple[str, ...] = ACTION_PROPERTIES + ("MadeInPlanOrder",)
+#: (Not ReservedBeforeAnyCreate: each process reserves for itself, and waits for no
+#: other process's VA before it creates.)
+GROUP_ACTION_PROPERTIES: tuple[str, ...] = ("OneAttempt", "NoRetryAfterFailure",
+                                            "UnwindInReverseOrder", "MadeInPlanOrder")
 
 #: The safety invariants of KVGroup.
 GROUP_SAFETY_INVARIANTS: tuple[str, ...] = (

@@ -187,6 +187,7 @@ CanCreate(r, a) ==
     /\ phase = "Allocating"
     /\ ~failed[r]
     /\ va[r]
+    /\ \A s \in Ranks : va[s]                        \* @guard reserve-all-before-create
     /\ a \notin created[r]
     /\ \A b \in Allocs : b < a => b \in created[r]   \* creation in plan order
     /\ \A b \in Allocs : b < a => Complete(r, b)     \* @guard create-after-previous-complete
@@ -622,6 +623,14 @@ UnwindInReverseOrder ==
           Len(undo'[r]) < Len(undo[r]) =>
               undo'[r] = SubSeq(undo[r], 1, Len(undo[r]) - 1)
       ]_vars
+
+\* Every rank reserves before any rank creates (docs/INTERFACES.md): a VA
+\* that cannot be had fails the attempt before any physical memory exists,
+\* and no rank's memory waits on another rank's reservation.  Written from the
+\* variables: a step that gives some rank a new handle happens only while
+\* every rank holds its VA.
+ReservedBeforeAnyCreate ==
+    [][(\E r \in Ranks : ~(created'[r] \subseteq created[r])) => \A s \in Ranks : va[s]]_vars
 
 -----------------------------------------------------------------------------
 (* Liveness properties (under WF_vars(Progress)). *)

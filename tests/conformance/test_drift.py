@@ -113,8 +113,8 @@ def _walk(c: model.Constants, seed: int) -> list[tuple[model.ModelState, model.A
 
 
 def test_python_model_keeps_the_spec_history_and_one_attempt() -> None:
-    """The Python mirror of UnwindInReverseOrder, NoRetryAfterFailure, OneAttempt and
-    FailureNeverPublishes on random behaviours of the rich config (seeded, so
+    """The Python mirror of UnwindInReverseOrder, NoRetryAfterFailure, OneAttempt,
+    ReservedBeforeAnyCreate and FailureNeverPublishes on random behaviours of the rich config (seeded, so
     deterministic)."""
     c = model.Constants.from_header(HEADER)
     forward = {("Allocating", "Published"), ("Allocating", "Aborting"),
@@ -134,6 +134,9 @@ def test_python_model_keeps_the_spec_history_and_one_attempt() -> None:
                     assert ra.access_triples() <= rb.access_triples() and ra.failed
             if any(r.failed for r in after.ranks):
                 assert after.phase not in ("Published", "ShuttingDown", "Shutdown")
+            if any(len(ra.created) > len(rb.created)
+                   for rb, ra in zip(before.ranks, after.ranks)):
+                assert all(r.va for r in before.ranks), act  # ReservedBeforeAnyCreate
         assert all(r.undo == [] for r in steps[-1][2].ranks)
     assert ends == {"Aborted", "Shutdown"}
 
@@ -141,6 +144,8 @@ def test_python_model_keeps_the_spec_history_and_one_attempt() -> None:
 def test_python_model_undo_stack_is_plan_order() -> None:
     c = model.Constants.from_header(HEADER)
     s = model.initial_state(c)
+    for r in range(1, c.ranks):  # every rank reserves before any rank creates
+        model.apply(c, s, model.Action("Reserve", r))
     for name, a, m in [("Reserve", None, None), ("Create", 0, None), ("Map", 0, None),
                        ("MapAlias", 0, None), ("Grant", 0, "plane"), ("Grant", 0, "alias")]:
         act = model.Action(name, 0, a, m)

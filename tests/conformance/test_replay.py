@@ -53,20 +53,22 @@ def test_failure_at_every_driver_step_is_accepted_and_aborts(header) -> None:
 
 def test_non_terminal_end_is_rejected_past_the_last_event(header) -> None:
     t = reference_trace(header)
-    cut = trace_from_events(t.header, _raw(t)[:10])
+    cut = trace_from_events(t.header, _raw(t)[:12])  # 3 Reserves, rank 0 to Create a2
     v = replay(cut)
-    assert not v.accepted and v.index == 10 and v.event is None and v.line == 12
+    assert not v.accepted and v.index == 12 and v.event is None and v.line == 14
     assert "not terminal" in v.reason and v.final_phase == "Allocating"
-    # allocation 2 is created but not mapped: the next Create waits until it is complete
-    assert set(v.enabled) == {"Map(r0, a2)", "Reserve(r1)", "Reserve(r2)", 'Fail(r0, "Map")',
-                              'Fail(r1, "Reserve")', 'Fail(r2, "Reserve")'}
+    # allocation 2 is created but not mapped: the next Create waits until it is complete;
+    # every rank holds its VA, so the other ranks may create
+    assert set(v.enabled) == {"Map(r0, a2)", "Create(r1, a0)", "Create(r2, a0)",
+                              'Fail(r0, "Map")', 'Fail(r1, "Create")', 'Fail(r2, "Create")'}
 
 
 def test_state_disagreement_is_rejected_with_state_and_enabled(header) -> None:
     raw = _raw(reference_trace(header))
-    raw[2]["state"]["mapped"] = 2  # Map(r0, a0) claims two plane mappings
+    assert raw[4]["action"] == "Map"
+    raw[4]["state"]["mapped"] = 2  # Map(r0, a0) claims two plane mappings
     v = replay(trace_from_events(header, raw))
-    assert not v.accepted and v.index == 2 and v.line == 4
+    assert not v.accepted and v.index == 4 and v.line == 6
     assert "mapped 2 != model 1" in v.reason
     assert v.state_before["ranks"]["0"]["created"] == [0]
     assert v.state_before["ranks"]["0"]["mapped"] == []
@@ -123,12 +125,12 @@ def test_model_only_step_with_a_result_is_rejected(header) -> None:
 
 def test_failed_call_must_be_able_to_run(header) -> None:
     # Fail(r0, "Create") is enabled, but the trace claims Create(r0, a2) failed first
-    t = reference_trace(header, fail_at=1)
+    t = reference_trace(header, fail_at=3)  # after the 3 Reserves
     raw = _raw(t)
-    assert raw[1]["action"] == "Create" and raw[1]["result"] != "CUDA_SUCCESS"
-    raw[1]["args"]["alloc"] = 2
-    v = replay(trace_from_events(t.header, raw))  # (ranks 1, 2 never reserved: no base)
-    assert v.index == 1 and "could not run here" in v.reason
+    assert raw[3]["action"] == "Create" and raw[3]["result"] != "CUDA_SUCCESS"
+    raw[3]["args"]["alloc"] = 2
+    v = replay(trace_from_events(t.header, raw))
+    assert v.index == 3 and "could not run here" in v.reason
 
 
 def test_abort_without_failure_and_publish_after_failure_rejected(header) -> None:
@@ -209,11 +211,11 @@ def test_cli_accepts(tmp_path, capsys) -> None:
 def test_cli_rejects_with_state_and_enabled(tmp_path, capsys) -> None:
     h = small_header()
     raw = _raw(reference_trace(h))
-    assert raw[3]["action"] == "Grant"
-    del raw[3]  # drop Grant(r0, a0, plane): Create(r0, a1) comes before a0 is complete
+    assert raw[5]["action"] == "Grant"
+    del raw[5]  # drop Grant(r0, a0, plane): Create(r0, a1) comes before a0 is complete
     assert _cli([_write(tmp_path, trace_from_events(h, raw))]) == 1
     out = capsys.readouterr().out
-    assert "rejected by python at event 3 (line 5)" in out
+    assert "rejected by python at event 5 (line 7)" in out
     assert "Create(r0, a1) is not enabled" in out
     assert "rank 0: va=True created=[0] mapped=[0] alias_mapped=[] grants=0" in out
     assert "enabled there: " in out and "Grant(r0, a0, plane)" in out
@@ -222,17 +224,17 @@ def test_cli_rejects_with_state_and_enabled(tmp_path, capsys) -> None:
 def test_cli_json(tmp_path, capsys) -> None:
     h = small_header()
     raw = _raw(reference_trace(h))
-    raw[1]["state"]["created"] = 5
+    raw[3]["state"]["created"] = 5
     assert _cli([_write(tmp_path, trace_from_events(h, raw)), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["accepted"] is False and doc["agree"] is True
     (v,) = doc["verdicts"]
-    assert v["index"] == 1 and v["line"] == 3 and v["event"]["action"] == "Create"
+    assert v["index"] == 3 and v["line"] == 5 and v["event"]["action"] == "Create"
     assert v["state_before"]["ranks"]["0"]["va"] is True and "Create(r0, a0)" in v["enabled"]
     # the fields of every kvgrant --json failure document (review 2026-12-07: a
     # rejection's document had none of them)
     assert (doc["ok"], doc["kind"], doc["exit_status"]) == (False, "Rejected", 1)
-    assert doc["message"].startswith("rejected by python at event 1 (line 3)"), doc["message"]
+    assert doc["message"].startswith("rejected by python at event 3 (line 5)"), doc["message"]
     assert _cli([_write(tmp_path, reference_trace(h)), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["ok"], doc["accepted"], doc["exit_status"]) == (True, True, 0)
@@ -252,20 +254,20 @@ def test_cli_malformed_exits_2_without_traceback(tmp_path, capsys) -> None:
     assert doc["error"] == "malformed"
 
 
-@pytest.mark.parametrize("old, new, says", [
+@pytest.mark.parametrize("line, old, new, says", [
     # the type is what is wrong (was: "seq = '2': expected 2", "rank = True: ... a rank")
-    ('"seq": 2', '"seq": "2"', 'seq = "2": expected the integer 2'),
-    ('"rank": 0', '"rank": true', "rank = true: Map needs an integer rank in 0.."),
+    (3, '"seq": 2', '"seq": "2"', 'seq = "2": expected the integer 2'),
+    (5, '"rank": 0', '"rank": true', "rank = true: Map needs an integer rank in 0.."),
 ])
 def test_cli_malformed_names_the_json_value_and_the_type_it_needs(
-        tmp_path, capsys, old: str, new: str, says: str) -> None:
+        tmp_path, capsys, line: int, old: str, new: str, says: str) -> None:
     p = tmp_path / "bad.ndjson"
     lines = reference_trace(small_header()).to_lines()
-    assert old in lines[3], lines[3]
-    lines[3] = lines[3].replace(old, new, 1)
+    assert old in lines[line], lines[line]
+    lines[line] = lines[line].replace(old, new, 1)
     p.write_text("\n".join(lines) + "\n")
     assert _cli([str(p)]) == 2
-    assert f"{p}:4: {says}" in capsys.readouterr().err
+    assert f"{p}:{line + 1}: {says}" in capsys.readouterr().err
 
 
 def test_cli_engines_disagreeing_exits_2(tmp_path, capsys, monkeypatch) -> None:
@@ -386,3 +388,29 @@ def test_the_row_replay_and_the_event_replay_agree_on_any_object_edit(
         return
     fast_v = replay(fast)
     assert _verdict_key(fast_v) == _verdict_key(slow_v), (i, edits, evs[i], fast_v.summary())
+
+
+def _late_reserve(h) -> list[dict]:
+    """A reference trace of ``h`` whose rank 1 reserves only after rank 0's first
+    Create (each event's own state is unchanged by the move)."""
+    raw = _raw(reference_trace(h))
+    assert [e["action"] for e in raw[:4]] == ["Reserve", "Reserve", "Reserve", "Create"]
+    late = raw.pop(1)
+    raw.insert(3, late)
+    return raw
+
+
+def test_a_rank_that_reserves_after_another_rank_created_is_rejected() -> None:
+    """Every rank reserves before any rank creates (docs/INTERFACES.md; the specs'
+    ReservedBeforeAnyCreate). A runtime that reserved each rank's VA only when it
+    built that rank conformed before the guard existed. Both readers (the fast row
+    replay of a writer-format file, and the event replay) reject it at the Create."""
+    h = small_header()
+    raw = _late_reserve(h)
+    v = replay(trace_from_events(h, raw))
+    assert not v.accepted and v.index == 2 and v.event.action == "Create", v.summary()
+    assert "Create(r0, a0) is not enabled" in v.reason
+    assert "Reserve(r1)" in v.enabled and not any(e.startswith("Create") for e in v.enabled)
+    fast = parse_trace(writer_text(trace_from_events(h, raw)))
+    assert fast.rows is not None  # the writer's format: the row replay runs first
+    assert (replay(fast).accepted, replay(fast).index) == (False, 2)

@@ -126,3 +126,17 @@ def test_cli_both_engines(tmp_path, capsys, java) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert doc["agree"] is True and [v["engine"] for v in doc["verdicts"]] == ["python", "tlc"]
     assert {v["index"] for v in doc["verdicts"]} == {20}
+
+
+@pytest.mark.tlc
+def test_tlc_rejects_a_reserve_after_another_ranks_create_where_python_does(java) -> None:
+    """ReservedBeforeAnyCreate: the TLC engine agrees with the Python model on a trace
+    whose rank 1 reserves only after rank 0 created (the guard is in both models)."""
+    from test_replay import _late_reserve
+
+    h = small_header()
+    t = trace_from_events(h, _late_reserve(h))
+    (v,) = check_trace(t, engine="tlc")
+    p = replay(t)
+    assert (v.accepted, v.index) == (p.accepted, p.index) == (False, 2), v.summary()
+    assert v.enabled == p.enabled
