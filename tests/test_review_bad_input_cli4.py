@@ -202,3 +202,17 @@ def test_handle_lower_bound_names_a_missing_lower_bound(lb: Any) -> None:
 
     with pytest.raises(ArgumentError, match=r"handle_lower_bound: lb = .*LowerBound"):
         handle_lower_bound(load_geometry(SMALL), lb)
+
+
+@pytest.mark.parametrize("target", ["README.md", "no-such-folder"])
+def test_verify_names_kvgrant_specs_when_the_folder_came_from_it(
+        capsys, monkeypatch, target: str) -> None:
+    """A bad KVGRANT_SPECS is named as KVGRANT_SPECS (was: "SPECDIR = ...", an argument
+    the user never gave); a bad argument is still SPECDIR, whatever the environment."""
+    monkeypatch.setenv("KVGRANT_SPECS", target)
+    assert main(["verify"]) == 2
+    err = capsys.readouterr().err
+    assert f"KVGRANT_SPECS = {target!r}" in err and "SPECDIR" not in err
+    assert main(["verify", target]) == 2
+    err = capsys.readouterr().err
+    assert f"SPECDIR = {target!r}" in err and "KVGRANT_SPECS" not in err

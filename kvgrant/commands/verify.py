@@ -26,7 +26,7 @@ from kvgrant.conformance.spec_mutants import (GROUP_MUTANTS, MUTANTS, caught,
                                               run_group_mutant, run_mutant)
 from kvgrant.conformance.tlc import MAX_WORKERS, TLCResult, check_workers, discover_models, run_tlc
 from kvgrant.errors import ToolError
-from kvgrant.specfiles import specs_dir
+from kvgrant.specfiles import SPECS_ENV, specs_dir
 
 __all__ = ["add_parser", "default_specdir", "run", "verify_specs"]
 
@@ -116,15 +116,19 @@ def run(args: argparse.Namespace) -> int:
     from kvgrant.conformance.tlc import exit_on_signals
 
     specdir = Path(args.specdir) if args.specdir else default_specdir()
+    # the field the folder came from: the argument, or the environment (was: SPECDIR
+    # for a KVGRANT_SPECS the user never typed on the command line)
+    field = "SPECDIR" if args.specdir or not os.environ.get(SPECS_ENV) else SPECS_ENV
     if specdir.is_file():
         hint = (" (a trace: check it with `kvgrant conform FILE`)"
                 if specdir.suffix in (".ndjson", ".jsonl", ".json") else "")
-        raise ToolError(f"SPECDIR = {str(specdir)!r} is a file: kvgrant verify takes a folder "
+        raise ToolError(f"{field} = {str(specdir)!r} is a file: kvgrant verify takes a folder "
                         f"of TLA+ specs with MC*.cfg configs{hint}")
     if not specdir.is_dir():
         # was: "does not exist" for /dev/null too
         rule = "is not a folder" if specdir.exists() else "does not exist"
-        raise ToolError(f"spec folder {str(specdir)!r} {rule}")
+        raise ToolError(f"{field} = {str(specdir)!r} {rule}: kvgrant verify takes a folder "
+                        "of TLA+ specs with MC*.cfg configs")
     # TLC's process group and temp folders go on SIGTERM/SIGHUP/SIGINT too (issue #16).
     with exit_on_signals():
         return _run(args, specdir)
