@@ -544,3 +544,191 @@ def test_each_event_of_a_one_process_trace_has_its_own_time(
     assert len(alloc_events) >= 4
     times = [e["t"] for e in events]
     assert all(a < b for a, b in zip(times, times[1:])), times
+
+
+# ====================================== a third batch (2026-12-07): boundaries and fields
+def test_release_failure_text_says_more_only_past_five() -> None:
+    """transaction.release_failure_text lists at most 5 failures and says how many more:
+    exactly 5 say no "more", 6 say "and 1 more" (mutant: ``>= 5`` wrote "and 0 more")."""
+    from kvgrant.runtime.transaction import release_failure_text
+
+    for n, tail in ((5, None), (6, "; and 1 more;")):
+        errs = [RuntimeError(f"e{i}") for i in range(n)]
+        errs[0].cleanup_errors = errs[1:]  # type: ignore[attr-defined]
+        text = release_failure_text(errs[0], {"handles": 1})
+        assert f"{n} undo step(s) failed" in text and "RuntimeError: e4" in text
+        assert "RuntimeError: e5" not in text
+        assert (tail in text) if tail else ("more" not in text), text
+
+
+def test_a_transaction_left_without_commit_raises_the_first_undo_that_failed() -> None:
+    """Transaction.__exit__ with no exception and two failing undos raises the first
+    that ran (the newest), the later one attached to it; mutant: the last one, which
+    hid the first failure."""
+    from kvgrant.runtime.transaction import Transaction
+
+    def bad(name: str) -> None:
+        raise RuntimeError(name)
+
+    txn = Transaction()
+    with pytest.raises(RuntimeError) as info:
+        with txn:
+            txn.push(bad, "older")
+            txn.push(bad, "newer")
+    assert str(info.value) == "newer"
+
+
+def test_a_failed_allocation_reports_free_bytes_not_the_total() -> None:
+    """allocate: AllocationError.free_before / free_after are cuMemGetInfo's *free*
+    bytes; with another process's memory on device 0 they are below the total (mutant:
+    the total was read, which equals free only on an empty device)."""
+    from kvgrant.errors import AllocationError
+    from kvgrant.runtime import allocate
+
+    from tests.runtime._small import chunk_plan, small_geometry
+
+    g = small_geometry()
+    other = 1 << 30
+    drv = SimDriver(devices=3, used_by_others={0: other}, faults=[Fault(call="cuMemMap", nth=5)])
+    free0, total0 = drv.free_memory(0)
+    assert free0 == total0 - other
+    with pytest.raises(AllocationError) as info:
+        allocate(g, plan=chunk_plan(g), driver=drv)
+    assert info.value.free_before[0] == info.value.free_after[0] == free0
+
+
+def test_row_va_refuses_the_row_past_the_last() -> None:
+    """Published.row_va / row: rows are 0..rows-1; the row just past the last is an
+    ArgumentError, not an address outside the region (mutant: ``rows + 1`` as bound)."""
+    from kvgrant.errors import ArgumentError
+    from kvgrant.runtime import allocate
+
+    from tests.runtime._small import chunk_plan, small_geometry
+
+    g = small_geometry()
+    with allocate(g, plan=chunk_plan(g), driver=SimDriver(devices=3)) as pub:
+        for reg in g.regions:
+            last = pub.row_va(0, reg.name, reg.rows - 1)
+            assert last + reg.row_bytes <= pub.region_va[0][reg.name] + g.region_bytes(reg.name)
+            for call in (pub.row_va, pub.row):
+                with pytest.raises(ArgumentError) as info:
+                    call(0, reg.name, reg.rows)
+                assert info.value.argument == "row"
+
+
+def test_fit_pages_names_the_lowest_device_of_a_tie() -> None:
+    """capacity.fit_pages: among devices with the same budget the lowest ordinal is the
+    one named (mutant: the highest), so the message does not depend on dict order."""
+    from kvgrant.errors import PlanError
+    from kvgrant.runtime.capacity import fit_pages
+
+    from tests.runtime._small import small_geometry
+
+    for free in ({0: 1 << 20, 1: 1 << 20}, {1: 1 << 20, 0: 1 << 20}):
+        with pytest.raises(PlanError) as info:
+            fit_pages(small_geometry(), free)
+        assert "device 0" in str(info.value) and "device 1" not in str(info.value)
+
+
+def test_a_unitless_memory_limit_of_exactly_one_mib_is_a_size() -> None:
+    """parse_memory_limit: a unitless count must be 0 or at least 1 MiB (1,048,576);
+    exactly 1 MiB is a size, one byte less is refused (mutant: ``<=`` refused 1 MiB)."""
+    from kvgrant.errors import ArgumentError
+    from kvgrant.runtime.capacity import MIN_UNITLESS_BYTES, parse_memory_limit
+
+    assert MIN_UNITLESS_BYTES == 1 << 20
+    assert parse_memory_limit("1048576").cap == parse_memory_limit("1MiB").cap == 1 << 20
+    with pytest.raises(ArgumentError):
+        parse_memory_limit("1048575")
+
+
+def test_the_sim_creates_exactly_the_free_bytes() -> None:
+    """SimDriver.create: an allocation of exactly the free bytes fits (free is then 0);
+    one granule more is CUDA_ERROR_OUT_OF_MEMORY (mutant: ``>=`` refused the exact
+    fit)."""
+    from kvgrant.errors import DriverError
+
+    drv = SimDriver(devices=1, memory_per_device=4 * G)
+    h = drv.create(4 * G, 0)
+    assert drv.free_memory(0)[0] == 0
+    drv.release(h)
+    with pytest.raises(DriverError) as info:
+        drv.create(5 * G, 0)
+    assert info.value.result_name == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_unmapping_a_one_device_mapping_gives_its_grant_back_to_the_pool(tmp_path: Path) -> None:
+    """A pooled SimDriver: unmapping a mapping granted to one device gives that grant
+    back to the host pool at once (mutant: only mappings of 2+ grants did, so a group
+    rank's pool share leaked until its process ended)."""
+    from kvgrant.runtime.hostpool import HostPool
+
+    pool = HostPool(tmp_path / "pool", 10)
+    drv = SimDriver(devices=2, host_pool=pool, handle_budget=10)
+    va = drv.reserve(2 * G, G)
+    h = drv.create(2 * G, 0)
+    drv.map(va, 2 * G, h)
+    drv.set_access(va, 2 * G, [0])
+    assert pool.total() == 1
+    drv.unmap(va, 2 * G)
+    assert pool.total() == 0
+    drv.release(h)
+    drv.free_address(va, 2 * G)
+    drv.close()
+    assert pool.total() == 0
+
+
+def test_the_pool_admits_the_whole_budget_once_a_dead_holder_is_reaped(tmp_path: Path) -> None:
+    """HostPool.take: a process that died holding grants is reaped, and then exactly
+    the whole budget fits (mutant: ``>=`` after the reap refused an exact fit)."""
+    import os
+
+    from kvgrant.runtime.hostpool import HostPool
+
+    path = tmp_path / "pool"
+    pool = HostPool(path, 10)
+    pid = os.fork()
+    if pid == 0:  # a holder that dies without giving its 4 back
+        try:
+            HostPool(path, 10).take(4)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert pool.take(10)[0] is True
+    assert pool.total() == 10
+
+
+def test_an_unchecked_resize_stops_a_holder_from_binding_others(tmp_path: Path) -> None:
+    """HostLedger: a holder resized with the pre-flight off is recorded unchecked, so
+    its small budget no longer binds later holders (mutant: it kept ``checked``, and a
+    later reserve under a larger budget was refused naming it)."""
+    book = HostLedger(tmp_path / "ledger.json", lock_timeout_s=5.0)
+    lease = book.reserve(10, geometry="g", label="packed", budget=20, reserve=0)
+    try:
+        lease.resize(15, check=False)
+        assert lease.holder.checked is False
+        assert [h.checked for h in book.holders()] == [False]
+        book.reserve(900, geometry="g", label="packed", budget=1000, reserve=0).release()
+    finally:
+        lease.release()
+
+
+def test_a_group_abort_keeps_every_failed_undo_and_the_live_counts_at_the_failure(
+        tmp_path: Path) -> None:
+    """Rank 1's third cuMemMap fails and both cuMemUnmaps of its unwinding fail:
+    GroupError.cleanup_errors holds both, the first Unmap first (and the cuMemAddressFree
+    the leaked mappings then make fail), as many as the message counts, and GroupError.live is what was live when the step failed (mutants
+    (group.py ``_abort``): the first undo failure dropped; ``live`` read after the
+    unwinding)."""
+    drivers = [SimDriver(devices=2), SimDriver(devices=2, faults=[
+        Fault(nth=3, call="cuMemMap"), Fault(nth=1, call="cuMemUnmap"),
+        Fault(nth=2, call="cuMemUnmap")])]
+    outs = run_threads(tiny(), drivers, tmp_path)
+    assert all(isinstance(o, GroupError) for o in outs), outs
+    err = outs[1]
+    n = len(err.cleanup_errors)
+    assert f"; {n} undo(s) failed, first: {err.cleanup_errors[0]}" in str(err)
+    assert [e.call for e in err.cleanup_errors] == ["cuMemUnmap", "cuMemUnmap",
+                                                    "cuMemAddressFree"]
+    live = err.live if isinstance(err.live, dict) else err.live.as_dict()
+    assert (live["handles"], live["mappings"], live["reservations"]) == (2, 2, 1), live
