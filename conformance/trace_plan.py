@@ -137,8 +137,9 @@ def parse_layout(obj: Mapping[str, Any], ranks: int, allocs: int, lineno: int,
                  source: str, *, one_slot: bool = True) -> Layout:
     """Read and check the plan fields of a version-2 header (TraceError names the
     field, the value and the rule). ``one_slot``: a reservation holds the layout and
-    nothing else (one process's ranks); a group process reserves a slot per rank it
-    maps, which conformance.group_io checks, so there it must only hold the layout."""
+    nothing else (one process's ranks); a group process reserves one slot per rank it
+    maps, whose count conformance.group_io checks, so here the size need only hold the
+    layout."""
     def fail(msg: str) -> TraceError:
         if len(msg) > 400:
             msg = msg[:400] + " ... (cut)"
