@@ -87,8 +87,8 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
     raw = [json.loads(json.dumps(dict(e.raw))) for e in good[0].events]
     cut = trace_from_events(h, raw[:20])                       # ends while allocating
     bad_state = [dict(e) for e in raw]
-    assert raw[6]["action"] == "MapAlias"
-    bad_state[6] = {**raw[6], "state": {**raw[6]["state"], "alias_mapped": 0}}
+    assert raw[8]["action"] == "MapAlias"  # after the 3 Reserves and 5 steps of rank 0
+    bad_state[8] = {**raw[8], "state": {**raw[8]["state"], "alias_mapped": 0}}
     # a well-formed Create line (no va: its shape leaves it null) before any Reserve; rank
     # 0 then never reserves, so its header base is null (the reader refuses one)
     lay = h.layout
@@ -104,7 +104,7 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
         assert v.state_before == p.state_before and v.enabled == p.enabled
     assert [v.accepted for v in tlc] == [True] * 4 + [False] * 3
     assert [v.final_phase for v in tlc[:4]] == ["Shutdown", "Published", "Aborted", "Aborted"]
-    assert [v.index for v in tlc[4:]] == [20, 6, 0]
+    assert [v.index for v in tlc[4:]] == [20, 8, 0]
 
 
 @pytest.mark.tlc
