@@ -74,6 +74,18 @@ _TAIL_PIECE_COUNTEREXAMPLE = {
     "topology": {"ranks": 1}}
 
 
+# A row that needs its plane's tail granule (bytes 8..11 of a 12-byte plane over 9
+# pages: byte 8 is on page 8, the last, bytes 9..11 on no page) next to a spare plane:
+# the naive plan's 2 allocations are optimal. A bound that counted the tail granule as
+# touching no page of the row (b > pages instead of b >= pages) said 3.
+_TAIL_GRANULE_ROW = {
+    "name": "tail", "granularity": 4, "pages": 9, "page_tokens": 1,
+    "planes": [{"name": "p0", "bytes_per_page": 1}, {"name": "p1", "bytes_per_page": 1}],
+    "regions": [{"name": "r", "rows": 1, "row_bytes": 12}],
+    "aliases": [{"region": "r", "offset": 0, "plane": "p0", "plane_offset": 0, "length": 12}],
+    "topology": {"ranks": 1}}
+
+
 # (E): four one-byte rows whose pages drift (G = 1, 2 bytes per page, chunks at plane
 # bytes 0, 1, 3, 5): every neighbouring pair of rows can be crossed, so (B) gives one
 # piece, but rows 0-2 lie at plane shift 0 and row 3 only at shift 1 or 2
@@ -129,6 +141,7 @@ def test_all_is_pinned():
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(geometries(max_planes=2, max_regions=2, max_ranks=1))
 @example(parse_geometry(_TAIL_PIECE_COUNTEREXAMPLE))
+@example(parse_geometry(_TAIL_GRANULE_ROW))
 def test_bound_never_exceeds_the_best_plan(g):
     from kvgrant.layout.planner import plan_packed
 
@@ -370,3 +383,11 @@ def test_the_positional_plane_pass_is_the_dict_pass(args) -> None:
     want = _plane_pass_by_dict(per_unit, lam, pred, start, free)
     got = bound._plane_pass(bound._PlaneStates.of(per_unit, pred), lam, start, free)
     assert got == want
+
+
+def test_the_bound_of_a_row_on_its_planes_tail_granule_is_the_optimum() -> None:
+    """_TAIL_GRANULE_ROW: brute force finds 2 allocations (the naive plan), and the
+    bound is at most that (a mutant of bound._unit_incidences said 3)."""
+    g = parse_geometry(_TAIL_GRANULE_ROW)
+    assert brute_min(g) == 2
+    assert allocation_lower_bound(g).total <= 2

@@ -238,3 +238,45 @@ def test_every_planner_keeps_the_contract(g: Geometry) -> None:
             plans.make_plan(g, label)
         found = check_contract(g, plan)
         assert found == [], f"{label}: {[str(v) for v in found]}"
+
+
+def test_a_plan_for_another_page_count_with_the_same_plane_bytes_is_point_3() -> None:
+    """G = 4, one plane of 1 byte per page: 9 and 12 pages both make 12 plane bytes,
+    so every allocation fits either geometry, and only the page count tells them apart
+    (a contract mutant that compared the granularity alone passed
+    test_plan_for_another_geometry_is_point_3, which changes a region)."""
+    from kvgrant.layout.rules import naive_plan
+
+    doc = {"name": "t", "granularity": 4, "pages": 9, "page_tokens": 1,
+           "planes": [{"name": "p0", "bytes_per_page": 1}],
+           "regions": [{"name": "r", "rows": 1, "row_bytes": 4}],
+           "aliases": [{"region": "r", "offset": 0, "plane": "p0", "plane_offset": 0,
+                        "length": 4}],
+           "topology": {"ranks": 1}}
+    g9, g12 = parse_geometry(doc), parse_geometry({**doc, "pages": 12})
+    assert g9.plane_bytes("p0") == g12.plane_bytes("p0") == 12
+    assert check_contract(g9, naive_plan(g9)) == []
+    found = check_contract(g9, naive_plan(g12))
+    assert [v.detail["field"] for v in found if v.point == 3] == ["pages"], found
+
+
+def test_a_tall_region_whose_last_row_gains_a_page_at_its_end_is_point_4() -> None:
+    """5,000 rows of 2 bytes at G = 1 (past the size where conflict sets are compared
+    in bulk): the last row's second byte is backed from page 5000, in no row's set, so
+    that row's range grows only at its stop ((4999, 5001) against (4999, 5000)). The
+    bulk comparison must see a stop-only change (a mutant that compared each range's
+    row and start passed)."""
+    from kvgrant.layout.plan import Allocation, PhysicalPlan
+
+    rows = 5000
+    g = parse_geometry({"name": "tall", "granularity": 1, "pages": rows + 1, "page_tokens": 1,
+                        "planes": [{"name": "p", "bytes_per_page": 2}],
+                        "regions": [{"name": "r", "rows": rows, "row_bytes": 2}],
+                        "aliases": [{"region": "r", "offset": 0, "plane": "p",
+                                     "plane_offset": 0, "length": 2 * rows}],
+                        "topology": {"ranks": 1}})
+    plan = PhysicalPlan("packed", g, (
+        Allocation("p", 0, 2 * rows - 1, "r", 0), Allocation("p", 2 * rows - 1, 1),
+        Allocation("p", 2 * rows, 1, "r", 2 * rows - 1), Allocation("p", 2 * rows + 1, 1)))
+    found = [v for v in check_contract(g, plan) if v.point == 4]
+    assert len(found) == 1 and "row 4999" in str(found[0]) and "5000" in str(found[0]), found

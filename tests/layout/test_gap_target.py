@@ -98,3 +98,25 @@ def test_kvgrant_plan_takes_max_gap_and_refuses_a_bad_one(capsys):
         err = capsys.readouterr().err
         assert "--max-gap" in err and "fraction >= 0 and < 1" in err
     planner._cached.cache_clear()
+
+
+def test_a_plan_one_above_its_bound_is_not_called_optimal() -> None:
+    """exporter-9 stops within the target one allocation above the solver's bound:
+    ``optimal`` says the plan meets its bound, nothing looser (a planner mutant that
+    called "within 1" optimal passed every test, since dcp8 stops 3 above)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gen_layout
+
+    from kvgrant.layout.geometry import parse_geometry
+
+    planner._cached.cache_clear()
+    try:
+        res = planner.plan_packed(parse_geometry(gen_layout.exporter_layout(9)))
+    finally:
+        planner._cached.cache_clear()
+    n = len(res.plan.allocations)
+    assert n == res.bound + 1, (n, res.bound)  # the layout this test needs
+    assert res.optimal is False and res.optimal == (n == res.bound)
+    assert res.verdict().startswith("within 1 of optimal") and res.to_json()["optimal"] is False

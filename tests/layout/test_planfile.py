@@ -222,3 +222,24 @@ def test_a_rule_plan_under_its_own_label_is_read_back(tmp_path: Path, rule: Any)
     path.write_text(json.dumps(plan_document(want)))
     got = read_plan_file(path, g)
     assert got.label == want.label and got.allocations == want.allocations
+
+
+@pytest.mark.parametrize("plan_of, label", [(naive_plan, "reference"),
+                                            (reference_plan, "naive")])
+def test_one_rules_plan_under_the_other_rules_label_is_refused(
+        tmp_path: Path, plan_of: Any, label: str) -> None:
+    """published-dcp8, where the two rules differ (2,037 against 1,747 allocations): the
+    naive plan labelled 'reference', or the reference plan labelled 'naive', is refused
+    (a mutant that checked only the 'naive' label accepted the first; small.json's two
+    rule plans are the same, so it cannot show this)."""
+    from kvgrant.errors import PlanFileError
+
+    g = load_geometry(EXAMPLES / "published-dcp8.json")
+    assert len(naive_plan(g).allocations) != len(reference_plan(g).allocations)
+    doc = plan_document(plan_of(g))
+    doc["label"] = label
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanFileError) as info:
+        read_plan_file(path, g)
+    assert f"labelled {label!r} must be the {label} rule's plan" in str(info.value)
