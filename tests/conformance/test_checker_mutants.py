@@ -122,11 +122,16 @@ def test_an_import_that_returns_a_live_own_handle_is_rejected(tmp_path: Path) ->
 
 
 def test_two_creates_that_return_one_handle_are_rejected(tmp_path: Path) -> None:
-    """Rank 2's Create of alloc 1 returns alloc 0's live handle (a mutant's fast path,
-    group_fast, dropped the distinct-handles check)."""
+    """Rank 2's Create of alloc 1 returns alloc 0's live handle, and every later event
+    of that allocation names it too (a mutant's fast path, group_fast, dropped the
+    distinct-handles check, and nothing else in the file gives it away)."""
     files = _group(tmp_path)
-    own = _own_handle(files[2], 0)
-    seq = _edit(files[2], lambda e: e["action"] == "Create" and e["args"]["alloc"] == 1, own)
+    h0, h1 = _own_handle(files[2], 0), _own_handle(files[2], 1)
+    seq = next(e["seq"] for e in map(json.loads, files[2].read_text().split("\n")[1:])
+               if e and e["action"] == "Create" and e["args"]["alloc"] == 1)
+    text = files[2].read_text()
+    assert f'"handle": {h1},' in text
+    files[2].write_text(text.replace(f'"handle": {h1},', f'"handle": {h0},'))
     v = check_group([str(f) for f in files])[0]
     assert not v.accepted and "which is still live (rank 2's alloc 0)" in v.reason, v.summary()
     assert f"seq {seq}" in v.summary()
