@@ -541,7 +541,7 @@ def test_each_event_of_a_one_process_trace_has_its_own_time(
     if fault is None:
         with allocate(g, plan=plan, driver=SimDriver(devices=3), trace=path):
             pass
-    else:  # the 4th grant fails: an aliased allocation with some of its events done
+    else:  # the 4th cuMemSetAccess fails: its allocation's earlier events are packed
         with pytest.raises(AllocationError):
             allocate(g, plan=plan, driver=SimDriver(devices=3, faults=Fault(nth=4, call=fault)),
                      trace=path)
@@ -569,8 +569,7 @@ def test_release_failure_text_says_more_only_past_five() -> None:
 
 def test_a_transaction_left_without_commit_raises_the_first_undo_that_failed() -> None:
     """Transaction.__exit__ with no exception and two failing undos raises the first
-    that ran (the newest), the later one attached to it; mutant: the last one, which
-    hid the first failure."""
+    that ran (the newest); mutant: the last one, which hid the first failure."""
     from kvgrant.runtime.transaction import Transaction
 
     def bad(name: str) -> None:
@@ -720,8 +719,9 @@ def test_an_unchecked_resize_stops_a_holder_from_binding_others(tmp_path: Path) 
 def test_a_group_abort_keeps_every_failed_undo_and_the_live_counts_at_the_failure(
         tmp_path: Path) -> None:
     """Rank 1's third cuMemMap fails and both cuMemUnmaps of its unwinding fail:
-    GroupError.cleanup_errors holds both, the first Unmap first (and the cuMemAddressFree
-    the leaked mappings then make fail), as many as the message counts, and GroupError.live is what was live when the step failed (mutants
+    GroupError.cleanup_errors holds both, the first Unmap first (then the
+    cuMemAddressFree that the leaked mappings make fail), as many as the message
+    counts, and GroupError.live is what was live when the step failed (mutants
     (group.py ``_abort``): the first undo failure dropped; ``live`` read after the
     unwinding)."""
     drivers = [SimDriver(devices=2), SimDriver(devices=2, faults=[
