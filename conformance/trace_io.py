@@ -18,6 +18,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
+from kvgrant.conformance.group_model import UNDO_STEPS  # a leaf module: no import cycle
 from kvgrant.conformance.trace_plan import (Layout, derive_importers, parse_layout,
                                              rank_key_error)
 from kvgrant.errors import ArgumentError, TraceError
@@ -716,10 +717,10 @@ def _parse_event(obj: dict[str, Any], lineno: int, index: int, h: Header,
 
 #: The fields naming an event's objects (CUDA ordinal, VA, bytes, handle id).
 _OBJECT_FIELDS = ("device", "va", "size", "handle")
-#: The undo steps and the object fields their line sets (one-process and group actions).
+#: The undo steps (the group model's, which hold the one-process ones) and the object
+#: fields their line sets.
 _UNDO_NAMES = {a: tuple(k for k in ("va", "size", "handle") if getattr(sh, k))
-               for a, sh in {**ACTIONS, **GROUP_SHAPES}.items()
-               if a in ("Unmap", "Release", "Free", "ImportUnmap", "ImportRelease")}
+               for a, sh in {**ACTIONS, **GROUP_SHAPES}.items() if a in UNDO_STEPS}
 
 
 def unnamed_undo_field(action: str, get: Any) -> str:

@@ -3,14 +3,13 @@ match the Python engine (tlc mark: needs Java)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
 from kvgrant.conformance import check_trace
 from kvgrant.conformance import tlc
-from kvgrant.conformance.mutants import reference_trace, trace_from_events
+from kvgrant.conformance.mutants import _bases_of, reference_trace, trace_from_events
 from kvgrant.conformance.replay import replay
 from kvgrant.conformance.tla_trace import (check_trace_tlc, check_traces_tlc,
                                            parse_tla_value, parse_tlc_state,
@@ -91,9 +90,7 @@ def test_tlc_accepts_and_rejects_like_python(java) -> None:
     bad_state[8] = {**raw[8], "state": {**raw[8]["state"], "alias_mapped": 0}}
     # a well-formed Create line (no va: its shape leaves it null) before any Reserve; rank
     # 0 then never reserves, so its header base is null (the reader refuses one)
-    lay = h.layout
-    no_base = dataclasses.replace(h, layout=dataclasses.replace(
-        lay, reservations={**lay.reservations, 0: (None, lay.reservations[0][1])}))
+    no_base = _bases_of(h, set(range(1, h.ranks)))
     first = trace_from_events(no_base, [{**raw[0], "action": "Create", "args": {"alloc": 0},
                                          "call": "cuMemCreate", "va": None}] + raw[1:])
     traces = good + [cut, trace_from_events(h, bad_state), first]
