@@ -1111,7 +1111,15 @@ def _cut_lost(h: "highspy.Highs", m: _Model, lab: Labels,
               lost: Iterable[tuple[int, int, int, int]]) -> bool:
     """Add to ``h`` the rows that cut off each lost join's pattern (class, label, first
     granule, granules); False when one of them is a restriction (no valid cut for its
-    window), after which the solver's dual bounds no longer hold for every plan."""
+    window), after which the solver's dual bounds no longer hold for every plan.
+
+    The one-run cuts of a class of several planes hold for every plan. The cut of a
+    single-plane class holds for some optimal plan, not for every plan: a plan whose one
+    plane holds the label on the whole window as two plane-adjacent runs, the first of
+    the row's layout joined in and the last joined out, breaks it. Merging those two runs
+    and dropping the out-join gives a plan of the same count that keeps it (and adds no
+    pattern elsewhere: only a join out is dropped), so the model's optimum, and so every
+    later dual bound, is still a bound on the optimum."""
     import highspy
     import numpy as np
 
@@ -1122,7 +1130,7 @@ def _cut_lost(h: "highspy.Highs", m: _Model, lab: Labels,
         f_in = m.f[(c, u - 1, lab.pred[l_], l_)]
         f_out = m.f[(c, u + k - 1, l_, lab.succ[l_])]
         cuts = [] if mult == 1 else _one_run_cuts(m, lab, {(c, l_, u, u + k - 1)})
-        if mult == 1:  # valid for every plan: the one plane holds the whole pattern
+        if mult == 1:  # holds for an optimal plan (docstring): one plane, whole pattern
             ents = [(f_in, 1.0), (f_out, 1.0)] + [(m.x[(c, t, l_)], 1.0)
                                                   for t in range(u, u + k)]
             h.addRow(-inf, float(k + 1), len(ents), np.array([e[0] for e in ents],
