@@ -97,7 +97,9 @@ def allocate(geometry: "Geometry | str | Path", *,
         does: ``errors="raise"`` (the default) releases the cache and raises
         :class:`~kvgrant.errors.TraceError`, since a lost trace was noticed only in
         ``trace_error``; ``"continue"`` keeps the cache and records the error in
-        :attr:`Published.trace_error`.
+        :attr:`Published.trace_error`. A path that names an existing file that is not
+        a kvgrant trace is refused (ArgumentError) unless ``TraceOptions(path,
+        overwrite=True)``: writing the trace would destroy it.
     **shorthands
         The flat keywords of earlier versions, still accepted without a warning:
         ``handle_budget``, ``handle_reserve``, ``preflight`` and ``ledger`` stand for
@@ -143,7 +145,8 @@ def allocate(geometry: "Geometry | str | Path", *,
     opts = group_options(allocate, shorthands, budget=budget, trace=trace, backend=backend)
     devices, plan = check_allocate_args(
         geometry, plan=plan, devices=devices, memory_limit=memory_limit,
-        check_contract=check_contract, trace=opts.trace.target)
+        check_contract=check_contract, trace=opts.trace.target,
+        overwrite_trace=opts.trace.overwrite)
     pub = run_transaction(prepare(
         geometry, plan=plan, backend=opts.backend, devices=devices,
         memory_limit=memory_limit, budget=opts.budget, check_contract=check_contract,

@@ -42,10 +42,12 @@ __all__ = [
     "check_plan_arg",
     "check_plan_object",
     "check_trace_errors",
+    "check_trace_path",
     "check_trace_target",
     "checked_planner",
     "driver_gap",
     "fail",
+    "refuse_overwriting",
     "same_file",
     "show",
 ]
@@ -243,12 +245,64 @@ def same_file(a: Any, b: Any) -> bool:
         return False
 
 
+def refuse_overwriting(argument: str, trace: Any, remedy: str) -> None:
+    """Refuse a trace path that names an existing, non-empty file that does not start
+    with a trace header: writing the trace would destroy it (a geometry, a model file,
+    a typo'd path). A trace is overwritten as before, and so is an empty file.
+    ``remedy`` says how the caller lets it be overwritten (an option, a flag)."""
+    from kvgrant.strict_json import strict_json_loads
+
+    if not _is_path(trace) or not os.path.isfile(trace):
+        return
+    try:
+        with open(trace, "rb") as fh:
+            first = fh.readline(1 << 16)
+    except OSError:  # unreadable: judged by its size
+        first = None if os.path.getsize(trace) else b""
+    if first == b"":
+        # empty: read, not judged by its size (a /proc file reports 0 bytes and is not
+        # empty; --trace /proc/version was opened and failed to write, after allocating)
+        return
+    try:
+        # strictly: a first line naming "kind" twice is not a header (the last would win)
+        is_trace = first is not None and strict_json_loads(first).get("kind") == "header"
+    except (ValueError, AttributeError, RecursionError):
+        is_trace = False
+    if not is_trace:
+        raise ArgumentError(f"{argument} = {os.fspath(trace)!r}: exists and is not a "
+                            f"kvgrant trace; refusing to overwrite it ({remedy})",
+                            argument=argument.lstrip("-"), value=os.fspath(trace))
+
+
+def check_trace_path(argument: str, trace: Any, geometry: Any = None, *,
+                     overwrite: bool = False) -> None:
+    """The trace path of allocate() / allocate_rank() (or, with ``trace`` None, the
+    path ``KVGRANT_TRACE`` names, the errors then naming the variable): never the
+    geometry file, and an existing file that is not a trace only with ``overwrite``
+    (``TraceOptions(path, overwrite=True)``). Was: the library overwrote any file, where
+    ``kvgrant alloc --trace`` refused it without ``--force``."""
+    name = argument
+    if trace is None:
+        from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
+
+        name, trace = TRACE_ENV, env_trace_path()
+    if trace is None:
+        return
+    if same_file(geometry, trace):
+        raise fail(name, trace, f"is the geometry file {show(os.fspath(geometry))}; "
+                                "writing the trace there would overwrite it")
+    if not overwrite:
+        refuse_overwriting(name, trace, "pass trace=TraceOptions(path, overwrite=True) to "
+                                        "overwrite it")
+
+
 def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit: Any,
-                        check_contract: Any, trace: Any) -> tuple[list[int] | None, Any]:
+                        check_contract: Any, trace: Any, overwrite_trace: bool = False
+                        ) -> tuple[list[int] | None, Any]:
     """Check the flat arguments of :func:`~kvgrant.runtime.allocator.allocate` before
     any work (the grouped ones checked themselves: :mod:`kvgrant.runtime.options`);
     ``trace`` is the trace target (None: the path ``KVGRANT_TRACE`` names, checked the
-    same way, its errors naming the variable). Returns ``devices`` as a list (or None)
+    same way, its errors naming the variable; :func:`check_trace_path`). Returns ``devices`` as a list (or None)
     and ``plan`` (a planner callable wrapped so its result is checked).
 
     Raises
@@ -276,14 +330,7 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
             raise fail("memory_limit", memory_limit, "must be None, a size such as '-1G' or "
                                                      "'40G', a byte count or a MemoryLimit")
     check_flag("check_contract", check_contract)
-    name = "trace"
-    if trace is None:  # KVGRANT_TRACE: its errors name the variable, not an argument
-        from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
-
-        name, trace = TRACE_ENV, env_trace_path()
-    if same_file(geometry, trace):
-        raise fail(name, trace, f"is the geometry file {show(os.fspath(geometry))}; "
-                                "writing the trace there would overwrite it")
+    check_trace_path("trace", trace, geometry, overwrite=overwrite_trace)
     if callable(plan) and not isinstance(plan, (str, PhysicalPlan)):
         plan = checked_planner(plan)
     return devs, plan

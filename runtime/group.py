@@ -49,7 +49,8 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.validate import show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
-from kvgrant.runtime.arguments import MAX_DEVICE_ORDINAL, check_flag, check_index, check_plan_arg
+from kvgrant.runtime.arguments import (MAX_DEVICE_ORDINAL, check_flag, check_index,
+                                       check_plan_arg, check_trace_path)
 from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
 from kvgrant.runtime.driver import Driver, LiveCounts, open_driver
@@ -1018,6 +1019,9 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
         if device is not None:   # a str once failed as a bare TypeError, -1 in the driver
             check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
         limit = parse_memory_limit(memory_limit)
+        # never the geometry file; a file that is not a trace only with overwrite=True
+        check_trace_path("trace", opts.trace.target, geometry,
+                         overwrite=opts.trace.overwrite)
     except KVGrantError as e:
         arg_error = e
     try:

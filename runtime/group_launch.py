@@ -48,7 +48,7 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
     from kvgrant.layout.geometry import parse_geometry
     from kvgrant.runtime.faults import Fault
     from kvgrant.runtime.group import allocate_rank
-    from kvgrant.runtime.options import Backend, HandleBudget
+    from kvgrant.runtime.options import Backend, HandleBudget, TraceOptions
 
     g = parse_geometry(spec["geometry"])
     opts: dict[str, Any] = dict(spec.get("driver_options") or {})
@@ -57,7 +57,9 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
     trace = None
     if spec.get("trace_dir"):
         Path(spec["trace_dir"]).mkdir(parents=True, exist_ok=True)
-        trace = str(Path(spec["trace_dir"]) / f"rank{rank}.ndjson")
+        # the command refused a rank file that is not a trace unless --force
+        trace = TraceOptions(str(Path(spec["trace_dir"]) / f"rank{rank}.ndjson"),
+                             overwrite=bool(spec.get("trace_overwrite")))
     device = spec.get("devices", {}).get(str(rank)) if spec.get("devices") else None
     out: dict[str, Any] = {"rank": rank, "pid": os.getpid()}
     try:

@@ -94,11 +94,16 @@ class TraceOptions:
     #: ``trace_error``; None: the call's default ("raise" for allocate, "continue" for
     #: allocate_rank, which never releases one rank of a published group for its trace)
     errors: str | None = None
+    #: let a path ``target`` overwrite an existing file that is not a kvgrant trace (the
+    #: CLI's ``--force``); else such a file is refused before any work, since writing
+    #: the trace would destroy it. A trace, or an empty file, is overwritten either way
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         check_trace_target("TraceOptions.target", self.target)
         if self.errors is not None:
             check_trace_errors("TraceOptions.errors", self.errors)
+        check_flag("TraceOptions.overwrite", self.overwrite)
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
             # was: the fault went to no process, and the group published (exit 0)
             raise ArgumentError(f"--fail-rank = {fail_rank}: must be a rank of the group, "
                                 f"0..{args.procs - 1}", argument="fail-rank", value=fail_rank)
-        trace_dir = _group_trace_dir(args.trace)
+        trace_dir = _group_trace_dir(args.trace, args.procs, args.force)
         if plan not in _LABELS:
             # a plan file is read (and checked against the layout) here, once; every
             # worker gets the same plan (was: each worker refused it as a label)
@@ -203,6 +203,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         "backend": args.backend, "memory_limit": args.memory_limit,
         "handle_budget": args.handle_budget, "handle_reserve": args.handle_reserve,
         "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": trace_dir,
+        "trace_overwrite": args.force,
         "fail_at": args.fail_at, "fail_rank": fail_rank,
         "timeout_s": args.timeout or 120.0,
         "devices": {str(r): d for r, d in enumerate(devices)} if devices else None,
@@ -258,12 +259,13 @@ def _on_ranks(g: Any, ranks: int) -> Any:
         raise ArgumentError(f"--{err}", argument="ranks", value=ranks) from None
 
 
-def _group_trace_dir(option: str | None) -> str | None:
+def _group_trace_dir(option: str | None, procs: int, force: bool) -> str | None:
     """With ``--procs``: the folder the ranks' traces go to (``rank<R>.ndjson`` each),
     ``--trace``'s, else ``KVGRANT_TRACE``'s; an existing file is refused (the error names
     which). Why the variable too: each worker read it as its own trace file, so every
     rank wrote the one path (a file that was not a trace was overwritten, and ``kvgrant
-    conform`` then found rank 0's trace alone)."""
+    conform`` then found rank 0's trace alone). A rank's file that exists and is not
+    a trace is refused here, unless ``--force``, as a one-process ``--trace`` is."""
     from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
 
     field, trace = ("--trace", option) if option else (TRACE_ENV, env_trace_path())
@@ -271,6 +273,12 @@ def _group_trace_dir(option: str | None) -> str | None:
         raise ArgumentError(f"{field} = {trace!r}: with --procs, {field} names a folder "
                             "(one trace per rank); this is an existing file",
                             argument=field.lstrip("-"), value=trace)
+    if trace is not None and not force:
+        from kvgrant.runtime.arguments import refuse_overwriting
+
+        for rank in range(procs):
+            refuse_overwriting(field, os.path.join(trace, f"rank{rank}.ndjson"),
+                               "pass --force to overwrite it")
     return trace
 
 
@@ -334,8 +342,7 @@ def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
     inode), or an existing non-empty file that does not start with a trace header
     (unless ``--force``). ``kvgrant alloc G.json --trace G.json`` overwrote G.json.
     The path is ``--trace``'s, else ``KVGRANT_TRACE``'s (the errors name which)."""
-    from kvgrant.strict_json import strict_json_loads
-    from kvgrant.runtime.arguments import same_file
+    from kvgrant.runtime.arguments import refuse_overwriting, same_file
     from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
 
     field, trace = ("--trace", option) if option else (TRACE_ENV, env_trace_path())
@@ -345,26 +352,8 @@ def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
         raise ArgumentError(f"{field} = {trace!r}: is the geometry file {geometry!r}; the "
                             "trace would overwrite it", argument=field.lstrip("-"),
                             value=trace)
-    if force or not os.path.isfile(trace):
-        return
-    try:
-        with open(trace, "rb") as fh:
-            first = fh.readline(1 << 16)
-    except OSError:  # unreadable: judged by its size
-        first = None if os.path.getsize(trace) else b""
-    if first == b"":
-        # empty: read, not judged by its size (a /proc file reports 0 bytes and is not
-        # empty; --trace /proc/version was opened and failed to write, after allocating)
-        return
-    try:
-        # strictly: a first line naming "kind" twice is not a header (the last would win)
-        is_trace = first is not None and strict_json_loads(first).get("kind") == "header"
-    except (ValueError, AttributeError, RecursionError):
-        is_trace = False
-    if not is_trace:
-        raise ArgumentError(f"{field} = {trace!r}: exists and is not a kvgrant trace; "
-                            "refusing to overwrite it (pass --force to overwrite)",
-                            argument=field.lstrip("-"), value=trace)
+    if not force:
+        refuse_overwriting(field, trace, "pass --force to overwrite it")
 
 
 def _release_failed(args: argparse.Namespace, pub: Any, err: KVGrantError) -> int:
@@ -562,7 +551,8 @@ def run(args: argparse.Namespace) -> int:
                        budget=_budget(args),
                        # the command goes on to its release and reports a lost trace
                        # after it (exit 1), with the summary and what is left live
-                       trace=TraceOptions(args.trace, errors="continue"))
+                       trace=TraceOptions(args.trace, errors="continue",
+                                          overwrite=args.force))
     except KVGrantError as err:
         return _error(args, err)
     hold = DeferredInterrupt()

@@ -22,6 +22,7 @@ from kvgrant.runtime.trace import ALLOC_ENTRY, TRACE_ENV, TraceWriter, clock, op
 from tests.runtime._small import G, chunk_plan, small_geometry
 
 KEEP = "not a trace, keep me\n"
+EARLIER = '{"kind": "header", "note": "an earlier trace"}\nkeep me\n'
 RENDERERS = ["process", "thread"]
 
 
@@ -54,26 +55,28 @@ def test_a_writer_closed_before_its_first_line_leaves_the_file_as_it_was(
 def test_a_refused_allocation_leaves_the_named_trace_file_as_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Refusals after the trace target was read but before the first event (too few
-    devices, an unusable ledger) used to truncate the file to nothing."""
+    devices, an unusable ledger) used to truncate the file to nothing. The file is an
+    earlier trace (a file that is not one is refused before anything: see
+    test_trace_overwrite.py)."""
     g = small_geometry()
     trace = tmp_path / "t.ndjson"
-    trace.write_text(KEEP)
+    trace.write_text(EARLIER)
     with pytest.raises(PlanError, match="needs devices"):
         allocate(g, plan=chunk_plan(g), backend=Backend("sim", {"devices": 1}), trace=trace)
-    assert trace.read_text() == KEEP
+    assert trace.read_text() == EARLIER
     garbage = tmp_path / "ledger.json"
     garbage.write_text("garbage")
     with pytest.raises(LedgerError):
         allocate(g, plan=chunk_plan(g), backend="sim",
                  budget=HandleBudget(ledger=str(garbage)), trace=trace)
-    assert trace.read_text() == KEEP
+    assert trace.read_text() == EARLIER
     # the same through KVGRANT_TRACE, and a new path is not created at all
     new = tmp_path / "new" / "t.ndjson"
     for path in (trace, new):
         monkeypatch.setenv(TRACE_ENV, str(path))
         with pytest.raises(PlanError, match="needs devices"):
             allocate(g, plan=chunk_plan(g), backend=Backend("sim", {"devices": 1}))
-    assert trace.read_text() == KEEP
+    assert trace.read_text() == EARLIER
     assert not new.parent.exists()
     # a run that reaches its first event writes the trace
     allocate(g, plan=chunk_plan(g), backend=SimDriver(devices=3)).release()
