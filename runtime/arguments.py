@@ -302,7 +302,8 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
     """Check the flat arguments of :func:`~kvgrant.runtime.allocator.allocate` before
     any work (the grouped ones checked themselves: :mod:`kvgrant.runtime.options`);
     ``trace`` is the trace target (None: the path ``KVGRANT_TRACE`` names, checked the
-    same way, its errors naming the variable; :func:`check_trace_path`). Returns ``devices`` as a list (or None)
+    same way, its errors naming the variable; :func:`check_trace_path`; a file that is
+    not a trace only with ``overwrite_trace``). Returns ``devices`` as a list (or None)
     and ``plan`` (a planner callable wrapped so its result is checked).
 
     Raises
