@@ -95,3 +95,36 @@ def test_access_on_every_device_is_exactly_the_grant_set() -> None:
     drv.free_address(va, n * n * g)
     assert drv.live().is_empty()
     drv.close()
+
+
+_CONTEXT_STATE = """
+from cuda.bindings import driver as d
+from kvgrant.runtime.cuda import CudaDriver
+
+def active():
+    res, dev = d.cuDeviceGet(0)
+    res, flags, on = d.cuDevicePrimaryCtxGetState(dev)
+    assert int(res) == 0, res
+    return int(on)
+
+drv = CudaDriver()
+drv.free_memory(0)          # retains device 0's primary context and makes it current
+held = active()
+drv.close()
+print(held, active())
+"""
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_close_gives_the_primary_context_back() -> None:
+    """close() releases each primary context it retained, so a process that closes its
+    driver holds no context (and its memory) on the GPU. In a fresh process: nothing
+    else there retains the context."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _CONTEXT_STATE], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "0"]

@@ -214,6 +214,29 @@ def test_injected_fault_fails_the_chosen_call_and_changes_nothing(make_driver: C
     assert driver.live().is_empty()
 
 
+
+@pytest.mark.parametrize("call", ["cuMemSetAccess", "cuMemUnmap"])
+def test_a_mapping_step_is_the_owning_devices_call(make_driver: Callable[..., Driver],
+                                                   call: str) -> None:
+    # set_access and unmap name no device; they act on a mapping of device 0's memory,
+    # so a fault aimed at device 0 fires there and the error names device 0 (a driver
+    # that forgot the mapping's device let the fault pass and named no device)
+    driver = make_driver(faults=FaultPlan([Fault(call=call, device=0, nth=1)]))
+    g, va, size, (h,) = _setup(driver)
+    driver.map(va, g, h)
+    with pytest.raises(DriverError) as info:
+        if call == "cuMemSetAccess":
+            driver.set_access(va, g, [0])
+        else:
+            driver.unmap(va, g)
+    assert info.value.call == call and info.value.device == 0
+    assert info.value.va == va and info.value.size == g
+    driver.set_access(va, g, [0])
+    driver.unmap(va, g)
+    driver.release(h)
+    driver.free_address(va, size)
+    assert driver.live().is_empty()
+
 # ------------------------------------------------------------------ two devices
 def test_access_is_exactly_the_granted_devices(driver2: Driver) -> None:
     g, va, size, hs = _setup(driver2, n_alloc=2)
