@@ -20,7 +20,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 from kvgrant.commands._args import count, path_arg, positive_int, positive_seconds
-from kvgrant.commands._report import error_document, verdict_document
+from kvgrant.commands._report import error_document, error_fields, verdict_document
 from kvgrant.errors import ArgumentError, KVGrantError, ToolError, TraceError
 
 __all__ = ["TLC_MAX_EVENTS", "add_parser", "run"]
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                             value=value)
         if len(args.trace) == 1:
             args.trace = args.trace[0]
-        _error(args, str(err), kind="argument", error_class=ArgumentError)
+        _error(args, str(err), kind="argument", error_class=ArgumentError, cause=err)
         return 2
     if getattr(args, "tlc_max_events", None) is None:
         args.tlc_max_events = TLC_MAX_EVENTS
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
                             argument="ranks", value=args.ranks)
         if len(args.trace) == 1:
             args.trace = args.trace[0]  # as the other documents name a single file
-        _error(args, str(err), kind="argument", error_class=ArgumentError)
+        _error(args, str(err), kind="argument", error_class=ArgumentError, cause=err)
         return 2
     # TLC and its temp folders must go on SIGTERM/SIGHUP/SIGINT too (issue #16).
     with exit_on_signals():
@@ -259,7 +259,7 @@ def _check_geometry(args: argparse.Namespace,
         diffs = mismatches(notes)
     except KVGrantError as err:
         _error(args, f"--geometry {args.geometry}: {err}", kind="geometry",
-               error_class=type(err))
+               error_class=type(err), cause=err)
         return 2
     if diffs:
         return _geometry_rejected(args, diffs)
@@ -411,13 +411,16 @@ def _check_tlc(trace: Any, args: argparse.Namespace) -> Any:
 
 def _error(args: argparse.Namespace, message: str, *, kind: str,
            error_class: type[BaseException],
-           line: int | None = None) -> None:
+           line: int | None = None, cause: BaseException | None = None) -> None:
     """An exit-2 error: stderr, and with --json conform's error document (``error`` is
     the short ``kind``, ``message`` the text), with the fields every kvgrant error
     document has (kvgrant.commands._report: ``ok``, ``kind`` the error class,
-    ``exit_status``)."""
+    ``exit_status``) and those ``cause`` carries (an ArgumentError's ``argument`` and
+    ``value``, a geometry's ``field``: they were left out)."""
     if args.json:
-        doc = {**error_document(error_class.__name__, message, 2), "trace": args.trace,
-               "engine": args.engine, "error": kind, "line": line}
+        fields = error_fields(cause) if cause is not None else {}
+        fields.pop("line", None)
+        doc = {**error_document(error_class.__name__, message, 2, **fields),
+               "trace": args.trace, "engine": args.engine, "error": kind, "line": line}
         print(json.dumps(doc, indent=2))
     print(f"kvgrant conform: error: {message}", file=sys.stderr)

@@ -32,6 +32,8 @@ def test_describe_names_the_driver_and_devices() -> None:
     drv.close()
     assert isinstance(info["driver_version"], int) and info["driver_version"] >= 12000
     assert len(info["devices"]) == drv.device_count()  # type: ignore[arg-type]
+    for name in info["devices"]:  # type: ignore[union-attr]
+        assert name and "\0" not in name and name == name.strip(), repr(name)
     assert info["driver_version"] == driver_version()
     print("GPU:", info)
 
@@ -60,6 +62,9 @@ def test_unknown_device_is_refused_before_the_driver() -> None:
     with pytest.raises(DriverError) as info:
         drv.create(drv.granularity(0), drv.device_count())
     assert info.value.result_name == "CUDA_ERROR_INVALID_DEVICE"
+    # refused by kvgrant's own check, naming the call and the ordinals there are (not
+    # by a cuDeviceGet the ordinal reached)
+    assert info.value.call == "cuMemCreate" and "not a device ordinal" in str(info.value)
     drv.close()
 
 

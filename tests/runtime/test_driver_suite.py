@@ -237,6 +237,52 @@ def test_a_mapping_step_is_the_owning_devices_call(make_driver: Callable[..., Dr
     driver.free_address(va, size)
     assert driver.live().is_empty()
 
+
+def test_one_call_over_adjacent_mappings_grants_and_unmaps_each(driver: Driver) -> None:
+    # one cuMemSetAccess / cuMemUnmap may span several whole mappings (the engine grants
+    # a plane's run of mappings in one call): each mapping gets its grant and each is
+    # gone after the unmap (a driver that tracked only a range's first mapping, or
+    # none, counted grants that were not there)
+    g, va, size, hs = _setup(driver, n_alloc=2)
+    driver.map(va, g, hs[0])
+    driver.map(va + g, g, hs[1])
+    driver.set_access(va, 2 * g, [0])
+    assert driver.live().grants == 2
+    assert driver.get_access(va, 0) and driver.get_access(va + g, 0)
+    driver.unmap(va, 2 * g)
+    assert driver.live().mappings == 0 and driver.live().grants == 0
+    for h in hs:
+        driver.release(h)
+    driver.free_address(va, size)
+    assert driver.live().is_empty()
+
+
+def test_a_mapping_has_no_access_until_it_is_granted(driver: Driver) -> None:
+    g, va, size, (h,) = _setup(driver)
+    driver.map(va, g, h)
+    assert driver.get_access(va, 0) is False
+    driver.set_access(va, g, [0])
+    assert driver.get_access(va, 0) is True
+    driver.unmap(va, g)
+    driver.release(h)
+    driver.free_address(va, size)
+
+
+def test_a_set_access_the_driver_refuses_grants_nothing(driver: Driver) -> None:
+    # the range's second granule is not mapped: the driver refuses the call, and no
+    # grant is counted for the first (only successful calls change the record)
+    g, va, size, (h,) = _setup(driver)
+    driver.map(va, g, h)
+    with pytest.raises(DriverError) as info:
+        driver.set_access(va, 2 * g, [0])
+    assert info.value.call == "cuMemSetAccess"
+    assert info.value.result_name == "CUDA_ERROR_INVALID_VALUE"
+    assert driver.live().grants == 0 and driver.get_access(va, 0) is False
+    driver.unmap(va, g)
+    driver.release(h)
+    driver.free_address(va, size)
+    assert driver.live().is_empty()
+
 # ------------------------------------------------------------------ two devices
 def test_access_is_exactly_the_granted_devices(driver2: Driver) -> None:
     g, va, size, hs = _setup(driver2, n_alloc=2)
