@@ -39,7 +39,8 @@ from kvgrant.errors import TraceError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.strict_json import json_error_text, show_value, unique_keys_loads
 from kvgrant.traceformat import (EVENT_FIELDS, GROUP_FAST_ARGS, GROUP_FAST_EVENT,
-                                 GROUP_SHAPES, GROUP_STATE_KEYS, GROUP_VERSION)
+                                 GROUP_SHAPES, GROUP_STATE_KEYS, GROUP_VERSION,
+                                 MAX_HEADER_BYTES)
 
 __all__ = [
     "GroupHeader",
@@ -52,9 +53,6 @@ __all__ = [
     "read_group_headers",
 ]
 
-#: The longest header line read (a published-scale plan is about 90 KB; 64 MiB is far
-#: more than any plan, and bounds a file with no newline).
-MAX_HEADER_BYTES = 64 << 20
 #: Keys of an event's ``state`` in the writer's order, with their types.
 STATE_KEYS: tuple[tuple[str, type], ...] = GROUP_STATE_KEYS
 _STATE_KEY_NAMES = tuple(k for k, _ in STATE_KEYS)

@@ -40,6 +40,7 @@ __all__ = [
     "GROUP_VERSION",
     "GroupShape",
     "LIFECYCLE_VERSION",
+    "MAX_HEADER_BYTES",
     "PHASES",
     "RANK_ACTIONS",
     "RANK_COUNTERS",
@@ -68,6 +69,10 @@ __all__ = [
 #: Version of a one-process (lifecycle) trace: 2 names its objects (plan, reservations,
 #: handles). Group traces (docs/group-trace.md) are version 2 too (the same event line).
 LIFECYCLE_VERSION = 2
+#: The longest header line read (a published-scale plan is about 90 KB; 64 MiB is far
+#: more than any plan, and bounds a file with no newline): the group reader's bound, and
+#: how far ``--trace``'s overwrite check reads a first line to see a trace header.
+MAX_HEADER_BYTES = 64 << 20
 GROUP_VERSION = 2
 
 #: The model's phases, in the order the lifecycle visits them.

@@ -251,12 +251,18 @@ def refuse_overwriting(argument: str, trace: Any, remedy: str) -> None:
     a typo'd path). A trace is overwritten as before, and so is an empty file.
     ``remedy`` says how the caller lets it be overwritten (an option, a flag)."""
     from kvgrant.strict_json import strict_json_loads
+    from kvgrant.traceformat import MAX_HEADER_BYTES
 
     if not _is_path(trace) or not os.path.isfile(trace):
         return
     try:
         with open(trace, "rb") as fh:
             first = fh.readline(1 << 16)
+            if first.startswith(b"{") and not first.endswith(b"\n"):
+                # a header line longer than that (the published layout's is about 90 KB:
+                # a second `make demo` refused the first one's trace), up to the readers'
+                # bound; a file that does not start as JSON is judged by its first 64 KiB
+                first += fh.readline(MAX_HEADER_BYTES - len(first))
     except OSError:  # unreadable: judged by its size
         first = None if os.path.getsize(trace) else b""
     if first == b"":

@@ -112,3 +112,27 @@ def test_alloc_procs_refuses_a_rank_file_that_is_not_a_trace_unless_forced(
     res = cli(["alloc", str(SMALL), *SIM, "--procs", "3", "--trace", str(folder), "--force"])
     assert res.rc == 0, res.err
     assert all(_first_kind(folder / f"rank{r}.ndjson") == "header" for r in range(3))
+
+
+def test_a_trace_whose_header_line_is_longer_than_64_kib_is_overwritten(
+        tmp_path: Path) -> None:
+    # the published layout's header line is about 90 KB: only its first 64 KiB were
+    # read, which did not parse, so a second `make demo` refused the first one's trace
+    earlier = tmp_path / "earlier.ndjson"
+    earlier.write_text(json.dumps({"kind": "header", "pad": "x" * 100_000}) + "\n{}\n")
+    pub = allocate(tiny(), backend="sim", trace=str(earlier))
+    pub.release()
+    assert _first_kind(earlier) == "header" and "pad" not in earlier.read_text()
+    res = cli(["alloc", str(SMALL), *SIM, "--trace", str(earlier)])
+    assert res.rc == 0, res.err
+
+
+def test_a_long_first_line_that_is_not_a_trace_header_is_still_refused(
+        tmp_path: Path) -> None:
+    for text in (json.dumps({"kind": "notes", "pad": "x" * 100_000}) + "\n",
+                 "x" * 100_000 + "\n", "{" + "x" * 100_000):
+        target = tmp_path / "long.txt"
+        target.write_text(text)
+        with pytest.raises(ArgumentError, match="is not a kvgrant trace"):
+            allocate(tiny(), backend="sim", trace=str(target))
+        assert target.read_text() == text
