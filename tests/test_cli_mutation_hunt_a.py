@@ -7,7 +7,7 @@ existing test still passed. Each test here states the behaviour a user sees (exi
 status, error text, a JSON field) and fails with its mutant applied.
 
 Each test runs ``kvgrant.cli.main`` in this process (the sim backend; milliseconds),
-as tests/test_cli_review_fixes.py does.
+through tests/test_cli_review_fixes.py's ``cli``.
 """
 
 from __future__ import annotations
@@ -18,41 +18,12 @@ import io
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = ROOT / "examples" / "small.json"
-SIM = ["--backend", "sim"]
-
-
-@dataclass
-class Result:
-    rc: int
-    out: str
-    err: str
-
-    def doc(self) -> dict[str, Any]:
-        """stdout as exactly one JSON document."""
-        value = json.loads(self.out)
-        assert isinstance(value, dict), self.out
-        return value
-
-
-def cli(argv: Sequence[str]) -> Result:
-    from kvgrant.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:  # argparse
-            rc = exc.code if isinstance(exc.code, int) else 2
-    return Result(int(rc), out.getvalue(), err.getvalue())
-
+from tests.test_cli_review_fixes import SIM, SMALL, cli
 
 class _ClosedPipe(io.TextIOBase):
     """A stdout whose reader went away: every write fails with EPIPE (as ``kvgrant ...
