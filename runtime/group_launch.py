@@ -57,9 +57,9 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
     trace = None
     if spec.get("trace_dir"):
         Path(spec["trace_dir"]).mkdir(parents=True, exist_ok=True)
-        # the command refused a rank file that is not a trace unless --force
+        # overwrite: the command refused a rank file that is not a trace (unless --force)
         trace = TraceOptions(str(Path(spec["trace_dir"]) / f"rank{rank}.ndjson"),
-                             overwrite=bool(spec.get("trace_overwrite")))
+                             overwrite=True)
     device = spec.get("devices", {}).get(str(rank)) if spec.get("devices") else None
     out: dict[str, Any] = {"rank": rank, "pid": os.getpid()}
     try:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.test_cli_review_fixes import SIM, SMALL, cli
+from tests.test_cli_review_fixes import small_trace  # noqa: F401 (a fixture)
 
 class _ClosedPipe(io.TextIOBase):
     """A stdout whose reader went away: every write fails with EPIPE (as ``kvgrant ...
@@ -155,14 +156,6 @@ def test_alloc_json_names_the_trace_written_through_the_environment(
 
 
 # ------------------------------------------------------------------ conform.py
-@pytest.fixture(scope="module")
-def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("trace") / "small.ndjson"
-    res = cli(["alloc", str(SMALL), *SIM, "--trace", str(path)])
-    assert res.rc == 0, res.err
-    return path
-
-
 def test_a_tlc_option_with_the_python_engine_names_the_one_trace_as_a_path(
         small_trace: Path) -> None:
     """``conform T --tlc-timeout 5 --json`` (the python engine runs no TLC) is refused,

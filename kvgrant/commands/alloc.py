@@ -203,7 +203,6 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         "backend": args.backend, "memory_limit": args.memory_limit,
         "handle_budget": args.handle_budget, "handle_reserve": args.handle_reserve,
         "ledger": args.ledger, "preflight": not args.no_preflight, "trace_dir": trace_dir,
-        "trace_overwrite": args.force,
         "fail_at": args.fail_at, "fail_rank": fail_rank,
         "timeout_s": args.timeout or 120.0,
         "devices": {str(r): d for r, d in enumerate(devices)} if devices else None,
@@ -551,8 +550,9 @@ def run(args: argparse.Namespace) -> int:
                        budget=_budget(args),
                        # the command goes on to its release and reports a lost trace
                        # after it (exit 1), with the summary and what is left live
-                       trace=TraceOptions(args.trace, errors="continue",
-                                          overwrite=args.force))
+                       # overwrite: _check_trace_target applied the rule already,
+                       # naming --trace / KVGRANT_TRACE and --force
+                       trace=TraceOptions(args.trace, errors="continue", overwrite=True))
     except KVGrantError as err:
         return _error(args, err)
     hold = DeferredInterrupt()

@@ -266,9 +266,6 @@ def test_the_cuda_array_interface_is_writable() -> None:
     assert cai["shape"] == (32,) and cai["typestr"] == "|u1"
 
 
-# ------------------------------------------------------------------- capacity.py
-
-
 # ----------------------------------------------------------------- interrupts.py
 
 
@@ -306,9 +303,6 @@ def test_closing_a_pool_that_still_holds_grants_keeps_them_counted(tmp_path: Pat
     assert b.total() == 3
     assert b.take(2) == (False, 3)
     b.close()
-
-
-# ---------------------------------------------------------------------- ledger.py
 
 
 # ---------------------------------------------------------------------- driver.py
