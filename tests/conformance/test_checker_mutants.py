@@ -146,3 +146,32 @@ def test_two_files_of_one_rank_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TraceError) as info:
         check_group([str(f) for f in files] + [str(copy)])
     assert "header.rank = 1" in str(info.value) and "has the same rank" in str(info.value)
+
+
+def test_a_failed_import_from_a_rank_outside_the_import_group_is_rejected(
+        tmp_path: Path) -> None:
+    """Import groups {0, 3} and {1, 2}: rank 2's first Import fails, and the edit names
+    owner 0, a rank it does not import from. No earlier import precedes it (0 sorts
+    before rank 2's only source), so only the failed step's own owner check rejects it
+    (a mutant of group_model ``_fail_extra`` without that check accepted the group,
+    docs/mutation-score.md)."""
+    from kvgrant.conformance.group_gen import simulate_group, write_group
+    from kvgrant.conformance.group_model import constants_from
+
+    c = constants_from(4, 2, [0, 1], [1], {0: [3], 1: [2], 2: [1], 3: [0]})
+    assert c.sources[2] == (1,)
+    steps = [e for e in map(json.loads, simulate_group(c, shutdown=False)[2].splitlines()[1:])
+             if e["action"] not in ("Vote", "Decide", "Publish")]
+    first_import = next(k for k, e in enumerate(steps) if e["action"] == "Import")
+    texts = simulate_group(c, fail_at={2: first_import})
+    assert check_group([str(p) for p in write_group(texts, tmp_path / "as_run")])[0].accepted
+    lines = texts[2].splitlines()
+    i, ev = next((i, json.loads(x)) for i, x in enumerate(lines) if '"action": "Import"' in x)
+    assert ev["args"] == {"owner": 1, "alloc": 0} and ev["result"] != "CUDA_SUCCESS"
+    ev["args"]["owner"] = 0
+    lines[i] = json.dumps(ev)
+    texts[2] = "\n".join(lines) + "\n"
+    v = check_group([str(p) for p in write_group(texts, tmp_path / "edited")])[0]
+    assert not v.accepted and "rank 0 is not an owner rank 2 imports from" in v.reason, \
+        v.summary()
+    assert f"seq {ev['seq']}" in v.summary()
