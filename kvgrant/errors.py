@@ -19,6 +19,7 @@ catch one class; the leaves say which part failed, never the message text::
     ├── TraceError             a trace file is malformed (line number)
     ├── ToolError              an external tool (Java, TLC) is missing or failed
     └── LedgerError            the host ledger (or simulated host pool) file is unusable
+        ├── NotALedger         the path names another program's JSON file (not repaired)
         └── LedgerLockTimeout  its lock stayed held (``holder_pid`` names the holder)
 """
 
@@ -38,6 +39,7 @@ __all__ = [
     "KVGrantError",
     "LedgerError",
     "LedgerLockTimeout",
+    "NotALedger",
     "PlanCacheTimeout",
     "PlanError",
     "PlanFileError",
@@ -263,6 +265,13 @@ class LedgerError(KVGrantError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class NotALedger(LedgerError):
+    """The ledger path names another program's file: a JSON document (or a JSON first
+    line, as a trace's header) that is not a kvgrant ledger. Unlike a garbage or
+    truncated ledger it is neither used nor repaired (``--repair`` would move someone's
+    file aside), so the remedy is another path."""
 
 
 class LedgerLockTimeout(LedgerError):

@@ -49,7 +49,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvgrant.errors import ArgumentError, HandleBudgetError, LedgerError, LedgerLockTimeout
+from kvgrant.errors import (ArgumentError, HandleBudgetError, LedgerError, LedgerLockTimeout,
+                            NotALedger)
 from kvgrant.runtime.arguments import is_switch_word
 from kvgrant.runtime.hostlock import (ShortWrite, Verdict, current_process, file_kind, judge,
                                       locked, write_fully)
@@ -194,14 +195,15 @@ class _File:
         try:
             doc = json.loads(line)
         except (UnicodeDecodeError, ValueError) as e:
+            if _json_document(raw):
+                raise self._foreign() from None
             raise LedgerError(f"{name} is not a kvgrant ledger (garbage or truncated: "
                               f"{str(e)[:120]}): {fix}", path=str(path)) from None
         except RecursionError:
             raise LedgerError(f"{name} is not a kvgrant ledger (JSON nested too "
                               f"deeply): {fix}", path=str(path)) from None
         if not isinstance(doc, dict) or doc.get("format") != LEDGER_FORMAT:
-            raise LedgerError(f"{name} is not a kvgrant ledger (no "
-                              f"\"format\": {LEDGER_FORMAT!r}): {fix}", path=str(path))
+            raise self._foreign()
         version = doc.get("version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise LedgerError(f"{name}: version = {version!r} is not an integer: "
@@ -237,6 +239,17 @@ class _File:
             self.earlier_boot = holders
             holders = []
         return doc, holders
+
+    def _foreign(self) -> NotALedger:
+        """Another program's JSON file where the ledger should be (a geometry, a trace,
+        a config): named as such, and not offered to ``--repair``."""
+        where = (f"point {LEDGER_ENV} at" if self.ledger.source else "give --ledger")
+        return NotALedger(
+            f"{self.ledger.name} is not a kvgrant ledger: it is a JSON document without "
+            f"\"format\": {LEDGER_FORMAT!r} (another program's file: a geometry, a trace?), "
+            f"so kvgrant neither uses it nor repairs it over; {where} the ledger's own "
+            f"path (a file kvgrant creates), or move this file away yourself",
+            path=str(self.ledger.path))
 
     def raw(self) -> bytes:
         """The file's bytes, at most MAX_LEDGER_BYTES + 1 of them (a character device
@@ -336,6 +349,16 @@ class _File:
 
     def _error(self, what: str) -> LedgerError:
         return LedgerError(f"{self.ledger.name}: {what}", path=str(self.ledger.path))
+
+
+def _json_document(raw: bytes) -> bool:
+    """Whether the whole of ``raw`` is one JSON document (a ledger is one line, so a
+    file that parses only as a whole is another program's, e.g. an indented geometry)."""
+    try:
+        json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _reap(holders: list[Holder]) -> tuple[list[Holder], list[Holder], dict[str, Verdict]]:
@@ -615,6 +638,8 @@ class HostLedger:
         with self._session() as f:
             try:
                 _, holders = f.read()
+            except NotALedger:
+                raise  # another program's file: not ours to move aside
             except LedgerError:
                 pass
             else:

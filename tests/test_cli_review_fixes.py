@@ -104,10 +104,14 @@ def test_json_after_a_double_dash_is_an_operand_not_the_option() -> None:
 def test_errors_raised_to_the_cli_print_the_document(tmp_path: Path) -> None:
     # was: budget and verify printed nothing on stdout with --json
     bad = tmp_path / "ledger.json"
-    bad.write_text("[]")
+    bad.write_text("[")  # truncated ("[]", a JSON document, is NotALedger: below)
     doc = assert_error_document(cli(["budget", "--json", "--ledger", str(bad)]),
                                 "LedgerError", 1)
     assert doc["path"] == str(bad), doc
+    bad.write_text("[]")
+    doc = assert_error_document(cli(["budget", "--json", "--ledger", str(bad)]),
+                                "NotALedger", 1)
+    assert doc["path"] == str(bad) and "--repair" not in doc["message"], doc
     assert_error_document(cli(["verify", "--json", str(tmp_path / "none")]), "ToolError", 2)
 
 
@@ -338,3 +342,34 @@ def test_a_malformed_group_trace_with_json_prints_the_common_error_document(
     doc = res.doc()
     assert doc["ok"] is False and doc["kind"] == "TraceError" and doc["exit_status"] == 2
     assert doc["mode"] == "group" and doc["error"] == "malformed" and doc["line"]
+
+
+def test_budget_on_a_path_with_no_ledger_yet_lists_nothing_and_creates_nothing(
+        tmp_path: Path) -> None:
+    """A listing is a read: a mistyped --ledger used to become a new empty ledger file
+    (and look like an idle host); now it says there is no file yet, and leaves none."""
+    path = tmp_path / "typo-ledger.json"
+    res = cli(["budget", "--ledger", str(path), "--json"])
+    assert res.rc == 0, res
+    doc = res.doc()
+    assert doc["ok"] is True and doc["exit_status"] == 0 and doc["exists"] is False, doc
+    assert doc["holders"] == [] and doc["held"] == 0, doc
+    assert doc["margin"] == doc["binding_budget"] - doc["binding_reserve"], doc
+    res = cli(["budget", "--ledger", str(path)])
+    assert res.rc == 0 and "no such file yet, so 0 holder(s)" in res.out, res
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    # a ledger that exists is read as before (and says so)
+    from kvgrant.runtime.ledger import HostLedger
+
+    HostLedger(path).holders()  # the library creates it, as a reserving process does
+    doc = cli(["budget", "--ledger", str(path), "--json"]).doc()
+    assert doc["exists"] is True and doc["ok"] is True and doc["exit_status"] == 0, doc
+
+
+def test_success_documents_carry_ok_and_exit_status(tmp_path: Path) -> None:
+    """Every --json document has ``ok`` and ``exit_status`` (docs/conformance.md); the
+    success documents of plan and alloc had only ``ok``, budget's neither."""
+    plan = cli(["plan", str(SMALL), "--json"])
+    assert plan.rc == 0 and plan.doc()["ok"] is True and plan.doc()["exit_status"] == 0
+    alloc = cli(["alloc", str(SMALL), "--backend", "sim", "--json"])
+    assert alloc.rc == 0 and alloc.doc()["ok"] is True and alloc.doc()["exit_status"] == 0

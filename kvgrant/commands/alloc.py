@@ -221,7 +221,8 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
         problem = (f"--fail-at {args.fail_at}: the fault never fired: rank {fail_rank}'s "
                    "start-up and release made fewer driver calls (choose a smaller K)")
     if args.json:
-        doc: dict[str, Any] = {"ok": ok and not unfired, "procs": args.procs, "mode": "group",
+        doc: dict[str, Any] = {"ok": ok and not unfired, "exit_status": 0,
+                               "procs": args.procs, "mode": "group",
                                **({"fault_fired": False} if unfired else {}),
                                "ranks": reports}
         if problem is not None:  # the error document's fields, the ranks' reports kept
@@ -593,7 +594,7 @@ def run(args: argparse.Namespace) -> int:
                    f"fired: the start-up and release made {calls} driver calls (choose K "
                    f"in 1..{calls})")
     if args.json:
-        summary.update({"ok": problem is None,
+        summary.update({"ok": problem is None, "exit_status": 0,
                         "fault_fired": False if unfired else None,
                         "release_s": round(pub.release_s or 0.0, 6),
                         "live_after_release": live_after, "trace": trace,

@@ -206,7 +206,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         rep = build_report(g, plans, args.handle_budget, lower_bound=bound,
                            packed=packed, handle_bound=handles, reserve=reserve)
-        json.dump({"ok": True, **rep}, sys.stdout, indent=1)
+        json.dump({"ok": True, "exit_status": 0, **rep}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print(format_report(g, plans, args.handle_budget, lower_bound=bound,

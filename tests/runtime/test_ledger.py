@@ -13,7 +13,8 @@ from typing import Iterator
 import pytest
 from _small import chunk_plan, small_geometry
 
-from kvgrant.errors import AllocationError, HandleBudgetError, LedgerError, LedgerLockTimeout
+from kvgrant.errors import (AllocationError, HandleBudgetError, LedgerError, LedgerLockTimeout,
+                            NotALedger)
 from kvgrant.layout.preflight import DEFAULT_HANDLE_RESERVE, handle_demand
 from kvgrant.runtime import hostlock
 from kvgrant.runtime import ledger as ledger_mod
@@ -230,7 +231,6 @@ GOOD = b'{"format":"kvgrant-host-ledger","version":1,"host":"h","boot_id":"","ho
     (b"", "is empty"),
     (b"\x00\xff garbage", "garbage or truncated"),
     (GOOD[:40], "garbage or truncated"),
-    (b'{"format": "something-else", "version": 1}', "not a kvgrant ledger"),
     (b'{"format":"kvgrant-host-ledger","version":"1","holders":[]}', "version = '1'"),
     (b'{"format":"kvgrant-host-ledger","version":1,"holders":{}}', "\"holders\" is not a list"),
     (b'{"format":"kvgrant-host-ledger","version":1,"holders":[{"pid":"1"}]}',
@@ -245,6 +245,30 @@ def test_an_unreadable_ledger_is_a_clear_error_and_is_left_alone(
         assert words in str(info.value) and "kvgrant budget --repair" in str(info.value)
         assert info.value.path == str(book.path)
     assert book.path.read_bytes() == data  # never overwritten by a guess
+
+
+@pytest.mark.parametrize("data", [
+    b'{"format": "something-else", "version": 1}',
+    b'{\n  "name": "small",\n  "granularity": 2097152\n}\n',   # an indented geometry
+    b'{"kind": "header", "version": 2}\n{"kind": "event"}\n',    # a trace's first line
+    b'[1, 2, 3]',
+])
+def test_another_programs_json_file_is_named_as_such_and_never_repaired_over(
+        book: HostLedger, data: bytes) -> None:
+    """A JSON document that is not a ledger is someone's file at the wrong path (a
+    geometry given as --ledger): the error says so and offers no --repair, and repair()
+    refuses too, leaving the file as it was (it used to move it aside and put an empty
+    ledger in its place)."""
+    _write(book, data)
+    for op in (book.holders, lambda: _take(book, 1), book.repair):
+        with pytest.raises(NotALedger) as info:
+            op()
+        msg = str(info.value)
+        assert "is not a kvgrant ledger: it is a JSON document" in msg, msg
+        assert "--repair" not in msg and "give --ledger the ledger's own path" in msg, msg
+        assert info.value.path == str(book.path)
+    assert book.path.read_bytes() == data
+    assert list(book.path.parent.glob(book.path.name + ".bad-*")) == []
 
 
 def test_a_ledger_of_a_newer_version_is_refused_not_overwritten(book: HostLedger) -> None:
