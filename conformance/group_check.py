@@ -79,7 +79,8 @@ def run_group(paths: Sequence[str], engine: str, as_json: bool, *,
         verdicts = check_group(paths, engine, tlc_timeout=tlc_timeout,
                                tlc_max_events=tlc_max_events)
     except TraceError as err:
-        _error(paths, engine, as_json, f"malformed trace: {err}", "malformed", err.line,
+        prefix = "" if "cannot read trace" in str(err) else "malformed trace: "
+        _error(paths, engine, as_json, f"{prefix}{err}", "malformed", err.line,
                error_class=TraceError)
         return 2
     except ToolError as err:

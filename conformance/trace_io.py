@@ -234,7 +234,24 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceError(f"{p}:{line}: not UTF-8 text: byte {raw[err.start]:#04x} at column "
                          f"{column} (file offset {err.start}): {err.reason}",
                          line=line) from None
-    return parse_trace(text, source=str(p))
+    try:
+        return parse_trace(text, source=str(p))
+    except TraceError as err:
+        if err.line == 1 and "not valid JSON" in str(err) and _one_json_document(text):
+            raise TraceError(f"{err}; the file is one JSON document over several lines, "
+                             "not a trace (NDJSON: one JSON object per line, the first its "
+                             "header): a geometry or a plan file?", line=1) from None
+        raise
+
+
+def _one_json_document(text: str) -> bool:
+    """Whether ``text`` parses as one JSON document (an indented geometry given where a
+    trace belongs; its first line, ``{``, alone is not JSON)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def parse_trace(text: str, source: str = "<trace>") -> Trace:

@@ -16,6 +16,7 @@ import sys
 from functools import partial
 from typing import NoReturn, Sequence
 
+from kvgrant import __version__
 from kvgrant.commands._report import error_document, report_error
 from kvgrant.errors import KVGrantError
 
@@ -73,12 +74,38 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvgrant", json_errors=json_errors,
         description="Allocate a multi-GPU KV cache through CUDA VMM in few driver objects.")
+    parser.add_argument("--version", action="version", version=f"kvgrant {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=partial(_Parser, json_errors=json_errors))
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"kvgrant.commands.{name}")
         module.add_parser(sub)
     return parser
+
+
+#: Options whose value may start with "-" (``--memory-limit -1G``: all but 1 GiB).
+_SIGNED_VALUE_OPTIONS = ("--memory-limit",)
+
+
+def _negative_values_joined(argv: list[str]) -> list[str]:
+    """``--memory-limit -1G`` as ``--memory-limit=-1G``. Why: argparse reads a value
+    that starts with "-" and is not a plain number as the next option, and said only
+    "expected one argument" to the form users type first."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return out + argv[i:]
+        if (tok in _SIGNED_VALUE_OPTIONS and i + 1 < len(argv)
+                and len(argv[i + 1]) > 1 and argv[i + 1][0] == "-"
+                and (argv[i + 1][1].isdigit() or argv[i + 1][1] == ".")):
+            out.append(f"{tok}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
 
 
 def one_blas_thread() -> None:
@@ -132,7 +159,7 @@ def _interrupted(command: str | None, as_json: bool, err: BaseException) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     one_blas_thread()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _negative_values_joined(sys.argv[1:] if argv is None else list(argv))
     args: argparse.Namespace | None = None
     try:
         # inside: a Ctrl-C while the subcommands are imported is an interruption too

@@ -373,3 +373,40 @@ def test_success_documents_carry_ok_and_exit_status(tmp_path: Path) -> None:
     assert plan.rc == 0 and plan.doc()["ok"] is True and plan.doc()["exit_status"] == 0
     alloc = cli(["alloc", str(SMALL), "--backend", "sim", "--json"])
     assert alloc.rc == 0 and alloc.doc()["ok"] is True and alloc.doc()["exit_status"] == 0
+
+
+def test_a_negative_memory_limit_may_follow_its_option_as_a_separate_word() -> None:
+    """``--memory-limit -1G`` (argparse alone: "expected one argument") is
+    ``--memory-limit=-1G``; another option after it and words after ``--`` stay as
+    they are."""
+    from kvgrant.cli import _negative_values_joined
+
+    assert _negative_values_joined(["alloc", "g.json", "--memory-limit", "-1G"]) == [
+        "alloc", "g.json", "--memory-limit=-1G"]
+    assert _negative_values_joined(["alloc", "--memory-limit", "-.5G", "x"]) == [
+        "alloc", "--memory-limit=-.5G", "x"]
+    assert _negative_values_joined(["alloc", "--memory-limit", "--json"]) == [
+        "alloc", "--memory-limit", "--json"]
+    assert _negative_values_joined(["alloc", "--", "--memory-limit", "-1G"]) == [
+        "alloc", "--", "--memory-limit", "-1G"]
+    res = cli(["alloc", str(SMALL), "--backend", "sim", "--memory-limit", "-1G", "--json"])
+    assert res.rc == 0 and res.doc()["ok"] is True, res
+    res = cli(["alloc", str(SMALL), "--backend", "sim", "--memory-limit", "--json"])
+    assert res.rc == 2 and "--memory-limit" in res.err, res
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import kvgrant
+    from kvgrant.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kvgrant {kvgrant.__version__}"
+
+
+def test_a_geometry_given_as_a_trace_is_named_as_such(tmp_path: Path) -> None:
+    res = cli(["conform", str(SMALL)])
+    assert res.rc == 2 and "one JSON document over several lines, not a trace" in res.err, res
+    res = cli(["conform", str(tmp_path / "missing.ndjson")])
+    assert res.rc == 2 and "malformed" not in res.err and "cannot read trace" in res.err, res

@@ -52,10 +52,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--plan", type=path_arg, default="packed", metavar="LABEL|FILE",
                    help="physical plan: naive, reference, packed (default), or a plan file "
                         "written by kvgrant plan --json (reused as it is, not planned again)")
-    # "=" form matters: argparse reads "--memory-limit -1G" as a missing value
+    # argparse reads "--memory-limit -1G" as a missing value; kvgrant.cli joins the two
     p.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="SIZE",
                    help="use what is free (default, or -0G); -1G keeps 1 GiB free per GPU; "
-                        "40G uses at most 40 GiB per GPU (write --memory-limit=-1G)")
+                        "40G uses at most 40 GiB per GPU (--memory-limit -1G and "
+                        "--memory-limit=-1G both work)")
     p.add_argument("--trace", type=path_arg, metavar="FILE", default=None,
                    help="write the transition trace (NDJSON) here (or set KVGRANT_TRACE); "
                         "an existing file that is not a trace is kept unless --force")
