@@ -83,7 +83,7 @@ class GroupVerdict:
     def summary(self) -> str:
         if self.accepted:
             ends = ", ".join(f"r{r} {ph}" for r, ph in sorted(self.final.items()))
-            return (f"accepted by {self.engine}: {self.procs} processes, {self.events} "
+            return (f"accepted by {self.engine}: {self.procs} processes, {self.events:,} "
                     f"events ({ends}), {self.seconds:.3f} s")
         ev = self.event or {}
         what = f"{ev.get('action')} {json.dumps(ev.get('args', {}), sort_keys=True)}"

@@ -67,7 +67,7 @@ class Verdict:
         if self.accepted:
             leak = "" if self.final_phase in TERMINAL_PHASES or self.final_phase is None \
                 else " (an undo failed: the unwinding ended with objects left live)"
-            return (f"accepted by {self.engine}: {self.events} events, {self.ranks} ranks, "
+            return (f"accepted by {self.engine}: {self.events:,} events, {self.ranks} ranks, "
                     f"final phase {self.final_phase}{leak}, {self.seconds:.3f} s")
         what = self.event.describe() if self.event is not None else "end of trace"
         return (f"rejected by {self.engine} at event {self.index} (line {self.line}): "

@@ -335,7 +335,18 @@ def _diff(path: str, got: Any, want: Any, out: list[str]) -> None:
         for i, (g, w) in enumerate(zip(got, want)):
             _diff(f"{path}[{i}]", g, w, out)
     elif got != want:
-        out.append(f"{path} = {got!r} but the geometry says {want!r}"[:300])
+        out.append(f"{path} = {_clip(got)} but the geometry says {_clip(want)}")
+
+
+def _clip(value: Any, most: int = 140) -> str:
+    """``repr(value)``, cut to ``most`` characters with a mark saying so. Why: a list of
+    differing length (a whole plane list) was cut mid-value with the line, and the
+    geometry's side lost without a word."""
+    text = repr(value)
+    if len(text) <= most:
+        return text
+    n = f" ({len(value)} items)" if isinstance(value, (list, tuple, dict)) else ""
+    return text[:most] + f"... (cut{n})"
 
 
 def compare_plan(layout: Layout, ranks: int, expected: Mapping[str, Any]) -> list[str]:

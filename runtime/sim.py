@@ -593,17 +593,17 @@ class SimDriver:
                     free = self.memory_per_device - self._others[dev or 0] - self._used[
                         dev or 0]
                     raise self._err(
-                        _OOM, f"driver handle budget of the host exhausted: {held} (mapping, "
-                        f"device) grants live on the host ({self._grants} of them this "
-                        f"driver's) + {new} new > budget {self.handle_budget} (pool "
-                        f"{self.host_pool.path}), while {free} bytes are still free on "
+                        _OOM, f"driver handle budget of the host exhausted: {held:,} (mapping, "
+                        f"device) grants live on the host ({self._grants:,} of them this "
+                        f"driver's) + {new:,} new > budget {self.handle_budget:,} (pool "
+                        f"{self.host_pool.path}), while {free:,} bytes are still free on "
                         f"device {dev}", call, dev, va, size)
         elif self._grants + new > self.handle_budget:
             free = self.memory_per_device - self._others[dev or 0] - self._used[dev or 0]
             raise self._err(
-                _OOM, f"driver handle budget exhausted: {self._grants} (mapping, device) "
-                f"grants live + {new} new > budget {self.handle_budget}, while "
-                f"{free} bytes are still free on device {dev}", call, dev, va, size)
+                _OOM, f"driver handle budget exhausted: {self._grants:,} (mapping, device) "
+                f"grants live + {new:,} new > budget {self.handle_budget:,}, while "
+                f"{free:,} bytes are still free on device {dev}", call, dev, va, size)
         for m in maps:
             m.access |= wanted
         self._grants += new

@@ -410,3 +410,41 @@ def test_a_geometry_given_as_a_trace_is_named_as_such(tmp_path: Path) -> None:
     assert res.rc == 2 and "one JSON document over several lines, not a trace" in res.err, res
     res = cli(["conform", str(tmp_path / "missing.ndjson")])
     assert res.rc == 2 and "malformed" not in res.err and "cannot read trace" in res.err, res
+
+
+def test_a_trace_made_on_fewer_ranks_is_told_to_add_ranks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvgrant alloc G --ranks 2` then `conform --geometry G` without --ranks: the
+    rejection says how to check it (not when the trace has more ranks, nor with
+    --ranks given)."""
+    trace = tmp_path / "r2.ndjson"
+    big = ROOT / "examples" / "published-dcp8.json"
+    assert cli(["alloc", str(big), "--backend", "sim", "--ranks", "2", "--trace",
+                str(trace)]).rc == 0
+    res = cli(["conform", str(trace), "--geometry", str(big)])
+    assert res.rc == 1 and "check it with --ranks 2 too" in res.err, res.err
+    assert cli(["conform", str(trace), "--geometry", str(big), "--ranks", "2"]).rc == 0
+    from argparse import Namespace
+
+    from kvgrant.commands.conform import _geometry_rejected
+
+    for diff, hint in (("header.ranks = 16 but the geometry has 3 ranks", False),
+                       ("r1.ndjson: header.ranks = 3 but the geometry has 16 ranks", True)):
+        args = Namespace(geometry="g.json", json=False, trace="t", engine="python", ranks=None)
+        assert _geometry_rejected(args, [diff]) == 1
+        assert ("check it with --ranks 3 too" in capsys.readouterr().err) is hint
+    # a value too long for the line is cut with a mark, and the geometry's side stays
+    res = cli(["conform", str(trace), "--geometry", str(SMALL), "--ranks", "2"])
+    assert res.rc == 1 and "check it with" not in res.err, res.err
+    assert re.search(r"header\.planes = \[.*\.\.\. \(cut \(16 items\)\) but the geometry "
+                     r"says \[\['kv0', 0, \d+\], \['kv1'", res.err), res.err
+
+
+def test_counts_in_messages_have_thousands_separators(tmp_path: Path) -> None:
+    trace = tmp_path / "t.ndjson"
+    big = ROOT / "examples" / "published-dcp8.json"
+    res = cli(["alloc", str(big), "--backend", "sim", "--ranks", "2", "--trace", str(trace)])
+    assert res.rc == 0 and "published: 2,234 KV pages" in res.out, res.out
+    res = cli(["conform", str(trace)])
+    assert res.rc == 0 and re.search(r"accepted by python: \d{1,3}(,\d{3})+ events", res.out), \
+        res.out

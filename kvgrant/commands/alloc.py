@@ -135,7 +135,7 @@ def _print_text(s: dict[str, Any], release_s: float | None, live_after: dict[str
         print(f"  backend {s['backend_reason']}")
     reduced = "" if cap["pages"] == cap["requested_pages"] else \
         f" (fitted from {cap['requested_pages']} under --memory-limit={cap['memory_limit']})"
-    print(f"  published: {cap['pages']} KV pages{reduced} = {cap['kv_tokens']:,} KV tokens "
+    print(f"  published: {cap['pages']:,} KV pages{reduced} = {cap['kv_tokens']:,} KV tokens "
           f"per rank, {cap['snapshot_slots']} snapshot slots; rows "
           + ", ".join(f"{k}={v}" for k, v in cap["rows"].items()))
     print(f"  {cap['bytes_per_rank'] / 2**30:.2f} GiB per rank")
@@ -235,7 +235,7 @@ def _run_group(args: argparse.Namespace, devices: list[int] | None) -> int:
             if r.get("ok"):
                 cap, c = r["capacity"], r["counts"]
                 print(f"kvgrant alloc: rank {r['rank']} (pid {r['pid']}, {r['backend']} device "
-                      f"{r['device']}): published {cap['pages']} KV pages = "
+                      f"{r['device']}): published {cap['pages']:,} KV pages = "
                       f"{cap['kv_tokens']:,} KV tokens, {cap['snapshot_slots']} snapshot slots; "
                       f"imports from {r['imports_from']}; {c['objects']:,} driver objects, "
                       f"{c['grants']:,} grants; start-up {r['startup_s'] * 1e3:.1f} ms; "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, Callable, Iterable
 
@@ -240,9 +241,20 @@ def _check(args: argparse.Namespace, trace: Any) -> int:
     return status
 
 
+#: compare_plan's line for a rank count that differs (a file prefix for a group's)
+_RANKS_DIFF = re.compile(r"(?:.*: )?header\.ranks = (\d+) but the geometry has (\d+) ranks")
+
+
 def _geometry_rejected(args: argparse.Namespace, diffs: list[str]) -> int:
     msg = (f"the trace header does not match {args.geometry}: " + "; ".join(diffs[:5])
            + (f"; ... {len(diffs) - 5} more" if len(diffs) > 5 else ""))
+    fewer = next((m for m in map(_RANKS_DIFF.fullmatch, diffs)
+                  if m and int(m.group(1)) < int(m.group(2))), None)
+    if fewer is not None and getattr(args, "ranks", None) is None:
+        # the usual cause: the trace of `kvgrant alloc --ranks N` checked without it
+        msg += (f" (the trace was made on {fewer.group(1)} ranks: if it comes from "
+                f"`kvgrant alloc --ranks {fewer.group(1)}`, check it with --ranks "
+                f"{fewer.group(1)} too)")
     if args.json:
         print(json.dumps(verdict_document(
             {"trace": args.trace, "engine": args.engine, "accepted": False, "agree": True,
