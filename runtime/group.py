@@ -1434,6 +1434,27 @@ def _failed_of(decision: Mapping[str, Any]) -> dict[int, str]:
     return {int(r): str(t) for r, t, _ in rows}
 
 
+def _failed_parts(failed: Mapping[int, str]) -> list[str]:
+    """"rank r failed: text" per failed rank, ranks with the same text in one part
+    ("ranks 0..15 failed: text"), in the order of each text's first rank (root causes
+    first, as :func:`_failed_of` orders them). Why: a limit every rank hits (the fd
+    limit) made each of 16 ranks' messages repeat one reason 16 times (about 2.4 KB)."""
+    by_text: dict[str, list[int]] = {}
+    for r, t in failed.items():
+        by_text.setdefault(t, []).append(r)
+    return [f"{_ranks_text(rs)} failed: {t}" for t, rs in by_text.items()]
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0..15`` (consecutive) or ``ranks 1, 4, 6``."""
+    rs = sorted(ranks)
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    if rs == list(range(rs[0], rs[-1] + 1)):
+        return f"ranks {rs[0]}..{rs[-1]}"
+    return "ranks " + ", ".join(map(str, rs))
+
+
 def _missing_reason(chan: _Channel, missing: Sequence[int], dead: Sequence[int],
                     timeout_s: float) -> str:
     parts = []
@@ -1478,7 +1499,7 @@ def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
         driver.close()
     failed = _failed_of(decision)
     missing = list(decision.get("missing", []))
-    parts = [f"rank {r} failed: {t}" for r, t in failed.items()]
+    parts = _failed_parts(failed)
     if missing:
         parts.append(str(decision.get("reason")))
     after = "nothing left" if live_after.is_empty() else ", ".join(

@@ -448,3 +448,8 @@ def test_counts_in_messages_have_thousands_separators(tmp_path: Path) -> None:
     res = cli(["conform", str(trace)])
     assert res.rc == 0 and re.search(r"accepted by python: \d{1,3}(,\d{3})+ events", res.out), \
         res.out
+
+
+def test_a_folder_given_as_the_trace_is_named_as_the_option(tmp_path: Path) -> None:
+    res = cli(["alloc", str(SMALL), "--backend", "sim", "--trace", str(tmp_path)])
+    assert res.rc == 2 and f"--trace = {str(tmp_path)!r}: is a folder" in res.err, res.err

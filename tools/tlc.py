@@ -78,8 +78,13 @@ def _print(result: object, as_json: bool, label: str) -> None:
             f"{summary['status']}")
     if summary["violated"]:
         line += f" ({summary['violated']})"
-    line += (f"; {summary['distinct']} distinct states, depth {summary['depth']}, "
-             f"{summary['seconds']} s")
+    if summary["distinct"] is not None:
+        line += f"; {summary['distinct']:,} distinct states, depth {summary['depth']}"
+    elif summary["generated"] is not None:
+        line += f"; {summary['generated']:,} states generated"
+    else:  # a simulation stopped at its time limit: TLC printed no counts
+        line += "; no state counts (TLC printed none)"
+    line += f", {summary['seconds']} s"
     print(line)
     if summary["status"] not in ("ok", "timeout") and summary["message"]:
         print("  " + summary["message"].replace("\n", "\n  "))

@@ -353,6 +353,10 @@ def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
         raise ArgumentError(f"{field} = {trace!r}: is the geometry file {geometry!r}; the "
                             "trace would overwrite it", argument=field.lstrip("-"),
                             value=trace)
+    if os.path.isdir(trace):  # named as the option, not as the library's `trace`
+        raise ArgumentError(f"{field} = {trace!r}: is a folder; the trace is one file (for "
+                            "--procs, --trace DIR names a folder of rank files)",
+                            argument=field.lstrip("-"), value=trace)
     if not force:
         refuse_overwriting(field, trace, "pass --force to overwrite it")
 

@@ -736,3 +736,16 @@ def test_a_group_abort_keeps_every_failed_undo_and_the_live_counts_at_the_failur
                                                     "cuMemAddressFree"]
     live = err.live if isinstance(err.live, dict) else err.live.as_dict()
     assert (live["handles"], live["mappings"], live["reservations"]) == (2, 2, 1), live
+
+
+def test_a_reason_every_rank_shares_is_said_once_with_its_ranks() -> None:
+    """A limit every rank hits (RLIMIT_NOFILE) made each rank's GroupError list the same
+    reason once per rank; now one part names the ranks, root causes keep their order."""
+    from kvgrant.runtime.group import _failed_parts
+
+    failed = {2: "root cause", **{r: "same limit" for r in (0, 1, 3, 4, 5)}, 7: "other"}
+    assert _failed_parts(failed) == ["rank 2 failed: root cause",
+                                     "ranks 0, 1, 3, 4, 5 failed: same limit",
+                                     "rank 7 failed: other"]
+    assert _failed_parts({r: "x" for r in range(16)}) == ["ranks 0..15 failed: x"]
+    assert _failed_parts({}) == []
