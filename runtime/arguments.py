@@ -11,7 +11,9 @@ rule here leaves the allocator's code about allocating.
 from __future__ import annotations
 
 import io
+import operator
 import os
+import stat
 from typing import Any, Callable, Mapping, Sequence
 
 from kvgrant.errors import ArgumentError
@@ -29,6 +31,7 @@ def is_switch_word(raw: str) -> bool:
 __all__ = [
     "MAX_DEVICE_ORDINAL",
     "TRACE_ERRORS",
+    "as_int",
     "check_allocate_args",
     "check_backend_name",
     "check_count",
@@ -81,8 +84,26 @@ def fail(argument: str, value: Any, accepted: str) -> ArgumentError:
                          value=value)
 
 
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python int when it is an integer (an int, or an integer scalar of
+    numpy or torch: anything with ``__index__``), else None; never a bool.
+
+    Why: engines take ranks, devices and row indices from numpy arrays and 0-d tensors
+    (block tables); ``np.int64(3)`` was refused as "must be an integer"."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy's bool too
+        return None
+    if isinstance(value, int):
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+    except Exception:  # noqa: BLE001 - a 0-d tensor of floats, a broken __index__
+        return None
+
+
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return as_int(value) is not None
 
 
 def _is_path(value: Any) -> bool:
@@ -99,9 +120,11 @@ def check_devices(devices: Any, argument: str = "devices") -> list[int] | None:
                                        "(e.g. [0, 1])")
     out: list[int] = []
     for i, d in enumerate(devices):
-        if not _is_int(d) or not 0 <= d <= MAX_DEVICE_ORDINAL:
+        n = as_int(d)
+        if n is None or not 0 <= n <= MAX_DEVICE_ORDINAL:
             raise fail(f"{argument}[{i}]", d,
                         f"must be an integer CUDA ordinal in 0..{MAX_DEVICE_ORDINAL}")
+        d = n
         if d in out:
             raise fail(argument, list(devices), f"two ranks on one device: {argument}[{i}] = "
                                                f"{d} as {argument}[{out.index(d)}] (one "
@@ -110,10 +133,15 @@ def check_devices(devices: Any, argument: str = "devices") -> list[int] | None:
     return out
 
 
-def check_count(argument: str, value: Any) -> None:
-    """``None`` (kvgrant's default) or an integer >= 0 (a handle budget or reserve)."""
-    if value is not None and (not _is_int(value) or value < 0):
+def check_count(argument: str, value: Any) -> int | None:
+    """``None`` (kvgrant's default) or an integer >= 0 (a handle budget or reserve), as a
+    Python int."""
+    if value is None:
+        return None
+    n = as_int(value)
+    if n is None or n < 0:
         raise fail(argument, value, "must be None or an integer >= 0")
+    return n
 
 
 def check_flag(argument: str, value: Any) -> None:
@@ -143,7 +171,17 @@ def check_trace_target(argument: str, trace: Any) -> None:
     trace)."""
     from kvgrant.runtime.trace import TraceWriter
 
-    if trace is None or isinstance(trace, TraceWriter):
+    if trace is None:
+        return
+    if isinstance(trace, TraceWriter):
+        # one writer per allocation: a second run on a used writer wrote nothing (its
+        # header slot was taken) and a closed one dropped every line, both silently
+        if trace.closed:
+            raise fail(argument, trace, "is a closed TraceWriter; pass a new one (or the "
+                                        "path: allocate opens and closes it)")
+        if trace.used:
+            raise fail(argument, trace, "is a TraceWriter that already holds a trace (one "
+                                        "writer per allocation); pass a new one")
         return
     if _is_path(trace):
         if "\0" in os.fspath(trace):
@@ -245,6 +283,27 @@ def same_file(a: Any, b: Any) -> bool:
         return False
 
 
+def refuse_fifo(argument: str, trace: Any) -> None:
+    """Refuse a trace path that is a FIFO or a socket. Why: opening a FIFO for writing
+    waits for a reader, and the trace file is opened once every rank has reserved its
+    address range: with no reader, allocate() hung there holding the reservations, and
+    Ctrl-C (deferred while kvgrant holds driver objects) needed several presses. A
+    stream the caller opened itself (``trace=open(fifo, "w")``) is taken as before."""
+    if not _is_path(trace):
+        return
+    try:
+        mode = os.stat(trace).st_mode
+    except (OSError, ValueError):
+        return  # missing (created later) or unreadable: the writer's open says why
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+        raise ArgumentError(f"{argument} = {os.fspath(trace)!r}: is {kind}; the trace is "
+                            "written to a file (opening a FIFO waits for a reader, while "
+                            "the ranks hold their reservations): open it yourself and pass "
+                            "the stream (trace=open(path, 'w')), or name a file",
+                            argument=argument.lstrip("-"), value=os.fspath(trace))
+
+
 def refuse_overwriting(argument: str, trace: Any, remedy: str) -> None:
     """Refuse a trace path that names an existing, non-empty file that does not start
     with a trace header: writing the trace would destroy it (a geometry, a model file,
@@ -297,6 +356,7 @@ def check_trace_path(argument: str, trace: Any, geometry: Any = None, *,
     if same_file(geometry, trace):
         raise fail(name, trace, f"is the geometry file {show(os.fspath(geometry))}; "
                                 "writing the trace there would overwrite it")
+    refuse_fifo(name, trace)
     if not overwrite:
         refuse_overwriting(name, trace, "pass trace=TraceOptions(path, overwrite=True) to "
                                         "overwrite it")
@@ -330,7 +390,8 @@ def check_allocate_args(geometry: Any, *, plan: Any, devices: Any, memory_limit:
     check_plan_arg(plan)
     devs = check_devices(devices)
     if isinstance(memory_limit, bool) or (
-            memory_limit is not None and not isinstance(memory_limit, (str, int))):
+            memory_limit is not None and not isinstance(memory_limit, (str, int))
+            and as_int(memory_limit) is None):
         from kvgrant.runtime.capacity import MemoryLimit
 
         if not isinstance(memory_limit, MemoryLimit):
@@ -405,7 +466,9 @@ def check_name(argument: str, value: Any, names: Sequence[str]) -> str:
 
 
 def check_index(argument: str, value: Any, size: int, what: str) -> int:
-    """``value`` must be an int in ``0..size-1`` (a rank, row or page)."""
-    if not _is_int(value) or not 0 <= value < size:
+    """``value`` must be an integer in ``0..size-1`` (a rank, row or page); returned as
+    a Python int (a numpy or torch integer is taken, :func:`as_int`)."""
+    n = as_int(value)
+    if n is None or not 0 <= n < size:
         raise fail(argument, value, f"must be an integer {what} in 0..{size - 1}")
-    return value
+    return n

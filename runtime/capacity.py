@@ -113,6 +113,11 @@ def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
         return _checked_limit(value)
     if isinstance(value, bool):
         raise _bad("memory_limit", value, f"{_FORMS} (True and False are not sizes)")
+    if not isinstance(value, (int, str)):
+        from kvgrant.runtime.arguments import as_int
+
+        n = as_int(value)   # a numpy integer is a byte count too
+        value = value if n is None else n
     if isinstance(value, int):
         if abs(value) > MAX_LIMIT_BYTES:
             raise _bad("memory_limit", value, f"must be at most {MAX_LIMIT_BYTES:,} bytes "
@@ -131,10 +136,12 @@ def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
     if nbytes > MAX_LIMIT_BYTES:
         raise _bad("memory_limit", value, f"{nbytes:,} bytes is more than 1 PiB per GPU; "
                    "write a size such as -1G or 40G")
-    if not unit and 0 < nbytes < MIN_UNITLESS_BYTES and isinstance(value, str):
+    if not unit and 0 < nbytes < MIN_UNITLESS_BYTES:
+        # an int too (memory_limit=-1 kept 1 byte free, where "-1" was refused)
+        form = f"'{sign}{number}G'" if isinstance(value, str) else f"'{sign}{number}G' (a str)"
         raise _bad("memory_limit", value, f"a size without a unit is bytes, and {nbytes} "
-                   f"byte(s) is surely not meant; write e.g. {sign}{number}G (units K, M, "
-                   "G, T are binary)")
+                   f"byte(s) is surely not meant; write e.g. {form} (units K, M, "
+                   f"G, T are binary), or a byte count of at least {MIN_UNITLESS_BYTES:,}")
     if sign == "-":
         return MemoryLimit(text=text.strip(), keep=nbytes)
     if nbytes == 0:

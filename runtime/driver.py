@@ -98,19 +98,24 @@ def open_driver(backend: str = "auto", **options: object) -> Driver:
     BackendUnavailable
         ``backend`` is not one of :data:`BACKENDS`, or ``cuda`` was asked for and no
         VMM-capable GPU is usable here.
+    ArgumentError
+        An option the backend's driver does not take (the message lists those it does).
     """
     if backend not in BACKENDS:
         raise BackendUnavailable(
             f"CUDA_ERROR_INVALID_VALUE: backend = {backend!r}: must be one of "
             f"{', '.join(repr(b) for b in BACKENDS)}",
             call="open_driver", result=1, result_name="CUDA_ERROR_INVALID_VALUE")
+    from kvgrant.runtime.arguments import check_driver_options
+
     if backend in ("auto", "cuda"):
         from kvgrant.runtime import cuda as cuda_backend
 
-        if backend == "cuda":
-            return cuda_backend.CudaDriver(**options)  # type: ignore[arg-type]
-        if cuda_backend.cuda_available():
+        if backend == "cuda" or cuda_backend.cuda_available():
+            # an option the driver does not take was a TypeError from its constructor
+            check_driver_options("options", options, "cuda")
             return cuda_backend.CudaDriver(**options)  # type: ignore[arg-type]
     from kvgrant.runtime.sim import SimDriver
 
+    check_driver_options("options", options, "sim")
     return SimDriver(**options)  # type: ignore[arg-type]

@@ -573,10 +573,11 @@ class Engine:
             self.phase = "Aborted"
             self._group("AbortComplete")
         self.trace.close()
+        query_error: DriverError | None = None
         try:
             free_after: dict[int, int] = {d: driver.free_memory(d)[0] for d in self.devices}
         except DriverError as e:
-            errors.append(e)
+            query_error = e  # a query, not an undo: said apart, not in cleanup_errors
             free_after = {}
         live_after = driver.live()
         if owns:
@@ -595,6 +596,8 @@ class Engine:
                f"published. Cause: {e}")
         if errors:
             msg += f"; {len(errors)} undo(s) failed, first: {errors[0]}"
+        if query_error is not None:
+            msg += f"; the free-memory query after the unwinding failed: {query_error}"
         if self.trace.error is not None:
             msg += f"; the trace is incomplete: writing it failed: {self.trace.error}"
         raise AllocationError(msg, cause=e, rank=f.rank, device=f.device, call=f.call,

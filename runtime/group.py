@@ -49,7 +49,7 @@ from kvgrant.gc_pause import gc_paused
 from kvgrant.layout.geometry import Geometry, load_geometry, parse_geometry
 from kvgrant.layout.validate import show_value
 from kvgrant.layout.plan import Allocation, PhysicalPlan
-from kvgrant.runtime.arguments import (MAX_DEVICE_ORDINAL, check_flag, check_index,
+from kvgrant.runtime.arguments import (MAX_DEVICE_ORDINAL, as_int, check_flag, check_index,
                                        check_plan_arg, check_trace_path)
 from kvgrant.runtime.arguments import fail as refuse   # "fail" is a run's step failure here
 from kvgrant.runtime.capacity import MemoryLimit, PageFit, fit_pages, parse_memory_limit
@@ -1017,7 +1017,7 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
         check_flag("check_contract", check_contract)   # was: any value, read as truthy
         check_plan_arg(plan)   # as allocate() checks it
         if device is not None:   # a str once failed as a bare TypeError, -1 in the driver
-            check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
+            device = check_index("device", device, MAX_DEVICE_ORDINAL + 1, "CUDA ordinal")
         limit = parse_memory_limit(memory_limit)
         # never the geometry file; a file that is not a trace only with overwrite=True
         check_trace_path("trace", opts.trace.target, geometry,
@@ -1027,10 +1027,12 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
     try:
         g = geometry if isinstance(geometry, Geometry) else load_geometry(geometry)
         n = g.topology.ranks
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < n:
+        r = as_int(rank)   # a numpy or torch integer is a rank too
+        if r is None or not 0 <= r < n:
             # a bad argument (was GroupError, as if the group had refused)
             raise refuse("rank", rank, f"must be an integer rank 0..{n - 1} "
                                        f"(topology.ranks = {n})")
+        rank = r
         store, index, world = _store_of(group, store, rank, n)
         if world != n:
             raise GroupError(f"the group has {world} process(es) but topology.ranks = {n}: "
@@ -1489,11 +1491,14 @@ def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
     run.write_header()
     run.trace.close()
     free_after: dict[int, int] = {}
+    query_error: DriverError | None = None
     try:
         if driver is not None:
             free_after = {run.device: driver.free_memory(run.device)[0]}
     except DriverError as e:
-        errors.append(e)
+        # a query, not an undo (was counted as "1 undo(s) failed" when the device itself
+        # was bad, e.g. allocate_rank(device=99))
+        query_error = e
     live_after = driver.live() if driver is not None else LiveCounts()
     if owns and driver is not None:
         driver.close()
@@ -1509,6 +1514,8 @@ def _abort(run: _GroupRun, txn: Transaction, decision: Mapping[str, Any],
            f"unwound: {after}")
     if errors:
         msg += f"; {len(errors)} undo(s) failed, first: {errors[0]}"
+    if query_error is not None:
+        msg += f"; the free-memory query after the unwinding failed: {query_error}"
     if run.trace.error is not None:
         msg += f"; the trace is incomplete: writing it failed: {run.trace.error}"
     cause = fail.cause if fail is not None else None

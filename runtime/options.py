@@ -65,8 +65,8 @@ class HandleBudget:
 
     def __post_init__(self) -> None:
         for name in ("handles", "reserve"):
-            value = getattr(self, name)
-            check_count(f"HandleBudget.{name}", value)
+            value = check_count(f"HandleBudget.{name}", getattr(self, name))
+            object.__setattr__(self, name, value)  # a numpy integer as a Python int
             if value is not None and value > MAX_HANDLES:
                 raise fail(f"HandleBudget.{name}", value,
                            f"must be at most {MAX_HANDLES:,} (10**15, the cap on the CLI's "

@@ -54,6 +54,7 @@ from kvgrant.errors import ArgumentError, PlanCacheTimeout, PlanError
 from kvgrant.layout.geometry import MAX_FILE_BYTES, Geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planfile import geometry_hash, plan_document, plan_from_document
+from kvgrant.runtime.arguments import is_switch_word
 from kvgrant.runtime.hostlock import clock_text, current_process, file_kind, locked
 from kvgrant.strict_json import strict_json_loads
 
@@ -69,7 +70,7 @@ MAX_WAIT_S = 10.0**7
 NOTICE_S = 1.0
 """A wait on the lock longer than this is said once on stderr (or to ``progress``),
 naming the holder and how long the wait may last; shorter waits stay quiet."""
-_OFF = frozenset({"off", "0", "no", "false", "none"})
+_OFF = frozenset({"off", "0", "no", "n", "false", "none"})
 _FORMAT = "kvgrant-plan-cache/1"
 _LABEL = "packed"  # the label of every entry: the cache holds the packed planner's plans
 _RECORD_BYTES = 4096  # at most this much of the lock file is read as its holder record
@@ -89,6 +90,12 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
     if raw is not None:
         if raw.strip().lower() in _OFF:
             return None
+        if is_switch_word(raw) and raw.strip():
+            # was: KVGRANT_PLAN_CACHE=1 made a cache folder named "1" here
+            raise ArgumentError(f"{PLAN_CACHE_ENV} = {raw!r}: must be a folder path, or "
+                                "'off' to turn the plan cache off (it is on by default: "
+                                "unset the variable to use the default folder)",
+                                argument=PLAN_CACHE_ENV, value=raw)
         if not raw.strip() or "\0" in raw:
             raise ArgumentError(f"{PLAN_CACHE_ENV} = {raw!r}: must be a folder path, or "
                                 "'off' to turn the plan cache off", argument=PLAN_CACHE_ENV,

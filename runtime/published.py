@@ -114,10 +114,30 @@ class Published:
         self.released = False
         #: why this backend was used (``auto`` falls back to sim when GPUs are missing)
         self.backend_reason = backend_reason
-        #: [rank][plane name] -> VA of the plane
-        self.plane_va: list[dict[str, int]] = engine.plane_vas()
-        #: [rank][region name] -> VA of row 0 (row i is at + i * row_bytes)
-        self.region_va: list[dict[str, int]] = engine.region_vas()
+        self._plane_va: Any = engine.plane_vas()
+        self._region_va: Any = engine.region_vas()
+
+    @property
+    def plane_va(self) -> Any:
+        """[rank][plane name] -> VA of the plane. ReleasedError after :meth:`release`
+        (the addresses are unmapped; they stayed readable while ``row_va()`` refused)."""
+        self._live("plane_va")
+        return self._plane_va
+
+    @plane_va.setter
+    def plane_va(self, value: Any) -> None:
+        self._plane_va = value
+
+    @property
+    def region_va(self) -> Any:
+        """[rank][region name] -> VA of row 0 (row i is at + i * row_bytes);
+        ReleasedError after :meth:`release`."""
+        self._live("region_va")
+        return self._region_va
+
+    @region_va.setter
+    def region_va(self, value: Any) -> None:
+        self._region_va = value
 
     @property
     def ranks(self) -> int:
@@ -173,7 +193,7 @@ class Published:
         self._live("row_va")
         rank, region = self._rank(rank), self._region(region)
         reg = self.geometry.region_by_name[region]
-        check_index("row", row, reg.rows, f"row of region {region!r}")
+        row = check_index("row", row, reg.rows, f"row of region {region!r}")
         return self.region_va[rank][region] + row * reg.row_bytes
 
     def plane(self, rank: int, plane: str) -> DeviceBuffer:
@@ -190,7 +210,7 @@ class Published:
 
         self._live("page")
         rank, plane = self._rank(rank), self._plane(plane)
-        check_index("page", page, self.capacity.pages, "KV page")
+        page = check_index("page", page, self.capacity.pages, "KV page")
         bpp = self.geometry.plane_by_name[plane].bytes_per_page
         return self.plane(rank, plane).slice(page * bpp, bpp)
 

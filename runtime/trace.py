@@ -337,10 +337,16 @@ class TraceWriter:
     def __init__(self, target: str | os.PathLike[str] | IO[str] | None = None, *,
                  renderer: str = "process", chunk: int = DEFAULT_CHUNK,
                  source: str = "trace") -> None:
-        if renderer not in ("process", "thread"):
-            raise ValueError(f"renderer = {renderer!r}: must be 'process' or 'thread'")
+        from kvgrant.runtime.arguments import check_trace_target, fail
+
+        if not isinstance(renderer, str) or renderer not in ("process", "thread"):
+            raise fail("renderer", renderer, "must be 'process' or 'thread'")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"chunk = {chunk!r}: must be an integer >= 1")
+            raise fail("chunk", chunk, "must be an integer >= 1")
+        if isinstance(target, TraceWriter):
+            raise fail("target", target, "must be None, a file path or a text stream (a "
+                                         "TraceWriter is passed to allocate() as it is)")
+        check_trace_target("target", target)  # TraceWriter(5) took an int as a stream
         self._chunk = chunk
         self._line = event_line(LIFECYCLE_VERSION)  # set again by header()
         self._errors: list[BaseException] = []
@@ -379,6 +385,19 @@ class TraceWriter:
     def enabled(self) -> bool:
         """True while lines are written; test this before building an event."""
         return self._on
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran on a writer that had a target (a disabled writer
+        is never closed: it writes nothing either way)."""
+        return self._sink is not None and self._finalizer is None
+
+    @property
+    def used(self) -> bool:
+        """True once anything was recorded (a header at least): the writer holds one
+        trace, and a second allocation must have its own."""
+        return self.header_written or bool(self._buf) or bool(
+            self._sink is not None and self._sink.seq)
 
     @property
     def error(self) -> BaseException | None:

@@ -43,12 +43,14 @@ class DeviceBuffer:
     def slice(self, offset: int, nbytes: int) -> "DeviceBuffer":
         """A sub-range; ``offset`` and ``nbytes`` must be integers that stay inside this
         buffer (a float offset once gave a fractional pointer)."""
-        from kvgrant.runtime.arguments import fail
+        from kvgrant.runtime.arguments import as_int, fail
 
         self._live("slice")
         for name, value in (("offset", offset), ("nbytes", nbytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            n = as_int(value)
+            if n is None or n < 0:
                 raise fail(name, value, "must be an integer number of bytes >= 0")
+        offset, nbytes = as_int(offset), as_int(nbytes)  # type: ignore[assignment]
         if offset + nbytes > self.nbytes:
             raise fail("nbytes", nbytes, f"slice [{offset}, {offset + nbytes}) is outside "
                        f"the buffer of {self.nbytes} bytes")
@@ -78,7 +80,14 @@ def as_tensor(buf: DeviceBuffer) -> Any:
         The buffer is simulated (there is no device memory to wrap).
     ModuleNotFoundError
         torch is not installed (``pip install 'kvgrant[torch]'``).
+    ArgumentError
+        ``buf`` is not a DeviceBuffer (a VA from ``row_va`` is an int, not a buffer).
     """
+    if not isinstance(buf, DeviceBuffer):
+        from kvgrant.runtime.arguments import fail
+
+        raise fail("buf", buf, "must be a DeviceBuffer (cache.row(...), cache.page(...) or "
+                   "cache.plane(...)); a VA from row_va() is a bare address")
     buf._live("as_tensor")
     if buf.backend != "cuda":
         raise BackendUnavailable(

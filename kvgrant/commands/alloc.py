@@ -343,7 +343,7 @@ def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
     inode), or an existing non-empty file that does not start with a trace header
     (unless ``--force``). ``kvgrant alloc G.json --trace G.json`` overwrote G.json.
     The path is ``--trace``'s, else ``KVGRANT_TRACE``'s (the errors name which)."""
-    from kvgrant.runtime.arguments import refuse_overwriting, same_file
+    from kvgrant.runtime.arguments import refuse_fifo, refuse_overwriting, same_file
     from kvgrant.runtime.trace import TRACE_ENV, env_trace_path
 
     field, trace = ("--trace", option) if option else (TRACE_ENV, env_trace_path())
@@ -357,6 +357,7 @@ def _check_trace_target(geometry: str, option: str | None, force: bool) -> None:
         raise ArgumentError(f"{field} = {trace!r}: is a folder; the trace is one file (for "
                             "--procs, --trace DIR names a folder of rank files)",
                             argument=field.lstrip("-"), value=trace)
+    refuse_fifo(field, trace)
     if not force:
         refuse_overwriting(field, trace, "pass --force to overwrite it")
 

@@ -24,6 +24,7 @@ plan (about 2,000 allocations, 117 rows) checks in milliseconds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -148,10 +149,16 @@ def _check_allocation(g: "Geometry", i: int, a: Any) -> tuple[list[Violation], b
     if aliased:
         fields.append(("region_offset", a.region_offset))
     for name, v in fields:
-        bad = (not isinstance(v, int) or isinstance(v, bool) or v < 0
-               or (name == "length" and v == 0) or v % G)
-        if bad:
-            rule = "a positive" if name == "length" else "a non-negative"
+        rule = "a positive" if name == "length" else "a non-negative"
+        if not isinstance(v, int) or isinstance(v, bool):
+            # a numpy integer or a float is not a byte offset the driver takes; saying
+            # "must be a multiple" of 6291456 (a multiple) misled (review 2026-12-08)
+            out.append(Violation(3, f"{where}: {name} = {v!r} ({type(v).__name__}) must be "
+                                    f"a Python int, {rule} multiple of the granularity {G} "
+                                    "(pass int(x))",
+                                 {"alloc": i, "field": name, "value": repr(v)[:200]}))
+            plane_ok = alias_ok = False
+        elif v < 0 or (name == "length" and v == 0) or v % G:
             out.append(Violation(3, f"{where}: {name} = {v!r} must be {rule} multiple of "
                                     f"the granularity {G}",
                                  {"alloc": i, "field": name, "value": v}))
@@ -191,6 +198,29 @@ def _coverage(kind: str, point: int, name: str, need: int,
     return out
 
 
+def _check_plan_arg(plan: Any) -> None:
+    """``plan`` must be a PhysicalPlan whose geometry is a Geometry and whose allocations
+    are a sequence, or an iterable of allocations that is not a str or a mapping. Why: a
+    label (``check_contract(g, "naive")``) was walked letter by letter, and a hand-built
+    ``PhysicalPlan("x", g, None)`` failed as a TypeError."""
+    from kvgrant.layout.geometry import Geometry
+
+    def bad(what: str, value: Any, rule: str) -> ArgumentError:
+        return ArgumentError(f"check_contract: {what} = {show_value(value)} "
+                             f"({type(value).__name__}): {rule}", argument=what, value=value)
+
+    if hasattr(plan, "allocations"):
+        geom, allocs = getattr(plan, "geometry", None), plan.allocations
+        if geom is not None and not isinstance(geom, Geometry):
+            raise bad("plan.geometry", geom, "must be a Geometry (kvgrant.layout."
+                      "load_geometry or parse_geometry)")
+        if isinstance(allocs, (str, bytes, Mapping)) or not isinstance(allocs, Iterable):
+            raise bad("plan.allocations", allocs, "must be a tuple of Allocation")
+    elif isinstance(plan, (str, bytes, Mapping)) or not isinstance(plan, Iterable):
+        raise bad("plan", plan, "must be a PhysicalPlan or an iterable of Allocation (a "
+                  "label is not a plan: kvgrant.layout.make_plan(g, label) makes one)")
+
+
 @gc_paused()
 def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[Violation]:
     """Every way ``plan`` breaks the layout contract of ``g`` (``[]`` when it keeps it).
@@ -212,10 +242,7 @@ def check_contract(g: "Geometry", plan: "PhysicalPlan | Iterable[Any]") -> list[
     from kvgrant.layout.geometry import require_geometry
 
     require_geometry(g, "check_contract")
-    if not hasattr(plan, "allocations") and not isinstance(plan, Iterable):
-        raise ArgumentError(f"check_contract: plan = {type(plan).__name__}: must be a "
-                            "PhysicalPlan or an iterable of Allocation", argument="plan",
-                            value=plan)
+    _check_plan_arg(plan)
     out: list[Violation] = []
     geom = getattr(plan, "geometry", None)
     if geom is not None:

@@ -64,7 +64,32 @@ def round_up(value: int, multiple: int) -> int:
 
 
 class _Strict(BaseModel):
+    """The geometry's models: a broken rule is a GeometryError however they are built
+    (``Geometry(**doc)``, ``Plane(...)``, ``model_validate``, ``model_validate_json``),
+    as from :func:`parse_geometry`; pydantic's ValidationError (a traceback with a URL)
+    reached users who built the exported classes themselves."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise _geometry_error(err) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as err:
+            raise _geometry_error(err) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as err:
+            raise _geometry_error(err) from None
 
 
 def _check_name(value: str) -> str:
@@ -330,6 +355,22 @@ def _unknown_name(kind: str, name: object, known: Mapping[str, object]) -> Geome
                          f"(its {kind}s: {shown or 'none'})", field=kind, value=name)
 
 
+def _geometry_error(err: ValidationError) -> GeometryError:
+    """The GeometryError for pydantic's ``err``: a GeometryError a validator raised (it
+    arrives wrapped), else every rule broken, the first one's field and value."""
+    errors = err.errors(include_url=False)
+    for e in errors:
+        ctx_err = e.get("ctx", {}).get("error")
+        if isinstance(ctx_err, GeometryError):
+            return ctx_err
+    first = errors[0]
+    # a missing field has no value (pydantic's input is then the whole object around
+    # it, which the JSON document showed as a cut Python repr)
+    return GeometryError(f"invalid geometry: {_format_pydantic(err)}",
+                         field=field_path(list(first["loc"])),
+                         value=None if first.get("type") == "missing" else first.get("input"))
+
+
 def _format_pydantic(err: ValidationError) -> str:
     lines = []
     for e in err.errors(include_url=False):
@@ -346,21 +387,7 @@ def parse_geometry(data: Any) -> Geometry:
     if not isinstance(data, dict):
         raise GeometryError(_not_an_object(data), field="<root>", value=_json_kind(data))
     try:
-        return Geometry.model_validate(data)
-    except ValidationError as err:
-        errors = err.errors(include_url=False)
-        # A GeometryError raised inside a validator arrives wrapped; unwrap it.
-        for e in errors:
-            ctx_err = e.get("ctx", {}).get("error")
-            if isinstance(ctx_err, GeometryError):
-                raise ctx_err from None
-        first = errors[0]
-        # a missing field has no value (pydantic's input is then the whole object
-        # around it, which the JSON document showed as a cut Python repr)
-        raise GeometryError(f"invalid geometry: {_format_pydantic(err)}",
-                            field=field_path(list(first["loc"])),
-                            value=None if first.get("type") == "missing"
-                            else first.get("input")) from None
+        return Geometry.model_validate(data)   # a GeometryError on any rule (_Strict)
     except RecursionError:
         raise GeometryError("invalid geometry: nested too deeply", field="<root>",
                             value=None) from None

@@ -13,7 +13,7 @@ sort by (plane in geometry order, plane offset), so the order is deterministic.
 
 from __future__ import annotations
 
-from kvgrant.errors import PlanError
+from kvgrant.errors import ArgumentError
 from kvgrant.layout.geometry import Geometry, require_geometry
 from kvgrant.layout.plan import PhysicalPlan
 from kvgrant.layout.planner import plan_packed
@@ -42,6 +42,7 @@ def make_plan(g: Geometry, label: str) -> PhysicalPlan:
     require_geometry(g, "make_plan")
     makers = {"naive": naive_plan, "reference": reference_plan, "packed": packed_plan}
     if not isinstance(label, str) or label not in makers:  # a list was a TypeError
-        raise PlanError(f"plan = {label!r}: unknown plan label; choose one of "
-                        f"{', '.join(PLAN_LABELS)}")
+        # a bad argument, as allocate(plan=...) says it (was PlanError: "refused")
+        raise ArgumentError(f"plan = {label!r}: unknown plan label; choose one of "
+                            f"{', '.join(PLAN_LABELS)}", argument="plan", value=label)
     return makers[label](g)

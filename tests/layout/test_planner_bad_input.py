@@ -49,8 +49,11 @@ def test_plan_packed_takes_a_geometry_not_its_path() -> None:
 
 
 def test_make_plan_names_a_label_that_is_not_a_string() -> None:
-    with pytest.raises(PlanError, match=r"plan = \['packed'\]: unknown plan label"):
-        make_plan(G, ["packed"])  # type: ignore[arg-type]
+    # an ArgumentError (bad input, exit 2), as allocate(plan=...) says it; was PlanError
+    for label in (["packed"], "optimal"):
+        with pytest.raises(ArgumentError, match=r"plan = .*: unknown plan label") as info:
+            make_plan(G, label)  # type: ignore[arg-type]
+        assert info.value.argument == "plan" and info.value.value == label
 
 
 @pytest.mark.parametrize("call, needle", [

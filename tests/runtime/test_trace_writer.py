@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvgrant.errors import ArgumentError
 from kvgrant.runtime.trace import (TRACE_ENV, TRACE_VERSION, TraceWriter, clock, event_template,
                                    open_trace)
 
@@ -219,14 +220,21 @@ def test_both_renderers_write_the_same_file(tmp_path: Path, renderer: str) -> No
 
 
 def test_bad_renderer_is_refused() -> None:
-    with pytest.raises(ValueError, match="renderer = 'fork'"):
+    with pytest.raises(ArgumentError, match='renderer = "fork": must be'):
         TraceWriter(None, renderer="fork")
 
 
-@pytest.mark.parametrize("chunk", [0, -1, 2.0, True])
-def test_bad_chunk_is_refused(chunk: object) -> None:
-    with pytest.raises(ValueError, match=f"chunk = {chunk!r}: must be an integer >= 1"):
+@pytest.mark.parametrize("chunk, shown", [(0, "0"), (-1, "-1"), (2.0, "2.0"), (True, "true")])
+def test_bad_chunk_is_refused(chunk: object, shown: str) -> None:
+    # an ArgumentError (a ValueError too), naming the argument as every other one does
+    with pytest.raises(ArgumentError, match=f"chunk = {shown}.*: must be an integer >= 1"):
         TraceWriter(None, chunk=chunk)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("target", [5, b"/tmp/t.ndjson", 2.5])
+def test_a_target_that_is_no_path_or_stream_is_refused(target: object) -> None:
+    with pytest.raises(ArgumentError, match="target = .*must be None, a file path, a text"):
+        TraceWriter(target)  # type: ignore[arg-type]
 
 
 def test_publish_ships_without_waiting_and_abort_waits(tmp_path: Path) -> None:
