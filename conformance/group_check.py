@@ -14,7 +14,8 @@ from typing import Sequence
 
 from kvgrant.conformance.group_io import is_group_trace, load_group
 from kvgrant.conformance.group_replay import GroupVerdict, replay_group
-from kvgrant.errors import ToolError, TraceError
+from kvgrant.conformance.tlc import check_timeout
+from kvgrant.errors import ArgumentError, ToolError, TraceError
 
 __all__ = ["check_group", "is_group_input", "run_group"]
 
@@ -26,14 +27,18 @@ def is_group_input(paths: Sequence[str]) -> bool:
 
 
 def check_group(paths: Sequence[str | Path], engine: str = "python", *,
-                tlc_timeout: float = 300.0, tlc_max_events: int = 0) -> list[GroupVerdict]:
+                tlc_timeout: float | None = 300.0,
+                tlc_max_events: int = 0) -> list[GroupVerdict]:
     """One verdict per engine (Python first). TLC checks the interleaving the Python
     engine followed, so both judge the same event. Raises TraceError / ToolError (also
     when the group has more events than ``tlc_max_events``, 0: no limit, and TLC is
     asked for: ``kvgrant conform --tlc-max-events``; ``tlc_timeout``: ``--tlc-timeout``,
     both ignored for groups before 2026-12-07)."""
-    if engine not in ("python", "tlc", "both"):
-        raise ValueError(f"engine = {engine!r}: must be 'python', 'tlc' or 'both'")
+    if not isinstance(engine, str) or engine not in ("python", "tlc", "both"):
+        # an ArgumentError (a ValueError too), as check_trace's; was a bare ValueError
+        raise ArgumentError(f"check_group: engine = {engine!r}: must be 'python', 'tlc' or "
+                            "'both'", argument="engine", value=engine)
+    check_timeout(tlc_timeout, "tlc_timeout")  # before the group is replayed
     from kvgrant.conformance.group_fast import fast_accept
 
     t = None

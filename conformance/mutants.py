@@ -19,12 +19,13 @@ import copy
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvgrant.conformance.model import Action, Constants, apply, initial_state
-from kvgrant.conformance.trace_io import RANK_ACTIONS, Header, Trace, header_to_json, \
-    parse_trace_lines, require_trace
+from kvgrant.conformance.trace_io import MAX_TRACE_ALLOCS, MAX_TRACE_RANKS, RANK_ACTIONS, \
+    Header, Trace, header_to_json, parse_trace_lines, require_trace
 from kvgrant.conformance.trace_plan import Layout, PlanAlloc, derive_importers
+from kvgrant.errors import ArgumentError
 
 __all__ = [
     "G",
@@ -112,6 +113,39 @@ def synthetic_layout(allocs: int, aliased: frozenset[int], owner_only: frozenset
                   tuple(tuple(g) for g in groups), declared, map_off, alias_off)
 
 
+def _index_set(argument: str, value: Any, size: int, what: str) -> frozenset[int]:
+    """``value`` (a collection of ints in 0..size-1, e.g. alloc indices) as a set, else an
+    ArgumentError naming ``argument`` (a string was iterated as its characters)."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ArgumentError(f"make_header: {argument} = {repr(value)[:80]} "
+                            f"({type(value).__name__}): must be a list of {what} indices",
+                            argument=argument, value=value)
+    items = list(value)
+    bad = [x for x in items if type(x) is not int or not 0 <= x < size]
+    if bad:
+        raise ArgumentError(f"make_header: {argument} = {repr(items)[:80]}: {bad[0]!r} is not "
+                            f"a valid {what} (an integer in 0..{size - 1})", argument=argument,
+                            value=value)
+    return frozenset(items)
+
+
+def _rank_sets(argument: str, value: Any, ranks: int) -> dict[int, frozenset[int]] | None:
+    """``value`` (None, or a mapping rank -> ranks) with every rank checked."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ArgumentError(f"make_header: {argument} = {repr(value)[:80]} "
+                            f"({type(value).__name__}): must be None or a dict rank -> list "
+                            "of ranks", argument=argument, value=value)
+    out: dict[int, frozenset[int]] = {}
+    for r, members in value.items():
+        if type(r) is not int or not 0 <= r < ranks:
+            raise ArgumentError(f"make_header: {argument} has key {r!r}: not a rank (an "
+                                f"integer in 0..{ranks - 1})", argument=argument, value=value)
+        out[r] = _index_set(f"{argument}[{r}]", members, ranks, "rank")
+    return out
+
+
 def make_header(ranks: int, allocs: int, aliased: Iterable[int] = (),
                 owner_only: Iterable[int] = (), importers: dict[int, Iterable[int]] | None = None,
                 declared_readers: dict[int, Iterable[int]] | None = None,
@@ -121,13 +155,39 @@ def make_header(ranks: int, allocs: int, aliased: Iterable[int] = (),
     When the importers are import groups (a partition, as every geometry declares),
     the header is version 2 with a synthetic plan (:func:`synthetic_layout`) and its
     importers are derived from the groups; otherwise it is a model-only version-1
-    header (no objects), which only the in-memory engines accept.
+    header (no objects), which only the in-memory engines accept. Bad values are an
+    :class:`~kvgrant.errors.ArgumentError` under the rules a trace's header keeps
+    (``make_header(2, 3, aliased=[7])`` raised IndexError, ``make_header(-1, 3)`` made
+    a header of -1 ranks).
     """
-    imp = tuple(frozenset(importers.get(r, ()) if importers is not None
-                          else set(range(ranks)) - {r}) for r in range(ranks))
-    dec = tuple(frozenset(declared_readers[r]) if declared_readers and r in declared_readers
-                else imp[r] | {r} for r in range(ranks))
-    al, oo = frozenset(aliased), frozenset(owner_only)
+    for name, value, most in (("ranks", ranks, MAX_TRACE_RANKS),
+                              ("allocs", allocs, MAX_TRACE_ALLOCS)):
+        if type(value) is not int or not 1 <= value <= most:
+            raise ArgumentError(f"make_header: {name} = {value!r} ({type(value).__name__}): "
+                                f"must be an integer in 1..{most:,}", argument=name,
+                                value=value)
+    al = _index_set("aliased", aliased, allocs, "alloc")
+    oo = _index_set("owner_only", owner_only, allocs, "alloc")
+    if not oo <= al:
+        raise ArgumentError(f"make_header: owner_only = {sorted(oo)}: alloc {min(oo - al)} is "
+                            "not aliased (owner_only must be a subset of aliased)",
+                            argument="owner_only", value=owner_only)
+    imp_given = _rank_sets("importers", importers, ranks)
+    dec_given = _rank_sets("declared_readers", declared_readers, ranks)
+    imp = tuple(imp_given.get(r, frozenset()) if imp_given is not None
+                else frozenset(range(ranks)) - {r} for r in range(ranks))
+    dec = tuple(dec_given[r] if dec_given and r in dec_given else imp[r] | {r}
+                for r in range(ranks))
+    for r in range(ranks):
+        if r in imp[r]:
+            raise ArgumentError(f"make_header: importers[{r}] = {sorted(imp[r])}: a rank does "
+                                "not import its own memory", argument="importers",
+                                value=importers)
+        if not imp[r] <= dec[r]:
+            raise ArgumentError(f"make_header: declared_readers[{r}] = {sorted(dec[r])}: "
+                                f"importer {min(imp[r] - dec[r])} is not a declared reader "
+                                "(a rank's declared readers include its importers)",
+                                argument="declared_readers", value=declared_readers)
     groups = _groups_of(ranks, imp)
     layout = None
     if groups is not None:
@@ -187,9 +247,25 @@ def reference_trace(header: Header, *, fail_at: int | None = None,
 
     ``fail_at`` makes the forward driver step with that ordinal fail (then Abort and
     unwind, ending Aborted); otherwise the trace publishes and, with ``shutdown``,
-    shuts down again.
+    shuts down again. A ``fail_at`` past the last forward step is an ArgumentError
+    naming the range (it was ignored: the trace published as if nothing failed).
     """
+    if not isinstance(header, Header):
+        raise ArgumentError(f"reference_trace: header = {repr(header)[:80]} "
+                            f"({type(header).__name__}): must be a Header (make one with "
+                            "make_header(ranks, allocs, ...); a Trace's is trace.header)",
+                            argument="header", value=header)
     c = Constants.from_header(header)
+    plan = _plan_actions(c)
+    steps = sum(1 for act in plan if act.name not in ("RankReady", "Publish"))
+    if fail_at is not None and (type(fail_at) is not int or not 0 <= fail_at < steps):
+        raise ArgumentError(f"reference_trace: fail_at = {fail_at!r} "
+                            f"({type(fail_at).__name__}): must be None or an integer in "
+                            f"0..{steps - 1} (the ordinal of one of the header's {steps:,} "
+                            "forward driver calls)", argument="fail_at", value=fail_at)
+    if not isinstance(shutdown, bool):
+        raise ArgumentError(f"reference_trace: shutdown = {shutdown!r}: must be True or False",
+                            argument="shutdown", value=shutdown)
     acts: list[tuple[Action, str | None]] = []
     made: dict[int, set[tuple[str, int, str | None]]] = {r: set() for r in range(c.ranks)}
     reserved: set[int] = set()
@@ -198,7 +274,7 @@ def reference_trace(header: Header, *, fail_at: int | None = None,
         acts.append((act, result))
 
     driver_steps = 0
-    for act in _plan_actions(c):
+    for act in plan:
         if act.name in ("RankReady", "Publish"):
             emit(act, None)
             continue
@@ -593,11 +669,26 @@ OBJECT_MUTATIONS: dict[str, Callable[[Raw, Header], Any]] = {
 
 def mutants(trace: Trace, names: Iterable[str] | None = None) -> list[Mutant]:
     """Every applicable mutant of ``trace`` (a mutation with no place is skipped);
-    object mutations apply to version-2 traces only."""
+    object mutations apply to version-2 traces only. ``names`` (a list of keys of
+    :data:`MUTATIONS` and :data:`OBJECT_MUTATIONS`) are checked first: an unknown one
+    raised KeyError, and a string was iterated as names of one character."""
     require_trace(trace, "mutants")
     every = {**MUTATIONS, **OBJECT_MUTATIONS}
     if names is None:
         names = list(MUTATIONS) + (list(OBJECT_MUTATIONS) if trace.header.layout else [])
+    elif isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise ArgumentError(f"mutants: names = {repr(names)[:80]} ({type(names).__name__}): "
+                            "must be None (every mutation) or a list of mutation names, "
+                            "e.g. ['drop_grant']", argument="names", value=names)
+    names = list(names)
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or name not in every:
+            raise ArgumentError(f"mutants: names[{i}] = {repr(name)[:80]}: must be one of "
+                                f"{', '.join(every)}", argument="names", value=name)
+        if name in OBJECT_MUTATIONS and trace.header.layout is None:
+            raise ArgumentError(f"mutants: names[{i}] = {name!r}: an object mutation, for "
+                                "version-2 traces only (this trace is version 1: it has no "
+                                "plan naming objects)", argument="names", value=name)
     out: list[Mutant] = []
     for name in names:
         raw = [copy.deepcopy(dict(e.raw)) for e in trace.events]

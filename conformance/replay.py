@@ -28,6 +28,7 @@ from kvgrant.conformance.model import (RANK_STEPS, TERMINAL_PHASES, UNDO_STEPS, 
                                        initial_state, step_guard, unwind_ended_leaking)
 from kvgrant.conformance.objects import ObjectChecker, RowObjects, objects_before
 from kvgrant.conformance.trace_io import DRIVER_STEPS, Event, Trace, load_trace, require_trace
+from kvgrant.errors import ArgumentError
 from kvgrant.gc_pause import gc_paused
 from kvgrant.traceformat import ROW, state_template
 
@@ -271,8 +272,14 @@ def _replay_rows(c: Constants, s: ModelState, rows: tuple[tuple[str, ...], ...],
 
 def replay(trace: Trace, *, engine: str = "python") -> Verdict:
     """Replay ``trace`` through the Python model; never raises on a rejected trace
-    (an :class:`~kvgrant.errors.ArgumentError` when ``trace`` is not a Trace)."""
+    (an :class:`~kvgrant.errors.ArgumentError` when ``trace`` is not a Trace, or for an
+    ``engine`` other than ``"python"``: only the Python model runs here, and
+    ``engine="tlc"`` returned a Verdict claiming TLC had judged the trace)."""
     require_trace(trace, "replay")
+    if not isinstance(engine, str) or engine != "python":
+        raise ArgumentError(f"replay: engine = {engine!r}: must be 'python' (replay runs the "
+                            "Python model only; check_trace_tlc runs TLC, check_trace(t, "
+                            "engine='both') both)", argument="engine", value=engine)
     t0 = time.perf_counter()
     c = Constants.from_header(trace.header, None)
     s = initial_state(c)

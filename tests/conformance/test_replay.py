@@ -350,7 +350,9 @@ def _sim_trace(fail_at: int):
         return parse_trace_lines(record_small_trace(Path(d), "--fail-at", str(fail_at)))
 
 
-_SOURCES = st.one_of(st.none(), st.integers(0, 60),
+# (small_header makes 51 forward driver calls: fail_at 0..50; a larger one is refused,
+# where it used to be ignored -- the trace published, as with None)
+_SOURCES = st.one_of(st.none(), st.integers(0, 50),
                      st.sampled_from([("sim", k) for k in (11, 40, 104, 120, 140, 160)]))
 
 

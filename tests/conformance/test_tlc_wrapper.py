@@ -438,7 +438,8 @@ def test_public_names_are_pinned() -> None:
     from kvgrant.conformance import spec_mutants
     assert tlc.__all__ == sorted(tlc.__all__) == [
         "EXIT_STATUS", "MAX_WORKERS", "TLA2TOOLS_SHA256", "TLCResult", "TLCState", "ToolError",
-        "check_workers", "discover_models", "exit_on_signals", "find_jar", "find_java", "kill_running",
+        "check_timeout", "check_workers", "discover_models", "exit_on_signals", "find_jar",
+        "find_java", "kill_running",
         "parse_tool_output", "parse_value", "reporting_progress", "run_tlc", "tlc_command"]
     assert spec_mutants.__all__ == sorted(spec_mutants.__all__) == [
         "ACTION_PROPERTIES", "BASE_SPEC", "GROUP_ACTION_PROPERTIES",
