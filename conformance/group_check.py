@@ -39,6 +39,12 @@ def check_group(paths: Sequence[str | Path], engine: str = "python", *,
         raise ArgumentError(f"check_group: engine = {engine!r}: must be 'python', 'tlc' or "
                             "'both'", argument="engine", value=engine)
     check_timeout(tlc_timeout, "tlc_timeout")  # before the group is replayed
+    if isinstance(tlc_max_events, bool) or not isinstance(tlc_max_events, int) \
+            or tlc_max_events < 0:
+        # "5" was a TypeError, -1 refused every group as "more than the -1 TLC checks"
+        raise ArgumentError(f"check_group: tlc_max_events = {tlc_max_events!r}: must be an "
+                            "integer >= 0 (0: no limit)", argument="tlc_max_events",
+                            value=tlc_max_events)
     from kvgrant.conformance.group_fast import fast_accept
 
     t = None

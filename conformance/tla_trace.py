@@ -30,7 +30,7 @@ from kvgrant.conformance import tlc
 from kvgrant.conformance.model import Constants, ModelState, RankState, enabled, initial_state
 from kvgrant.conformance.replay import Verdict
 from kvgrant.conformance.trace_io import Trace, load_trace
-from kvgrant.errors import ToolError
+from kvgrant.errors import ArgumentError, ToolError
 from kvgrant.specfiles import specs_dir
 
 __all__ = [
@@ -318,8 +318,12 @@ def check_traces_tlc(traces: Iterable[Trace], *, jobs: int = 2,
     from concurrent.futures import ThreadPoolExecutor
 
     tlc.check_timeout(timeout)  # once, not in each thread
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        # "2" was a TypeError in the pool, 0 silently one at a time
+        raise ArgumentError(f"check_traces_tlc: jobs = {jobs!r}: must be an integer >= 1 "
+                            "(TLC processes at a time)", argument="jobs", value=jobs)
     items = list(traces)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(lambda t: check_trace_tlc(t, timeout=timeout), items))
 
 

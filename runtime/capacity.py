@@ -136,12 +136,11 @@ def parse_memory_limit(value: "str | int | MemoryLimit | None") -> MemoryLimit:
     if nbytes > MAX_LIMIT_BYTES:
         raise _bad("memory_limit", value, f"{nbytes:,} bytes is more than 1 PiB per GPU; "
                    "write a size such as -1G or 40G")
-    if not unit and 0 < nbytes < MIN_UNITLESS_BYTES:
-        # an int too (memory_limit=-1 kept 1 byte free, where "-1" was refused)
-        form = f"'{sign}{number}G'" if isinstance(value, str) else f"'{sign}{number}G' (a str)"
+    if not unit and 0 < nbytes < MIN_UNITLESS_BYTES and isinstance(value, str):
+        # (an int is a byte count a program computed, taken as it is)
         raise _bad("memory_limit", value, f"a size without a unit is bytes, and {nbytes} "
-                   f"byte(s) is surely not meant; write e.g. {form} (units K, M, "
-                   f"G, T are binary), or a byte count of at least {MIN_UNITLESS_BYTES:,}")
+                   f"byte(s) is surely not meant; write e.g. {sign}{number}G (units K, M, "
+                   "G, T are binary)")
     if sign == "-":
         return MemoryLimit(text=text.strip(), keep=nbytes)
     if nbytes == 0:

@@ -415,6 +415,10 @@ class HostLedger:
 
     def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
                  lock_timeout_s: float = _DEFAULT_TIMEOUT_S) -> None:
+        if path is not None and (isinstance(path, bytes) or not isinstance(
+                path, (str, os.PathLike)) or not os.fspath(path)):
+            raise ArgumentError(f"HostLedger: path = {path!r}: must be None (the default "
+                                "ledger) or a file path", argument="path", value=path)
         self.path = Path(path) if path is not None else default_ledger_path()
         #: what named the path: ``KVGRANT_LEDGER`` when it came from the environment
         #: (its errors then name the variable, not ``--ledger``), else None

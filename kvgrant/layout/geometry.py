@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Callable, Literal, Mapping, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -63,6 +64,26 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+_T = TypeVar("_T")
+#: True while a geometry model is being validated: pydantic validates a nested model
+#: (a plane of a geometry) by calling its ``__init__``, and that one must let its
+#: ValidationError through, for pydantic to put the location (planes[0]) in front.
+_VALIDATING: ContextVar[bool] = ContextVar("kvgrant_geometry_validating", default=False)
+
+
+def _as_geometry_error(call: Callable[[], _T]) -> _T:
+    """``call()``, with a ValidationError of the outermost model as a GeometryError."""
+    if _VALIDATING.get():
+        return call()
+    token = _VALIDATING.set(True)
+    try:
+        return call()
+    except ValidationError as err:
+        raise _geometry_error(err) from None
+    finally:
+        _VALIDATING.reset(token)
+
+
 class _Strict(BaseModel):
     """The geometry's models: a broken rule is a GeometryError however they are built
     (``Geometry(**doc)``, ``Plane(...)``, ``model_validate``, ``model_validate_json``),
@@ -72,24 +93,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            raise _geometry_error(err) from None
+        _as_geometry_error(lambda: super(_Strict, self).__init__(**data))
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        try:
-            return super().model_validate(obj, **kwargs)
-        except ValidationError as err:
-            raise _geometry_error(err) from None
+        return _as_geometry_error(lambda: super(_Strict, cls).model_validate(obj, **kwargs))
 
     @classmethod
     def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        try:
-            return super().model_validate_json(json_data, **kwargs)
-        except ValidationError as err:
-            raise _geometry_error(err) from None
+        return _as_geometry_error(
+            lambda: super(_Strict, cls).model_validate_json(json_data, **kwargs))
 
 
 def _check_name(value: str) -> str:
@@ -398,6 +411,9 @@ def load_geometry(path: str | Path) -> Geometry:
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
         raise GeometryError(f"path = {show_value(path)}: load_geometry takes a file path "
                             "(str or os.PathLike)", field="<file>", value=path)
+    if not os.fspath(path):  # Path("") is ".", reported as "Is a directory"
+        raise GeometryError('path = "": load_geometry takes a file path, not an empty '
+                            "string", field="<file>", value="")
     path = Path(path)
     try:
         with path.open("rb") as fh:

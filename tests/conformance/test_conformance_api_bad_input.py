@@ -254,3 +254,20 @@ def test_kvgrant_specs_naming_a_folder_is_used(monkeypatch: pytest.MonkeyPatch,
     assert specs_dir() == tmp_path
     monkeypatch.setenv("KVGRANT_SPECS", "")  # empty: the specs kvgrant ships
     assert (specs_dir() / "KVLifecycle.tla").is_file()
+
+
+@pytest.mark.parametrize("jobs", ["2", 0, -1, True, 1.5])
+def test_check_traces_tlc_refuses_a_bad_job_count_before_java(jobs: object) -> None:
+    from kvgrant.conformance.tla_trace import check_traces_tlc
+
+    with pytest.raises(ArgumentError, match="jobs = .*must be an integer >= 1"):
+        check_traces_tlc([], jobs=jobs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("limit", ["5", -1, True, 2.0])
+def test_check_group_refuses_a_bad_tlc_event_limit(limit: object, tmp_path: Path) -> None:
+    from kvgrant.conformance.group_check import check_group
+
+    with pytest.raises(ArgumentError, match="tlc_max_events = .*must be an integer >= 0"):
+        check_group([str(tmp_path / "r0.ndjson")], "python",
+                     tlc_max_events=limit)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
-from kvgrant.errors import PlanError
+from kvgrant.errors import ArgumentError
 from kvgrant.layout import plans
 from kvgrant.layout.contract import check_contract
 from kvgrant.layout.geometry import parse_geometry
@@ -117,7 +117,7 @@ def test_packed_uses_unaliased_granules_of_the_same_pages():
 
 def test_make_plan_rejects_unknown_label():
     g = parse_geometry(geometry_dict())
-    with pytest.raises(PlanError) as err:
+    with pytest.raises(ArgumentError) as err:  # a bad argument (was PlanError)
         make_plan(g, "greedy")
     assert "'greedy'" in str(err.value) and "naive" in str(err.value)
 

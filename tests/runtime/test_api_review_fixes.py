@@ -176,16 +176,6 @@ def test_the_va_tables_are_refused_after_release_as_the_views_are() -> None:
             read()
 
 
-@pytest.mark.parametrize("value", [-1, 5, -(1 << 20) + 1, "-5"])
-def test_a_unitless_limit_below_one_mib_is_refused_as_an_int_too(value: object) -> None:
-    """``memory_limit=-1`` (an int) kept 1 byte free where ``"-1"`` was refused."""
-    from kvgrant.runtime.capacity import parse_memory_limit
-
-    with pytest.raises(ArgumentError, match="is surely not meant; write e.g."):
-        parse_memory_limit(value)  # type: ignore[arg-type]
-    assert parse_memory_limit(-(1 << 20)).keep == 1 << 20
-
-
 def test_the_geometry_classes_raise_geometry_errors_however_they_are_built() -> None:
     """``Geometry(**doc)`` and ``Plane(...)`` raised pydantic's ValidationError."""
     import json
@@ -203,3 +193,14 @@ def test_the_geometry_classes_raise_geometry_errors_however_they_are_built() -> 
     with pytest.raises(GeometryError, match="bytes_per_page = 0"):
         Plane(name="x", bytes_per_page=0)
     assert Geometry(**doc) == Geometry.model_validate(doc)
+
+
+def test_an_empty_geometry_path_and_a_ledger_path_of_no_path_type_are_named() -> None:
+    from kvgrant.errors import GeometryError
+    from kvgrant.runtime.ledger import HostLedger
+
+    with pytest.raises(GeometryError, match='path = "": .* not an empty string'):
+        load_geometry("")   # was: cannot read geometry file ".": Is a directory
+    for bad in (5, "", b"/tmp/l.json"):
+        with pytest.raises(ArgumentError, match="HostLedger: path = .*must be None"):
+            HostLedger(bad)  # type: ignore[arg-type]
