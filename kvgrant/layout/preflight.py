@@ -82,6 +82,9 @@ def handle_demand_breakdown(g: "Geometry", plan: "PhysicalPlan", *,
         raise ArgumentError(f"handle_demand: plan = {type(plan).__name__}: must be a "
                             "PhysicalPlan (e.g. kvgrant.layout.plans.packed_plan(g))",
                             argument="plan", value=plan)
+    if not isinstance(declared, bool):  # "yes" was read as truthy, "" as False
+        raise ArgumentError(f"handle_demand: declared = {declared!r}: must be True or False",
+                            argument="declared", value=declared)
     plane_maps: Counter[str] = Counter(a.plane for a in plan.allocations)
     region_maps: Counter[str] = Counter(a.region for a in plan.allocations
                                         if a.region is not None)

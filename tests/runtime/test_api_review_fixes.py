@@ -204,3 +204,14 @@ def test_an_empty_geometry_path_and_a_ledger_path_of_no_path_type_are_named() ->
     for bad in (5, "", b"/tmp/l.json"):
         with pytest.raises(ArgumentError, match="HostLedger: path = .*must be None"):
             HostLedger(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("declared", ["yes", "", 1, None])
+def test_handle_demand_takes_declared_as_a_bool_only(declared: object) -> None:
+    from kvgrant.layout.plans import naive_plan
+    from kvgrant.layout.preflight import handle_demand
+
+    g = load_geometry(SMALL)
+    with pytest.raises(ArgumentError, match="declared = .*must be True or False"):
+        handle_demand(g, naive_plan(g), declared=declared)  # type: ignore[arg-type]
+    assert handle_demand(g, naive_plan(g), declared=True) >= handle_demand(g, naive_plan(g))
