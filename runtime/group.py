@@ -337,6 +337,13 @@ def _group_store(group: Any) -> tuple[Any, int, int]:
         raise GroupError("allocate_rank: torch.distributed is not initialised; call "
                          "torch.distributed.init_process_group first (or pass store=)")
     pg = group if group is not None else dist.group.WORLD
+    if not isinstance(pg, dist.ProcessGroup):
+        # was: a bare KeyError from torch's table of groups (a store passed as the
+        # group, positionally, or a name)
+        raise ArgumentError(f"group = {show_value(pg)} ({type(pg).__name__}): must be None "
+                            "(the default group) or a torch.distributed ProcessGroup "
+                            "(dist.new_group(...)); a Store goes to store=",
+                            argument="group", value=pg)
     return c10d._get_process_group_store(pg), dist.get_rank(pg), dist.get_world_size(pg)
 
 
@@ -886,12 +893,26 @@ def _tell_group(chan: "_Channel", rank: int, error: KVGrantError) -> NoReturn:
 
 
 def _hello(rank: int, host: str, *, addr: Any = None, device: int | None = None,
-           demand: Any = None, digests: Any = None, error: str | None = None
-           ) -> dict[str, Any]:
+           demand: Any = None, digests: Any = None, error: str | None = None,
+           trace: str | None = None) -> dict[str, Any]:
     """This process's hello record (what :func:`_join` reads of every rank)."""
     return {"rank": rank, "pid": os.getpid(), "uid": os.getuid(), "host": host,
             "pidns": _pidns(), "addr": addr, "device": device, "demand": demand,
-            "digests": digests, "error": error, "run": secrets.token_hex(8)}
+            "digests": digests, "error": error, "run": secrets.token_hex(8),
+            "trace": trace}
+
+
+def _trace_file(target: Any) -> str | None:
+    """The absolute path of the file this rank's trace goes to (its argument, else
+    ``KVGRANT_TRACE``), or None (a stream, a writer, no trace): the hello compares them,
+    since two ranks of one host writing one file interleave two traces in it."""
+    from kvgrant.runtime.trace import env_trace_path
+
+    if target is None:
+        target = env_trace_path()
+    if isinstance(target, (str, os.PathLike)) and not isinstance(target, bytes):
+        return os.path.realpath(os.fspath(target))
+    return None
 
 
 def allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any = None, *,
@@ -1085,7 +1106,8 @@ def _allocate_rank(geometry: "Geometry | str | Path", rank: int, group: Any,
     hello = _hello(rank, host, addr=server.address if server else None, device=device,
                    demand=rank_demand(g, the_plan, rank) if the_plan is not None else None,
                    digests=plan_digests(g, the_plan) if the_plan is not None else None,
-                   error=_err_text(local_error) if local_error else None)
+                   error=_err_text(local_error) if local_error else None,
+                   trace=_trace_file(opts.trace.target))
     try:
         recs = _join(chan, hello, g, rank, timeout_s)
         assert the_plan is not None and server is not None
@@ -1350,6 +1372,7 @@ def _join(chan: _Channel, hello: Mapping[str, Any], g: Geometry, rank: int,
             failed=errors)
     _check_same_plan({r: rec.get("digests") for r, rec in recs.items()}, rank,
                      "the group did not start")
+    _check_own_trace_files(recs, rank)
     chan.slot_of = {r: rec["slot"] for r, rec in recs.items()}
     ns, host = _pidns(), hello["host"]
     chan.pids = {rec["slot"]: rec["pid"] for rec in recs.values()
@@ -1362,6 +1385,23 @@ def _join(chan: _Channel, hello: Mapping[str, Any], g: Geometry, rank: int,
             for o, i in apart) + ": POSIX fds do not cross hosts, so an import group "
             "must live on one host; nothing was created", rank=rank)
     return recs
+
+
+def _check_own_trace_files(recs: Mapping[int, Mapping[str, Any]], rank: int) -> None:
+    """Refuse, before any driver call, ranks of one host that would write one trace
+    file. Why: ``trace="t.ndjson"`` given to every rank (as the one-process examples
+    do) was accepted, both processes wrote the file, and it conformed to nothing."""
+    by_file: dict[tuple[str, str], list[int]] = {}
+    for r, rec in sorted(recs.items()):
+        if rec.get("trace"):
+            by_file.setdefault((rec["host"], rec["trace"]), []).append(r)
+    shared = [(f, rs) for (_, f), rs in by_file.items() if len(rs) > 1]
+    if shared:
+        raise GroupError("; ".join(f"{_ranks_text(rs)} would write one trace file {f}"
+                                   for f, rs in shared)
+                         + ": each rank writes its own trace (e.g. trace=f\"rank{rank}.ndjson\" "
+                         "in one folder, which kvgrant conform DIR reads); nothing was "
+                         "created", rank=rank)
 
 
 def _agree_on_replan(chan: _Channel, g: Geometry, plan: PhysicalPlan, rank: int,

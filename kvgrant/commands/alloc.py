@@ -94,7 +94,7 @@ def add_parser(subparsers: Any) -> None:
                         "this process is one of them (N = WORLD_SIZE); --trace names a folder")
     p.add_argument("--fail-rank", type=count, default=None, metavar="R",
                    help="with --procs and --fail-at: the rank whose process fails (default 0)")
-    p.add_argument("--timeout", type=positive_seconds, default=None, metavar="S",
+    p.add_argument("--timeout", type=_group_timeout, default=None, metavar="S",
                    help="with --procs: how long a rank waits for the others before it "
                         "names them missing and the group aborts (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -515,6 +515,14 @@ def _check_group_fail_at(args: argparse.Namespace, g: Any, plan: Any,
             argument="fail-at", value=args.fail_at)
 
 
+def _group_timeout(text: str) -> float:
+    """``--timeout``: seconds > 0, at most what a rank takes (allocate_rank's limit, a
+    week). Why: 10**7 s was taken here, the workers started, and each then refused it."""
+    from kvgrant.runtime.group import MAX_TIMEOUT_S
+
+    return positive_seconds(text, MAX_TIMEOUT_S)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvgrant.runtime.allocator import allocate
     from kvgrant.runtime.interrupts import DeferredInterrupt
@@ -526,6 +534,16 @@ def run(args: argparse.Namespace) -> int:
     geometry: Any = args.geometry
     plan: Any = args.plan
     try:
+        from kvgrant.runtime import group_launch
+
+        if group_launch.in_torchrun() and os.environ.get("WORLD_SIZE", "1") != "1":
+            # was: every torchrun worker allocated every rank (on CUDA: every GPU's share
+            # from each process) and they all wrote one trace file
+            raise ArgumentError(
+                f"started by torchrun (WORLD_SIZE = {os.environ['WORLD_SIZE']}) without "
+                "--procs: each worker would allocate every rank; pass --procs N (one "
+                "process per rank, N = WORLD_SIZE), or run kvgrant alloc without torchrun",
+                argument="procs", value=None)
         if args.fail_rank is not None:
             # was: silently ignored (one process runs every rank; --fail-at picks the call)
             raise ArgumentError(f"--fail-rank = {args.fail_rank}: only with --procs (one "
