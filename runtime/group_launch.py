@@ -61,6 +61,10 @@ def worker_report(spec: Mapping[str, Any], rank: int, group: Any = None) -> dict
         trace = TraceOptions(str(Path(spec["trace_dir"]) / f"rank{rank}.ndjson"),
                              overwrite=True)
     device = spec.get("devices", {}).get(str(rank)) if spec.get("devices") else None
+    if device is None and spec.get("launcher") == "kvgrant":
+        # started by launch(), one process per rank: a LOCAL_RANK in the environment is
+        # a stray one (it put every worker on one device, silently), so rank r -> r
+        device = rank
     out: dict[str, Any] = {"rank": rank, "pid": os.getpid()}
     try:
         budget = HandleBudget(handles=spec.get("handle_budget"),
@@ -135,7 +139,7 @@ def launch(spec: Mapping[str, Any], *, wall_s: float | None = None) -> list[dict
     timeout_s = float(spec.get("timeout_s", 120.0))
     wall = wall_s if wall_s is not None else 3 * timeout_s + 120
     with tempfile.TemporaryDirectory(prefix="kvgrant-group-") as tmp:
-        full = dict(spec, store=str(Path(tmp) / "store"), out=tmp)
+        full = dict(spec, store=str(Path(tmp) / "store"), out=tmp, launcher="kvgrant")
         ctx = mp.start_processes(_worker, args=(full,), nprocs=procs, join=False,
                                  start_method="spawn")
         try:

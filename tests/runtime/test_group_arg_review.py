@@ -103,3 +103,19 @@ def test_ranks_given_one_trace_file_are_refused_before_any_driver_call(
     per = {0: {"trace": same}, 1: {"trace": same}, 2: {"trace": tmp_path / "r2.ndjson"}}
     outs = run_threads(g, [SimDriver(devices=n) for _ in range(n)], per_rank=per)
     assert all("ranks 0..1 would write one trace file" in str(o) for o in outs), outs
+
+
+def test_the_clis_own_workers_ignore_a_stray_local_rank(tmp_path: Path) -> None:
+    """``LOCAL_RANK=5 kvgrant alloc G --procs 3`` put every worker on device 5 (the
+    workers inherited the variable); the CLI's own launcher gives rank r device r."""
+    import json
+
+    pytest.importorskip("torch.multiprocessing")
+    env = {**os.environ, "LOCAL_RANK": "5", "KVGRANT_PLAN_CACHE": "off",
+           "KVGRANT_LEDGER": str(tmp_path / "ledger.json")}
+    out = subprocess.run([sys.executable, "-m", "kvgrant", "alloc", "examples/small.json",
+                          "--procs", "3", "--backend", "sim", "--json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert sorted((r["rank"], r["device"]) for r in doc["ranks"]) == [(0, 0), (1, 1), (2, 2)]
