@@ -17,7 +17,7 @@ from kvgrant.conformance.group_replay import GroupVerdict, replay_group
 from kvgrant.conformance.tlc import check_timeout
 from kvgrant.errors import ArgumentError, ToolError, TraceError
 
-__all__ = ["check_group", "is_group_input", "run_group"]
+__all__ = ["check_group", "is_group_input", "run_group", "trace_error_text"]
 
 
 def is_group_input(paths: Sequence[str]) -> bool:
@@ -83,6 +83,12 @@ def _print(v: GroupVerdict) -> None:
     print(f"  enabled for rank {v.rank} there: " + (", ".join(v.enabled) or "(none)"))
 
 
+def trace_error_text(err: TraceError) -> str:
+    """The command's message for ``err``: "malformed trace: ..." unless the file could
+    not be read at all (a missing file is not malformed; the text says "cannot read")."""
+    return str(err) if "cannot read trace" in str(err) else f"malformed trace: {err}"
+
+
 def run_group(paths: Sequence[str], engine: str, as_json: bool, *,
               tlc_timeout: float = 300.0, tlc_max_events: int = 0) -> int:
     """The command: exit 0 accepted, 1 rejected, 2 malformed / TLC failed / disagreement."""
@@ -90,8 +96,7 @@ def run_group(paths: Sequence[str], engine: str, as_json: bool, *,
         verdicts = check_group(paths, engine, tlc_timeout=tlc_timeout,
                                tlc_max_events=tlc_max_events)
     except TraceError as err:
-        prefix = "" if "cannot read trace" in str(err) else "malformed trace: "
-        _error(paths, engine, as_json, f"{prefix}{err}", "malformed", err.line,
+        _error(paths, engine, as_json, trace_error_text(err), "malformed", err.line,
                error_class=TraceError)
         return 2
     except ToolError as err:

@@ -23,7 +23,8 @@ from kvgrant.conformance.trace_plan import (Layout, derive_importers, parse_layo
                                              rank_key_error)
 from kvgrant.errors import ArgumentError, TraceError
 from kvgrant.gc_pause import gc_paused
-from kvgrant.strict_json import DuplicateKeyError, json_error_text, show_value, unique_keys_loads
+from kvgrant.strict_json import (DuplicateKeyError, is_json_document, json_error_text,
+                                 show_value, unique_keys_loads)
 from kvgrant.traceformat import (ACTIONS, DRIVER_STEPS, EVENT_FIELDS, FAST_EVENT,
                                  GROUP_ACTIONS, GROUP_SHAPES, LIFECYCLE_VERSION, PHASES,
                                  RANK_ACTIONS, RANK_COUNTERS, ROW, ROW_FIELDS, SETUP_CALLS,
@@ -237,21 +238,12 @@ def load_trace(path: str | Path) -> Trace:
     try:
         return parse_trace(text, source=str(p))
     except TraceError as err:
-        if err.line == 1 and "not valid JSON" in str(err) and _one_json_document(text):
+        if err.line == 1 and "not valid JSON" in str(err) and is_json_document(text):
             raise TraceError(f"{err}; the file is one JSON document over several lines, "
                              "not a trace (NDJSON: one JSON object per line, the first its "
                              "header): a geometry or a plan file?", line=1) from None
         raise
 
-
-def _one_json_document(text: str) -> bool:
-    """Whether ``text`` parses as one JSON document (an indented geometry given where a
-    trace belongs; its first line, ``{``, alone is not JSON)."""
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 def parse_trace(text: str, source: str = "<trace>") -> Trace:

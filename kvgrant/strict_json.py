@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 __all__ = ["BOM_RULE", "DuplicateKeyError", "HugeIntegerError", "NonFiniteNumberError",
-           "field_path", "json_error_text", "show_value", "strict_json_loads",
-           "unique_keys_loads"]
+           "field_path", "is_json_document", "json_error_text", "show_value",
+           "strict_json_loads", "unique_keys_loads"]
 
 
 class DuplicateKeyError(ValueError):
@@ -298,3 +298,14 @@ def json_error_text(err: "json.JSONDecodeError") -> str:
         return BOM_RULE
     msg = err.msg[:-3] if err.msg.endswith(" at") else err.msg
     return f"{msg} at column {err.colno}"
+
+
+def is_json_document(data: str | bytes) -> bool:
+    """Whether the whole of ``data`` is one JSON document. Why: a file that parses only
+    as a whole (an indented geometry) given where a one-line format belongs (a trace's
+    NDJSON, the host ledger) is another program's file, not a damaged one of ours."""
+    try:
+        json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return True

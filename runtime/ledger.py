@@ -54,6 +54,7 @@ from kvgrant.errors import (ArgumentError, HandleBudgetError, LedgerError, Ledge
 from kvgrant.runtime.arguments import is_switch_word
 from kvgrant.runtime.hostlock import (ShortWrite, Verdict, current_process, file_kind, judge,
                                       locked, write_fully)
+from kvgrant.strict_json import is_json_document
 
 __all__ = [
     "DEFAULT_LEDGER_PATH",
@@ -195,7 +196,7 @@ class _File:
         try:
             doc = json.loads(line)
         except (UnicodeDecodeError, ValueError) as e:
-            if _json_document(raw):
+            if is_json_document(raw):
                 raise self._foreign() from None
             raise LedgerError(f"{name} is not a kvgrant ledger (garbage or truncated: "
                               f"{str(e)[:120]}): {fix}", path=str(path)) from None
@@ -349,16 +350,6 @@ class _File:
 
     def _error(self, what: str) -> LedgerError:
         return LedgerError(f"{self.ledger.name}: {what}", path=str(self.ledger.path))
-
-
-def _json_document(raw: bytes) -> bool:
-    """Whether the whole of ``raw`` is one JSON document (a ledger is one line, so a
-    file that parses only as a whole is another program's, e.g. an indented geometry)."""
-    try:
-        json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return True
 
 
 def _reap(holders: list[Holder]) -> tuple[list[Holder], list[Holder], dict[str, Verdict]]:

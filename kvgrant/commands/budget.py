@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_ledger_path(args.ledger)  # a missing folder is bad input (exit 2), not a failure
     ledger = HostLedger(args.ledger)
-    if not (args.repair or args.drop or args.drop_unknown) and not os.path.lexists(ledger.path):
-        return _no_ledger_yet(args, ledger)
+    # a listing is a read: a path with no file yet has no holders, and is not created
+    # (a mistyped --ledger became a new empty ledger and looked like an idle host); the
+    # first kvgrant process to reserve creates it, and so do --repair and --drop
+    exists = os.path.lexists(ledger.path) or args.repair or args.drop or args.drop_unknown
     aside = ledger.repair() if args.repair else None
     reaped, earlier, notes = list(ledger.reaped), list(ledger.earlier_boot), dict(ledger.notes)
     dropped = []
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         reaped += ledger.reaped
         earlier += ledger.earlier_boot
         notes.update(ledger.notes)
-    holders = ledger.holders()
+    holders = ledger.holders() if exists else []
     reaped += ledger.reaped
     earlier += ledger.earlier_boot
     notes.update(ledger.notes)
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return v.state if v is not None else "alive"
 
     out: dict[str, Any] = {
-        "ok": True, "exit_status": 0, "ledger": str(ledger.path), "exists": True,
+        "ok": True, "exit_status": 0, "ledger": str(ledger.path), "exists": bool(exists),
         "holders": [{**h.as_dict(), "state": state(h), "note": ledger.notes.get(h.id)}
                     for h in holders],
         "held": held, "budget": args.handle_budget, "reserve": args.handle_reserve,
@@ -94,7 +96,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"host ledger {ledger.path}: {len(holders)} holder(s)")
+    if not exists:
+        print(f"host ledger {ledger.path}: no such file yet, so 0 holder(s): no kvgrant "
+              "process has reserved driver handles with this ledger (it is created by the "
+              "first one; check the path if you expected holders)")
+    else:
+        print(f"host ledger {ledger.path}: {len(holders)} holder(s)")
     if args.repair:
         print("  repaired: " + (f"the unreadable content is kept at {aside}; the ledger is "
                                 "empty now" if aside else "the ledger was readable"))
@@ -127,26 +134,3 @@ def run(args: argparse.Namespace) -> int:
               "once you know they are gone: kvgrant budget --drop PID (or --drop-unknown)")
     return 0
 
-
-def _no_ledger_yet(args: argparse.Namespace, ledger: Any) -> int:
-    """The ledger file does not exist: report no holders without creating it. Why: a
-    listing is a read, and a mistyped ``--ledger`` that silently became a new empty
-    ledger looked like an idle host; the first kvgrant process to reserve creates it."""
-    from kvgrant.runtime.ledger import binding_limits
-
-    budget, reserve, why = binding_limits(args.handle_budget, args.handle_reserve, [])
-    if args.json:
-        print(json.dumps({
-            "ok": True, "exit_status": 0, "ledger": str(ledger.path), "exists": False,
-            "holders": [], "held": 0, "budget": args.handle_budget,
-            "reserve": args.handle_reserve, "binding_budget": budget,
-            "binding_reserve": reserve, "margin": budget - reserve, "reaped": [],
-            "earlier_boot": 0, "dropped": [], "unknown": 0, "repaired": False,
-            "kept_bad_content": None}))
-        return 0
-    print(f"host ledger {ledger.path}: no such file yet, so 0 holder(s): no kvgrant "
-          "process has reserved driver handles with this ledger (it is created by the "
-          "first one; check the path if you expected holders)")
-    print(f"  held 0 + reserve {reserve:,} of budget {budget:,}{why}: margin "
-          f"{budget - reserve:+,}")
-    return 0

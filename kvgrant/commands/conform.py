@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from kvgrant.conformance import load_trace
+    from kvgrant.conformance.group_check import trace_error_text
 
     try:
         trace = load_trace(args.trace)
@@ -178,15 +179,9 @@ def _run(args: argparse.Namespace) -> int:
         # but the detailed one refuses would raise here, and is bad input all the same)
         return _check(args, trace)
     except TraceError as err:
-        _error(args, f"{_trace_error_prefix(err)}{err}", kind="malformed",
-               error_class=TraceError, line=err.line)
+        _error(args, trace_error_text(err), kind="malformed", error_class=TraceError,
+               line=err.line)
         return 2
-
-
-def _trace_error_prefix(err: TraceError) -> str:
-    """"malformed trace: " unless the file could not be read at all (a missing file is
-    not malformed; its message already says "cannot read trace")."""
-    return "" if "cannot read trace" in str(err) else "malformed trace: "
 
 
 def _check(args: argparse.Namespace, trace: Any) -> int:
